@@ -1,0 +1,82 @@
+"""Backend probing and selection.
+
+``--backend`` / ``$GPUTOP_BACKEND`` picks one of: auto (default), nvml, amd, intel, simulated.
+``--scenario FILE`` / ``$GPUTOP_SCENARIO`` implies simulated. Auto opens every vendor backend that
+works here and records, for each one that does not, why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from gputop.backends.base import Backend, BackendStatus, BackendUnavailable, ProbeResult
+from gputop.errors import UnavailableError, UsageError
+
+ENV_BACKEND = "GPUTOP_BACKEND"
+
+# name -> "module:Class". Vendor backends are imported only when probed.
+REGISTRY: dict[str, str] = {
+    "nvml": "gputop.backends.nvml:NvmlBackend",
+    "simulated": "gputop.backends.simulated:SimulatedBackend",
+}
+# What "auto" probes, in this order (their devices are numbered in this order too).
+AUTO_ORDER: list[str] = ["nvml"]
+CHOICES = ("auto", "nvml", "amd", "intel", "simulated")
+
+
+def _open(name: str, **kwargs) -> Backend:
+    target = REGISTRY.get(name)
+    if target is None:
+        raise BackendUnavailable(f"{name}: not built into this gputop")
+    mod_name, cls_name = target.split(":")
+    try:
+        cls = getattr(importlib.import_module(mod_name), cls_name)
+    except ImportError as e:
+        raise BackendUnavailable(f"{name}: {e}") from None
+    return cls(**kwargs)
+
+
+def probe(choice: str | None = None, scenario: str | None = None) -> ProbeResult:
+    """Open the chosen backend(s). For 'auto', unavailable backends are reported, not fatal."""
+    choice = choice or os.environ.get(ENV_BACKEND) or "auto"
+    if scenario or (choice == "auto" and os.environ.get("GPUTOP_SCENARIO")):
+        choice = "simulated"
+    if choice not in CHOICES:
+        raise UsageError(f"unknown backend '{choice}': choose one of {', '.join(CHOICES)}")
+    result = ProbeResult()
+    names = AUTO_ORDER if choice == "auto" else [choice]
+    for name in names:
+        kwargs = {"path": scenario} if name == "simulated" else {}
+        try:
+            backend = _open(name, **kwargs)
+        except BackendUnavailable as e:
+            result.statuses.append(BackendStatus(name, False, str(e)))
+            continue
+        except Exception as e:  # a vendor library failing in an unexpected way must not stop gputop
+            result.statuses.append(BackendStatus(name, False, f"{name}: {type(e).__name__}: {e}"))
+            continue
+        try:
+            count = backend.device_count()
+        except Exception as e:
+            backend.close()
+            result.statuses.append(BackendStatus(name, False, f"{name}: cannot count devices: {e}"))
+            continue
+        result.backends.append(backend)
+        result.statuses.append(BackendStatus(name, True, "", count))
+    if choice != "auto" and not result.backends:
+        raise UnavailableError(result.statuses[0].reason + _hint(choice))
+    return result
+
+
+def _hint(choice: str) -> str:
+    if choice == "simulated":
+        return " (see README: 'Trying gputop without a GPU')"
+    return " (try --backend auto, or --scenario FILE for the simulated backend)"
+
+
+def no_gpu_message(statuses: list[BackendStatus]) -> str:
+    """One line that says why there is no GPU and points to the simulated backend."""
+    reasons = "; ".join(s.reason for s in statuses if not s.available) or "no backend found a GPU"
+    return (f"no GPU found ({reasons}). To try gputop without a GPU: gputop --demo, "
+            f"or gputop --scenario FILE (see README).")

@@ -1,0 +1,121 @@
+"""The backend interface: devices, a per-device sample, the GPU processes on a device, reset, close.
+
+Every field may be unknown (None). Unknown is never reported as 0.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+# Context types. A process can hold a compute context, a graphics context, or both.
+CTX_COMPUTE = "C"
+CTX_GRAPHICS = "G"
+CTX_BOTH = "C+G"
+CONTEXT_TYPES = (CTX_COMPUTE, CTX_GRAPHICS, CTX_BOTH)
+
+
+def merge_ctx(a: str | None, b: str | None) -> str:
+    """Merge two context types seen for one PID (e.g. from the compute and graphics lists)."""
+    kinds = set()
+    for c in (a, b):
+        if c == CTX_BOTH:
+            kinds.update((CTX_COMPUTE, CTX_GRAPHICS))
+        elif c:
+            kinds.add(c)
+    if kinds == {CTX_COMPUTE, CTX_GRAPHICS}:
+        return CTX_BOTH
+    return kinds.pop() if kinds else CTX_COMPUTE
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """One reading of one device. ``index`` is the backend's own index."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_total: int | None = None  # bytes
+    memory_used: int | None = None  # bytes
+    util_gpu: float | None = None  # percent
+    util_mem: float | None = None  # percent
+    temperature: float | None = None  # Celsius
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    fan_pct: float | None = None
+    clock_sm_mhz: int | None = None
+    clock_mem_mhz: int | None = None
+    lost: bool = False  # the device fell off the bus / GPU_IS_LOST
+    errors: tuple[str, ...] = ()  # per-field degradations, e.g. "power: NotSupported"
+    backend: str = ""  # filled in by the sampler, which also renumbers ``index`` across backends
+    backend_index: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding a context on one device, as the vendor library reports it."""
+
+    pid: int
+    index: int  # the backend's device index
+    ctx: str = CTX_COMPUTE  # C, G or C+G
+    used_memory: int | None = None  # bytes; None under WDDM, on MIG, or when unknown
+    sm_util: float | None = None  # percent; None when there are no samples
+    visible: bool = True  # False when the vendor names a PID this namespace cannot see
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """Whether a backend is usable here, and why not."""
+
+    name: str
+    available: bool
+    reason: str = ""
+    devices: int = 0
+
+
+class ResetError(Exception):
+    """A reset that could not be done; the message says why and what to do."""
+
+    def __init__(self, message: str, kind: str = "failed"):
+        super().__init__(message)
+        self.kind = kind  # permission | display | unsupported | missing-tool | busy | failed
+
+
+class BackendUnavailable(Exception):
+    """Raised by a backend constructor when its library/driver is missing; the message is the reason."""
+
+
+class Backend(ABC):
+    """A source of GPUs. Construct it to open the vendor library; raise BackendUnavailable if it can't."""
+
+    name: str = "backend"
+    vendor: str = "unknown"
+
+    @abstractmethod
+    def device_count(self) -> int: ...
+
+    @abstractmethod
+    def sample(self, index: int) -> DeviceSample:
+        """Read one device. Must not raise for a lost device or an unsupported field."""
+
+    @abstractmethod
+    def processes(self, index: int) -> list[GpuProcess]:
+        """The processes holding this device, merged per PID. Must not raise for a lost device."""
+
+    def reset(self, index: int) -> str:
+        """Reset the device; return a one-line description of what was done, or raise ResetError."""
+        raise ResetError(f"{self.name}: reset is not supported by this backend", kind="unsupported")
+
+    def warnings(self) -> list[str]:
+        """Conditions worth showing the user (e.g. processes whose data could not be read)."""
+        return []
+
+    def close(self) -> None:
+        """Release the vendor library handle."""
+
+
+@dataclass
+class ProbeResult:
+    backends: list[Backend] = field(default_factory=list)
+    statuses: list[BackendStatus] = field(default_factory=list)

@@ -1,0 +1,268 @@
+"""The simulated backend: GPUs and holders described by a YAML scenario file that names live PIDs.
+
+It is what the tests and the demo run on, and a way to try gputop without a GPU. The file is re-read when
+it changes. A holder whose process has exited disappears, as the driver frees a dead process's context.
+
+Scenario format::
+
+    gpus:
+      - name: Simulated H100 80GB     # every field but name is optional; a missing one is unknown
+        memory_total: 80GiB
+        memory_used: 2GiB             # optional; default: the sum of the live holders' memory
+        utilization: 40               # optional; default: the live holders' SM%, capped at 100
+        memory_utilization: 20
+        temperature: 55
+        power: 250                    # watts
+        power_limit: 700
+        fan: 30
+        clock_sm: 1980
+        clock_mem: 2619
+        lost: false                   # true: the device fell off the bus
+    holders:
+      - pid: 12345
+        gpu: 0
+        memory: 4GiB                  # or null: unknown (as under WDDM or MIG)
+        type: C                       # C, G or C+G
+        sm: 95                        # per-process SM%, optional
+        start_time: 1764470000.12     # optional: pins the identity, so a reused PID is not a holder
+        visible: true                 # false: a PID this namespace cannot see (kept, reported as such)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gputop.backends.base import (
+    CONTEXT_TYPES, Backend, BackendUnavailable, DeviceSample, GpuProcess, ResetError,
+)
+from gputop.procs import is_alive
+from gputop.units import parse_memory
+
+ENV_SCENARIO = "GPUTOP_SCENARIO"
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Holder:
+    pid: int
+    gpu: int
+    memory: int | None
+    ctx: str
+    sm: float | None
+    start_time: float | None
+    visible: bool
+
+
+def _num(d: dict, key: str, where: str) -> float | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ScenarioError(f"{where}: '{key}' must be a number, got {v!r}")
+    return v
+
+
+def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], list[_Holder]]:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: expected a mapping with 'gpus' and 'holders'")
+    gpus = data.get("gpus") or []
+    if not isinstance(gpus, list):
+        raise ScenarioError(f"{source}: 'gpus' must be a list")
+    out_gpus = []
+    for i, g in enumerate(gpus):
+        where = f"{source}: gpus[{i}]"
+        if not isinstance(g, dict):
+            raise ScenarioError(f"{where}: expected a mapping")
+        try:
+            mt = parse_memory(g["memory_total"]) if g.get("memory_total") is not None else None
+            mu = parse_memory(g["memory_used"]) if g.get("memory_used") is not None else None
+        except ValueError as e:
+            raise ScenarioError(f"{where}: {e}") from None
+        out_gpus.append({
+            "name": str(g.get("name", f"Simulated GPU {i}")),
+            "uuid": str(g.get("uuid", f"GPU-5140a7ed-0000-4000-8000-{i:012d}")),
+            "pci_bus_id": str(g.get("pci_bus_id", f"00000000:{0x10 + i:02X}:00.0")),
+            "memory_total": mt, "memory_used": mu,
+            "utilization": _num(g, "utilization", where),
+            "memory_utilization": _num(g, "memory_utilization", where),
+            "temperature": _num(g, "temperature", where),
+            "power": _num(g, "power", where), "power_limit": _num(g, "power_limit", where),
+            "fan": _num(g, "fan", where),
+            "clock_sm": _num(g, "clock_sm", where), "clock_mem": _num(g, "clock_mem", where),
+            "lost": bool(g.get("lost", False)),
+        })
+    holders = data.get("holders") or []
+    if not isinstance(holders, list):
+        raise ScenarioError(f"{source}: 'holders' must be a list")
+    out_h = []
+    for i, h in enumerate(holders):
+        where = f"{source}: holders[{i}]"
+        if not isinstance(h, dict) or not isinstance(h.get("pid"), int):
+            raise ScenarioError(f"{where}: needs an integer 'pid'")
+        gpu = h.get("gpu", 0)
+        if not isinstance(gpu, int) or not 0 <= gpu < len(out_gpus):
+            raise ScenarioError(f"{where}: 'gpu' must be an index below {len(out_gpus)}")
+        ctx = str(h.get("type", "C"))
+        if ctx not in CONTEXT_TYPES:
+            raise ScenarioError(f"{where}: 'type' must be one of C, G, C+G")
+        try:
+            mem = parse_memory(h["memory"]) if h.get("memory") is not None else None
+        except ValueError as e:
+            raise ScenarioError(f"{where}: {e}") from None
+        st = h.get("start_time")
+        out_h.append(_Holder(
+            pid=h["pid"], gpu=gpu, memory=mem, ctx=ctx, sm=_num(h, "sm", where),
+            start_time=float(st) if st is not None else None, visible=bool(h.get("visible", True)),
+        ))
+    return out_gpus, out_h
+
+
+class SimulatedBackend(Backend):
+    name = "simulated"
+    vendor = "simulated"
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        path = path or os.environ.get(ENV_SCENARIO)
+        if not path:
+            raise BackendUnavailable(f"simulated: no scenario file (use --scenario FILE or ${ENV_SCENARIO})")
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._mtime: int | None = None
+        self._gpus: list[dict] = []
+        self._holders: list[_Holder] = []
+        # index -> time of the last reset; holders that started before it are gone. Resets are kept in
+        # a file beside the scenario, so that a reset by one gputop process is seen by every other.
+        self._resets: dict[int, float] = {}
+        self._resets_log = self.path.with_name(self.path.name + ".resets.jsonl")
+        self._resets_mtime: int | None = None
+        self._reload(initial=True)
+
+    # The scenario is re-read whenever its mtime changes; a bad edit keeps the last good scenario.
+    def _reload(self, initial: bool = False) -> None:
+        try:
+            st = self.path.stat()
+        except OSError as e:
+            if initial:
+                raise BackendUnavailable(f"simulated: cannot read scenario {self.path}: {e.strerror}") from None
+            return
+        if st.st_mtime_ns == self._mtime:
+            return
+        try:
+            gpus, holders = parse_scenario(yaml.safe_load(self.path.read_text()), str(self.path))
+        except (yaml.YAMLError, ScenarioError, OSError) as e:
+            if initial:
+                raise BackendUnavailable(f"simulated: bad scenario: {str(e).splitlines()[0]}") from None
+            return
+        with self._lock:
+            self._gpus, self._holders, self._mtime = gpus, holders, st.st_mtime_ns
+
+    def _reload_resets(self) -> None:
+        try:
+            mtime = self._resets_log.stat().st_mtime_ns
+        except OSError:
+            return
+        if mtime == self._resets_mtime:
+            return
+        resets: dict[int, float] = {}
+        try:
+            for line in self._resets_log.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                    resets[int(rec["gpu"])] = max(resets.get(int(rec["gpu"]), 0.0), float(rec["at"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+        except OSError:
+            return
+        self._resets, self._resets_mtime = resets, mtime
+
+    def device_count(self) -> int:
+        self._reload()
+        return len(self._gpus)
+
+    def _live(self, index: int) -> list[_Holder]:
+        self._reload_resets()
+        out = []
+        reset_at = self._resets.get(index)
+        for h in self._holders:
+            if h.gpu != index:
+                continue
+            if not h.visible:
+                out.append(h)
+                continue
+            if not is_alive(h.pid, h.start_time):
+                continue
+            if reset_at is not None and not self._started_after(h, reset_at):
+                continue
+            out.append(h)
+        return out
+
+    @staticmethod
+    def _started_after(h: _Holder, t: float) -> bool:
+        from gputop.procs import start_time
+
+        st = start_time(h.pid)
+        return st is not None and st > t
+
+    def sample(self, index: int) -> DeviceSample:
+        self._reload()
+        g = self._gpus[index]
+        if g["lost"]:
+            return DeviceSample(index=index, name=g["name"], uuid=g["uuid"], pci_bus_id=g["pci_bus_id"],
+                                lost=True, errors=("GPU is lost",))
+        live = self._live(index)
+        used = g["memory_used"]
+        if used is None and g["memory_total"] is not None:
+            used = sum(h.memory or 0 for h in live)
+        util = g["utilization"]
+        if util is None:
+            sms = [h.sm for h in live if h.sm is not None]
+            util = min(100.0, sum(sms)) if sms else (0.0 if not live else None)
+        return DeviceSample(
+            index=index, name=g["name"], uuid=g["uuid"], pci_bus_id=g["pci_bus_id"],
+            memory_total=g["memory_total"], memory_used=used, util_gpu=util,
+            util_mem=g["memory_utilization"], temperature=g["temperature"], power_w=g["power"],
+            power_limit_w=g["power_limit"], fan_pct=g["fan"],
+            clock_sm_mhz=int(g["clock_sm"]) if g["clock_sm"] is not None else None,
+            clock_mem_mhz=int(g["clock_mem"]) if g["clock_mem"] is not None else None,
+        )
+
+    def processes(self, index: int) -> list[GpuProcess]:
+        self._reload()
+        if self._gpus[index]["lost"]:
+            return []
+        merged: dict[int, GpuProcess] = {}
+        from gputop.backends.base import merge_ctx
+
+        for h in self._live(index):
+            prev = merged.get(h.pid)
+            if prev is None:
+                merged[h.pid] = GpuProcess(pid=h.pid, index=index, ctx=h.ctx, used_memory=h.memory,
+                                           sm_util=h.sm, visible=h.visible)
+            else:
+                mem = None if prev.used_memory is None or h.memory is None else prev.used_memory + h.memory
+                merged[h.pid] = GpuProcess(pid=h.pid, index=index, ctx=merge_ctx(prev.ctx, h.ctx),
+                                           used_memory=mem, sm_util=prev.sm_util, visible=prev.visible)
+        return list(merged.values())
+
+    def reset(self, index: int) -> str:
+        self._reload()
+        if not 0 <= index < len(self._gpus):
+            raise ResetError(f"simulated: no GPU {index}", kind="failed")
+        record = {"at": time.time(), "gpu": index, "scenario": str(self.path)}
+        try:
+            with open(self._resets_log, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:
+            raise ResetError(f"simulated: cannot record the reset in {self._resets_log}: {e.strerror}") from None
+        self._resets[index] = record["at"]
+        return f"simulated GPU {index} reset: contexts cleared, recorded in {self._resets_log}"

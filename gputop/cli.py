@@ -1,0 +1,81 @@
+"""The command line: ``gputop`` (the TUI) and its subcommands. Textual is imported only for the TUI."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gputop import __version__
+from gputop.backends import CHOICES
+from gputop.commands import COMMANDS
+from gputop.errors import EXIT_USAGE, GputopError
+
+EPILOG = """\
+exit codes:
+  0 success   1 action failed   2 bad usage or input   3 not found
+  4 permission denied   5 refused by a safety rule   6 backend, tool or host unavailable
+
+environment:
+  GPUTOP_BACKEND    auto|nvml|amd|intel|simulated (same as --backend)
+  GPUTOP_SCENARIO   scenario file for the simulated backend (same as --scenario)
+  GPUTOP_CONFIG     config file (default: <XDG config>/gputop/config.yaml)
+  GPUTOP_STATE_DIR  state directory: audit log, guard state (default: <XDG state>/gputop)
+"""
+
+
+def add_common(p: argparse.ArgumentParser, suppress: bool = False) -> None:
+    """Options accepted both before and after the subcommand."""
+    d = argparse.SUPPRESS if suppress else None
+    p.add_argument("--backend", choices=CHOICES, default=d,
+                   help="GPU backend (default: auto, or $GPUTOP_BACKEND)")
+    p.add_argument("--scenario", metavar="FILE", default=d,
+                   help="use the simulated backend with this scenario file ($GPUTOP_SCENARIO)")
+    p.add_argument("--config", metavar="FILE", default=d, help="config file ($GPUTOP_CONFIG)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gputop",
+        description="A top-like GPU process manager. With no subcommand, starts the full-screen TUI.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gputop {__version__}")
+    add_common(parser)
+    parser.add_argument("--interval", type=float, default=None, metavar="S",
+                        help="TUI refresh interval in seconds (default 1)")
+    parser.add_argument("--readonly", action="store_true", help="TUI: hide and disable every action")
+    parser.add_argument("--demo", action="store_true",
+                        help="start real demo processes on simulated GPUs and open the TUI on them")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        mod = importlib.import_module(f"gputop.commands.{name}")
+        sp = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_common(sp, suppress=True)
+        mod.add_arguments(sp)
+        sp.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "_run", None) is None:
+            from gputop.tui.launch import run_tui  # imports Textual
+
+            return run_tui(args)
+        return int(args._run(args) or 0)
+    except GputopError as e:
+        print(f"gputop: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""Subcommands. Each module defines NAME, HELP, ``add_arguments(parser)`` and ``run(args) -> int``.
+
+Add a subcommand by writing a module here and listing it below; cli.py needs no change.
+"""
+
+COMMANDS: list[str] = [
+    "status",
+]

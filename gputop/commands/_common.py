@@ -1,0 +1,35 @@
+"""Helpers shared by subcommands."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from gputop.config import Config, load_config
+from gputop.snapshot import Sampler
+
+
+def config_from(args) -> Config:
+    return load_config(getattr(args, "config", None))
+
+
+def open_sampler(args, config: Config | None = None) -> Sampler:
+    return Sampler.open(getattr(args, "backend", None), getattr(args, "scenario", None),
+                        config or config_from(args))
+
+
+def print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def table(rows: list[list[str]], headers: list[str], right: set[int] = frozenset()) -> str:
+    """A plain aligned text table (no colour, so it pipes cleanly)."""
+    widths = [len(h) for h in headers]
+    for r in rows:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+    def fmt(r):
+        cells = [(c.rjust(widths[i]) if i in right else c.ljust(widths[i])) for i, c in enumerate(r)]
+        return "  ".join(cells).rstrip()
+    return "\n".join([fmt(headers)] + [fmt(r) for r in rows])

@@ -1,0 +1,82 @@
+"""gputop status: every GPU and every GPU-holding process, with ancestry and orphan verdicts."""
+
+from __future__ import annotations
+
+from gputop.backends import no_gpu_message
+from gputop.commands._common import open_sampler, print_json, table
+from gputop.snapshot import Snapshot
+from gputop.units import fmt_bytes, fmt_duration, fmt_opt
+
+NAME = "status"
+HELP = "show GPUs and the processes holding them (table, or --json)"
+DESCRIPTION = """Show every GPU and every GPU-holding process with its ancestor chain and orphan verdict.
+With no GPU, lists each backend with the reason it is unavailable and exits 0."""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON: {at, gpu: {gpus, holders}, holders, roots, warnings, ...}")
+    p.add_argument("--chains", action="store_true", help="table: print each holder's ancestor chain")
+
+
+def run(args) -> int:
+    sampler = open_sampler(args)
+    try:
+        snap = sampler.sample()
+    finally:
+        sampler.close()
+    if args.json:
+        print_json(snap.to_dict())
+    else:
+        print(render(snap, chains=args.chains))
+    return 0
+
+
+def _pct(v) -> str:
+    return fmt_opt(v, "{:.0f}%")
+
+
+def render(snap: Snapshot, chains: bool = False) -> str:
+    out: list[str] = [f"{snap.host}  {len(snap.devices)} GPU(s)  {len(snap.holders)} holder(s)  "
+                      f"{len(snap.roots)} orphan tree(s)"]
+    if not snap.devices:
+        out.append(no_gpu_message(list(snap.backends)))
+    else:
+        rows = []
+        for d in snap.devices:
+            if d.lost:
+                rows.append([str(d.index), d.name or "?", "LOST", "", "", "", "", d.backend])
+                continue
+            mem = f"{fmt_bytes(d.memory_used)} / {fmt_bytes(d.memory_total)}"
+            power = f"{fmt_opt(d.power_w, '{:.0f}')}/{fmt_opt(d.power_limit_w, '{:.0f}')}W"
+            rows.append([str(d.index), d.name or "N/A", _pct(d.util_gpu), mem,
+                         fmt_opt(d.temperature, "{:.0f}C"), power, _pct(d.fan_pct), d.backend])
+        out.append(table(rows, ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "FAN", "BACKEND"],
+                         right={0, 2, 4, 6}))
+    if snap.holders:
+        out.append("")
+        rows = []
+        for h in snap.holders:
+            rows.append([
+                str(h.pid), h.user or "?", h.ctx, ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
+                _pct(h.sm_util), fmt_opt(h.cpu_percent, "{:.0f}%"), fmt_duration(h.runtime),
+                h.verdict.kind, h.cmd[:60],
+            ])
+        out.append(table(rows, ["PID", "USER", "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME", "VERDICT",
+                                "COMMAND"], right={0, 4, 5, 6, 7}))
+        for h in snap.holders:
+            if h.verdict.kind != "not-orphan":
+                out.append(f"  pid {h.pid}: {h.verdict.kind}: {h.verdict.reason}")
+            if chains and h.chain:
+                out.append(f"  pid {h.pid} chain: " + " <- ".join(f"{c.pid}({c.name})" for c in h.chain))
+    if snap.roots:
+        out.append("")
+        out.append("orphan trees (reap with 'gputop reap --apply'):")
+        for r in snap.roots:
+            out.append(f"  root {r.pid} ({r.proc.name}, {r.proc.user}): holders {list(r.holders)} on GPU "
+                       f"{','.join(map(str, r.gpus))}, {fmt_bytes(r.gpu_memory)}; {r.reason}")
+    for w in snap.warnings:
+        out.append(f"warning: {w}")
+    unavailable = [s for s in snap.backends if not s.available]
+    if unavailable and snap.devices:
+        out.append("backends unavailable: " + "; ".join(s.reason for s in unavailable))
+    return "\n".join(out)

@@ -1,0 +1,276 @@
+"""The host process layer: read processes from /proc (Linux) or psutil (elsewhere).
+
+Only the processes that are asked for are read, so a sample costs in proportion to the GPU holders and
+their ancestors, not to the number of processes on the host. ``ProcTable.scan_all`` reads everything and
+is meant for the reap path, which needs children.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import psutil
+
+PF_KTHREAD = 0x00200000
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+IS_LINUX = sys.platform.startswith("linux")
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What gputop knows about one host process. ``(pid, start_time)`` is its identity."""
+
+    pid: int
+    ppid: int
+    name: str
+    cmdline: tuple[str, ...]
+    start_time: float  # seconds since the epoch, rounded to the clock tick
+    uid: int | None = None
+    user: str | None = None
+    sid: int | None = None  # session id (POSIX); None where unknown
+    state: str = "?"  # R, S, D, Z, T, ...
+    sighup_ignored: bool | None = None  # bit 0 of SigIgn; the visible mark of nohup
+    kthread: bool = False
+    rss: int | None = None  # bytes
+    cpu_time: float | None = None  # user+system seconds, for CPU% deltas
+
+    @property
+    def cmd(self) -> str:
+        return " ".join(self.cmdline) if self.cmdline else f"[{self.name}]"
+
+    @property
+    def identity(self) -> tuple[int, float]:
+        return (self.pid, self.start_time)
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+@lru_cache(maxsize=4096)
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@lru_cache(maxsize=8)
+def _boot_time(proc_root: str) -> float:
+    try:
+        with open(os.path.join(proc_root, "stat"), "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return psutil.boot_time()
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+    except PermissionError:
+        return b""
+
+
+def _read_linux(pid: int, proc_root: str) -> ProcInfo | None:
+    base = f"{proc_root}/{pid}"
+    stat = _read(f"{base}/stat")
+    if not stat:
+        return None
+    try:
+        lpar = stat.index(b"(")
+        rpar = stat.rindex(b")")
+        comm = stat[lpar + 1 : rpar].decode("utf-8", "replace")
+        f = stat[rpar + 2 :].split()
+        state = f[0].decode()
+        ppid, sid, flags = int(f[1]), int(f[3]), int(f[6])
+        cpu = (int(f[11]) + int(f[12])) / _CLK_TCK
+        start = round(_boot_time(proc_root) + int(f[19]) / _CLK_TCK, 2)
+        rss = int(f[21]) * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, IndexError):
+        return None
+    raw_cmd = _read(f"{base}/cmdline") or b""
+    cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0") if a)
+    name = comm
+    if len(comm) >= 15 and cmdline:  # comm is truncated to 15 bytes
+        exe_name = os.path.basename(cmdline[0])
+        if exe_name.startswith(comm):
+            name = exe_name
+    uid = None
+    sighup = None
+    status = _read(f"{base}/status")
+    if status:
+        for line in status.splitlines():
+            if line.startswith(b"Uid:"):
+                uid = int(line.split()[1])
+            elif line.startswith(b"SigIgn:"):
+                sighup = bool(int(line.split()[1], 16) & 1)
+                break
+    if uid is None:
+        try:
+            uid = os.stat(base).st_uid
+        except OSError:
+            pass
+    return ProcInfo(
+        pid=pid, ppid=ppid, name=name, cmdline=cmdline, start_time=start, uid=uid,
+        user=_user_name(uid) if uid is not None else None, sid=sid, state=state,
+        sighup_ignored=sighup, kthread=bool(flags & PF_KTHREAD) or ppid == 2 or pid == 2,
+        rss=rss, cpu_time=cpu,
+    )
+
+
+_PSUTIL_STATE = {
+    psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S", psutil.STATUS_DISK_SLEEP: "D",
+    psutil.STATUS_STOPPED: "T", psutil.STATUS_ZOMBIE: "Z", psutil.STATUS_DEAD: "X",
+}
+
+
+def _read_psutil(pid: int) -> ProcInfo | None:
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            try:
+                cmdline = tuple(p.cmdline())
+            except (psutil.AccessDenied, psutil.ZombieProcess):
+                cmdline = ()
+            try:
+                uid = p.uids().real
+            except (psutil.AccessDenied, AttributeError):
+                uid = None
+            try:
+                user = p.username()
+            except (psutil.AccessDenied, KeyError):
+                user = None
+            try:
+                rss = p.memory_info().rss
+                ct = p.cpu_times()
+                cpu = ct.user + ct.system
+            except psutil.AccessDenied:
+                rss = cpu = None
+            try:
+                sid = os.getsid(pid) if hasattr(os, "getsid") else None
+            except OSError:
+                sid = None
+            return ProcInfo(
+                pid=pid, ppid=p.ppid(), name=p.name(), cmdline=cmdline,
+                start_time=round(p.create_time(), 2), uid=uid, user=user, sid=sid,
+                state=_PSUTIL_STATE.get(p.status(), "?"), rss=rss, cpu_time=cpu,
+            )
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return None
+
+
+def read_proc(pid: int, proc_root: str = "/proc") -> ProcInfo | None:
+    """Read one process now; None if it does not exist (or cannot be seen)."""
+    if pid <= 0:
+        return None
+    if IS_LINUX:
+        return _read_linux(pid, proc_root)
+    return _read_psutil(pid)
+
+
+def start_time(pid: int, proc_root: str = "/proc") -> float | None:
+    """The start time that forms half of a process's identity; None if it is gone."""
+    info = read_proc(pid, proc_root)
+    return None if info is None or info.zombie else info.start_time
+
+
+def is_alive(pid: int, start: float | None = None, proc_root: str = "/proc") -> bool:
+    """True if ``pid`` runs (not a zombie) and, when given, still has start time ``start``."""
+    st = start_time(pid, proc_root)
+    return st is not None and (start is None or st == start)
+
+
+@dataclass
+class ProcTable:
+    """A lazily-filled, per-sample cache of host processes. Read each PID at most once."""
+
+    proc_root: str = "/proc"
+    _cache: dict[int, ProcInfo | None] = field(default_factory=dict)
+    _children: dict[int, list[int]] | None = None
+
+    def get(self, pid: int) -> ProcInfo | None:
+        try:
+            return self._cache[pid]
+        except KeyError:
+            info = read_proc(pid, self.proc_root)
+            self._cache[pid] = info
+            return info
+
+    def __contains__(self, pid: int) -> bool:
+        return self.get(pid) is not None
+
+    def scan_all(self) -> None:
+        """Read every process on the host (needed only to find children)."""
+        pids = psutil.pids() if not IS_LINUX else _linux_pids(self.proc_root)
+        children: dict[int, list[int]] = {}
+        for pid in pids:
+            info = self.get(pid)
+            if info is not None:
+                children.setdefault(info.ppid, []).append(pid)
+        self._children = children
+
+    def children(self, pid: int) -> list[int]:
+        if self._children is None:
+            self.scan_all()
+        assert self._children is not None
+        return list(self._children.get(pid, ()))
+
+    def descendants(self, pid: int) -> list[ProcInfo]:
+        """All live descendants of ``pid``, parents before children."""
+        out: list[ProcInfo] = []
+        seen = {pid}
+        stack = [pid]
+        while stack:
+            cur = stack.pop(0)
+            for child in sorted(self.children(cur)):
+                if child in seen:
+                    continue
+                seen.add(child)
+                info = self.get(child)
+                if info is not None and not info.zombie:
+                    out.append(info)
+                    stack.append(child)
+        return out
+
+    def ancestors(self, pid: int, limit: int = 64) -> list[ProcInfo]:
+        """Parent, grandparent, ... up to PID 1 (inclusive), stopping at a cycle or ``limit``."""
+        out: list[ProcInfo] = []
+        info = self.get(pid)
+        seen = {pid}
+        while info is not None and info.ppid > 0 and len(out) < limit:
+            if info.ppid in seen:
+                break
+            seen.add(info.ppid)
+            info = self.get(info.ppid)
+            if info is None:
+                break
+            out.append(info)
+        return out
+
+
+def _linux_pids(proc_root: str) -> list[int]:
+    try:
+        return [int(d) for d in os.listdir(proc_root) if d.isdigit()]
+    except OSError:
+        return psutil.pids()
+
+
+def self_and_ancestors() -> set[int]:
+    """gputop's own PID and every ancestor's PID (the user's shell, sshd, ...): never signalled."""
+    pids = {os.getpid()}
+    table = ProcTable()
+    for info in table.ancestors(os.getpid(), limit=256):
+        pids.add(info.pid)
+    return pids

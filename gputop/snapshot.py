@@ -1,0 +1,347 @@
+"""The sampler and the Snapshot it produces: an immutable value that every face reads.
+
+backends -> Sampler.sample() -> Snapshot (devices, holders with ancestry and verdicts, orphan roots).
+Device indexes are global: backends are numbered in probe order (NVIDIA first, then AMD, then Intel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gputop import __version__
+from gputop.backends import probe
+from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
+from gputop.config import Config
+from gputop.errors import NotFoundError
+from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
+from gputop.procs import ProcInfo, ProcTable
+
+PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """One process's context on one GPU (global index)."""
+
+    gpu: int
+    ctx: str
+    used_memory: int | None
+    sm_util: float | None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process holding at least one GPU, with its host view, ancestry and verdict."""
+
+    pid: int
+    uses: tuple[GpuUse, ...]
+    proc: ProcInfo | None  # None: the PID cannot be seen here
+    chain: tuple[ProcInfo, ...]  # parent, grandparent, ... up to init
+    verdict: Verdict
+    cpu_percent: float | None = None
+    runtime: float | None = None  # seconds
+
+    @property
+    def visible(self) -> bool:
+        return self.proc is not None
+
+    @property
+    def start_time(self) -> float | None:
+        return self.proc.start_time if self.proc else None
+
+    @property
+    def ctx(self) -> str:
+        ctx = None
+        for u in self.uses:
+            ctx = merge_ctx(ctx, u.ctx) if ctx else u.ctx
+        return ctx or "C"
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(sorted({u.gpu for u in self.uses}))
+
+    @property
+    def gpu_memory(self) -> int | None:
+        """Total over this holder's GPUs; None when any part is unknown."""
+        if any(u.used_memory is None for u in self.uses):
+            return None
+        return sum(u.used_memory for u in self.uses)  # type: ignore[misc]
+
+    @property
+    def sm_util(self) -> float | None:
+        vals = [u.sm_util for u in self.uses if u.sm_util is not None]
+        return max(vals) if vals else None
+
+    @property
+    def user(self) -> str | None:
+        return self.proc.user if self.proc else None
+
+    @property
+    def name(self) -> str:
+        return self.proc.name if self.proc else "(not visible)"
+
+    @property
+    def cmd(self) -> str:
+        return self.proc.cmd if self.proc else "(not visible: another PID namespace, or exited)"
+
+    @property
+    def rss(self) -> int | None:
+        return self.proc.rss if self.proc else None
+
+
+@dataclass(frozen=True)
+class OrphanRoot:
+    """The topmost live ancestor of one or more orphaned holders; reaping removes its whole tree."""
+
+    proc: ProcInfo
+    holders: tuple[int, ...]
+    gpus: tuple[int, ...]
+    gpu_memory: int | None
+    reason: str
+    reaper: int | None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float
+    host: str
+    devices: tuple[DeviceSample, ...]
+    holders: tuple[Holder, ...]
+    roots: tuple[OrphanRoot, ...]
+    backends: tuple[BackendStatus, ...]
+    warnings: tuple[str, ...] = ()
+    platform: str = PLATFORM
+
+    def holder(self, pid: int) -> Holder | None:
+        for h in self.holders:
+            if h.pid == pid:
+                return h
+        return None
+
+    def device(self, index: int) -> DeviceSample | None:
+        for d in self.devices:
+            if d.index == index:
+                return d
+        return None
+
+    def holders_on(self, index: int) -> list[Holder]:
+        return [h for h in self.holders if index in h.gpus]
+
+    def to_dict(self) -> dict:
+        return snapshot_to_dict(self)
+
+
+class Sampler:
+    """Reads the backends and the host processes; keeps the state that CPU% needs between samples."""
+
+    def __init__(
+        self,
+        backends: list[Backend],
+        statuses: list[BackendStatus] | None = None,
+        config: Config | None = None,
+        *,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.time,
+        platform: str = PLATFORM,
+    ):
+        self.backends = backends
+        self.statuses = list(statuses or [BackendStatus(b.name, True) for b in backends])
+        self.config = config or Config()
+        self.proc_root = proc_root
+        self.clock = clock
+        self.platform = platform
+        self._protect = compile_protect(self.config.protect)
+        self._cpu_prev: dict[tuple[int, float], tuple[float, float]] = {}
+        self.host = socket.gethostname()
+
+    @classmethod
+    def open(cls, backend: str | None = None, scenario: str | None = None,
+             config: Config | None = None, **kw) -> "Sampler":
+        result = probe(backend, scenario)
+        return cls(result.backends, result.statuses, config, **kw)
+
+    def _index_map(self) -> list[tuple[Backend, int]]:
+        """Global device index -> (backend, backend's own index)."""
+        out: list[tuple[Backend, int]] = []
+        for b in self.backends:
+            try:
+                n = b.device_count()
+            except Exception:
+                continue
+            out.extend((b, i) for i in range(n))
+        return out
+
+    def locate(self, index: int) -> tuple[Backend, int]:
+        mapping = self._index_map()
+        if not 0 <= index < len(mapping):
+            raise NotFoundError(f"no GPU {index}: this host has {len(mapping)} GPU(s); see 'gputop status'")
+        return mapping[index]
+
+    def reset(self, index: int) -> str:
+        backend, local = self.locate(index)
+        return backend.reset(local)
+
+    def close(self) -> None:
+        for b in self.backends:
+            try:
+                b.close()
+            except Exception:
+                pass
+
+    def sample(self) -> Snapshot:
+        now = self.clock()
+        warnings: list[str] = []
+        devices: list[DeviceSample] = []
+        uses: dict[int, list[GpuUse]] = {}
+        visible: dict[int, bool] = {}
+        for gi, (backend, local) in enumerate(self._index_map()):
+            try:
+                dev = backend.sample(local)
+            except Exception as e:  # a backend bug must degrade one device, not the program
+                dev = DeviceSample(index=local, lost=True, errors=(f"sample failed: {e}",))
+            devices.append(dataclasses.replace(dev, index=gi, backend=backend.name, backend_index=local))
+            if dev.lost:
+                warnings.append(f"GPU {gi} ({dev.name or backend.name}) is lost or unreachable")
+                continue
+            try:
+                procs = backend.processes(local)
+            except Exception as e:
+                warnings.append(f"GPU {gi}: process list failed: {e}")
+                procs = []
+            for p in procs:
+                uses.setdefault(p.pid, []).append(GpuUse(gi, p.ctx, p.used_memory, p.sm_util))
+                visible[p.pid] = visible.get(p.pid, True) and p.visible
+        for b in self.backends:
+            try:
+                warnings.extend(b.warnings())
+            except Exception:
+                pass
+
+        table = ProcTable(self.proc_root)
+        holders: list[Holder] = []
+        cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
+        for pid in sorted(uses):
+            info = table.get(pid) if visible[pid] else None
+            if info is not None and info.zombie:
+                info = None
+            if info is None:
+                verdict = Verdict(UNKNOWN, f"pid {pid} is not visible here (another PID namespace, or the "
+                                           "driver still holds the memory of a process that exited)")
+                holders.append(Holder(pid, tuple(uses[pid]), None, (), verdict))
+                warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
+                continue
+            verdict = classify(pid, table, platform=self.platform, protect=self._protect,
+                               nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain)
+            chain = tuple(table.ancestors(pid, limit=self.config.max_chain))
+            cpu = None
+            if info.cpu_time is not None:
+                key = info.identity
+                prev = self._cpu_prev.get(key)
+                if prev is not None and now > prev[1]:
+                    cpu = max(0.0, (info.cpu_time - prev[0]) / (now - prev[1]) * 100.0)
+                elif now > info.start_time:  # first sight: lifetime average, as ps shows
+                    cpu = info.cpu_time / max(now - info.start_time, 1e-3) * 100.0
+                cpu_seen[key] = (info.cpu_time, now)
+            holders.append(Holder(pid, tuple(uses[pid]), info, chain, verdict, cpu,
+                                  max(0.0, now - info.start_time)))
+        self._cpu_prev = cpu_seen
+        return Snapshot(
+            at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
+            roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
+            warnings=tuple(warnings), platform=self.platform,
+        )
+
+
+def _roots(holders: list[Holder], table: ProcTable) -> list[OrphanRoot]:
+    by_root: dict[int, list[Holder]] = {}
+    for h in holders:
+        if h.verdict.kind == ORPHAN and h.verdict.root is not None:
+            by_root.setdefault(h.verdict.root, []).append(h)
+    out = []
+    for root_pid, hs in sorted(by_root.items()):
+        root = table.get(root_pid)
+        if root is None:
+            continue
+        gpus = tuple(sorted({g for h in hs for g in h.gpus}))
+        mems = [h.gpu_memory for h in hs]
+        mem = None if any(m is None for m in mems) else sum(mems)  # type: ignore[arg-type]
+        out.append(OrphanRoot(root, tuple(h.pid for h in hs), gpus, mem, hs[0].verdict.reason,
+                              hs[0].verdict.reaper))
+    return out
+
+
+# ---- JSON ------------------------------------------------------------------------------------
+
+def _iso(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def proc_to_dict(p: ProcInfo) -> dict:
+    return {"pid": p.pid, "ppid": p.ppid, "start_time": p.start_time, "name": p.name,
+            "cmdline": list(p.cmdline), "user": p.user}
+
+
+def device_to_dict(d: DeviceSample) -> dict:
+    return {
+        "index": d.index, "backend": d.backend, "backend_index": d.backend_index, "name": d.name,
+        "uuid": d.uuid, "pci_bus_id": d.pci_bus_id, "lost": d.lost,
+        "memory_total": d.memory_total, "memory_used": d.memory_used,
+        "utilization_gpu": d.util_gpu, "utilization_memory": d.util_mem,
+        "temperature_c": d.temperature, "power_w": d.power_w, "power_limit_w": d.power_limit_w,
+        "fan_percent": d.fan_pct, "clock_sm_mhz": d.clock_sm_mhz, "clock_mem_mhz": d.clock_mem_mhz,
+        "errors": list(d.errors),
+    }
+
+
+def verdict_to_dict(v: Verdict) -> dict:
+    return {"kind": v.kind, "reason": v.reason, "root": v.root, "reaper": v.reaper,
+            "orphan_reason": v.orphan_reason}
+
+
+def holder_to_dict(h: Holder) -> dict:
+    p = h.proc
+    return {
+        "pid": h.pid, "visible": h.visible, "start_time": h.start_time,
+        "user": h.user, "name": h.name if p else None, "cmdline": list(p.cmdline) if p else None,
+        "ppid": p.ppid if p else None, "sid": p.sid if p else None,
+        "ctx": h.ctx, "gpus": list(h.gpus), "gpu_memory": h.gpu_memory, "sm_util": h.sm_util,
+        "cpu_percent": round(h.cpu_percent, 1) if h.cpu_percent is not None else None,
+        "rss": h.rss, "runtime": round(h.runtime, 1) if h.runtime is not None else None,
+        "uses": [dataclasses.asdict(u) for u in h.uses],
+        "verdict": verdict_to_dict(h.verdict),
+        "chain": [proc_to_dict(c) for c in h.chain],
+    }
+
+
+def snapshot_to_dict(s: Snapshot) -> dict:
+    gpu_holders = [
+        {"gpu": u.gpu, "pid": h.pid, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util}
+        for h in s.holders for u in h.uses
+    ]
+    return {
+        "at": _iso(s.at),
+        "at_epoch": s.at,
+        "host": s.host,
+        "platform": s.platform,
+        "version": __version__,
+        "gpu": {"gpus": [device_to_dict(d) for d in s.devices], "holders": gpu_holders},
+        "holders": [holder_to_dict(h) for h in s.holders],
+        "roots": [
+            {**proc_to_dict(r.proc), "holders": list(r.holders), "gpus": list(r.gpus),
+             "gpu_memory": r.gpu_memory, "reason": r.reason, "reaper": r.reaper}
+            for r in s.roots
+        ],
+        "warnings": list(s.warnings),
+        "backends": [dataclasses.asdict(b) for b in s.backends],
+    }

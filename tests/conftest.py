@@ -1,0 +1,152 @@
+"""Shared fixtures: isolated user dirs, real process spawning, and simulated-GPU scenarios.
+
+Only the GPU vendor library is faked (the simulated backend reads a scenario that names live PIDs).
+Processes, signals and files are real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _default_sighup():
+    # A test runner started under nohup would pass "SIGHUP ignored" on to every child, and gputop would
+    # then (correctly) call them "detached with nohup". Tests want plain processes.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path_factory, monkeypatch):
+    """Keep user config, state and audit log out of the real home directory."""
+    base = tmp_path_factory.mktemp("xdg")
+    for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+        d = base / var.lower()
+        d.mkdir()
+        monkeypatch.setenv(var, str(d))
+    monkeypatch.setenv("GPUTOP_STATE_DIR", str(base / "state"))
+    for var in ("GPUTOP_CONFIG", "GPUTOP_SCENARIO", "GPUTOP_BACKEND", "GPUTOP_AUDIT_LOG", "NO_COLOR"):
+        monkeypatch.delenv(var, raising=False)
+    return base
+
+
+class Procs:
+    """Spawns real processes and makes sure they (and their descendants) are gone afterwards."""
+
+    def __init__(self):
+        self.pids: list[int] = []
+
+    def spawn(self, cmd, **kw) -> subprocess.Popen:
+        if isinstance(cmd, str):
+            cmd = ["sh", "-c", cmd]
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("stdout", subprocess.DEVNULL)
+        kw.setdefault("stderr", subprocess.DEVNULL)
+        p = subprocess.Popen(cmd, preexec_fn=_default_sighup, **kw)
+        self.pids.append(p.pid)
+        return p
+
+    def sleeper(self, name: str = "sleep", seconds: int = 600) -> subprocess.Popen:
+        """A real process whose name (comm) is ``name``: exec -a keeps argv[0], the python sets comm."""
+        code = (f"import ctypes,time;ctypes.CDLL(None).prctl(15,{name!r}.encode(),0,0,0);"
+                f"time.sleep({seconds})")
+        return self.spawn([sys.executable, "-c", code])
+
+    def orphan(self, inner: str, marker: str, timeout: float = 10.0) -> int:
+        """Start ``inner`` as a real orphan: its session leader shell exits at once.
+
+        ``setsid sh -c 'inner & exit'``: the job is reparented to init (or a subreaper) and its session
+        leader is gone. Returns the PID of the process whose cmdline contains ``marker``.
+        """
+        self.spawn(["setsid", "sh", "-c", f"{inner} & exit 0"]).wait(timeout)
+        return self.wait_for(marker, timeout)
+
+    def wait_for(self, marker: str, timeout: float = 10.0) -> int:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for p in psutil.process_iter(["pid", "cmdline"]):
+                cmd = " ".join(p.info["cmdline"] or [])
+                if marker in cmd and p.pid != os.getpid() and "pytest" not in cmd:
+                    self.pids.append(p.pid)
+                    return p.pid
+            time.sleep(0.05)
+        raise TimeoutError(f"no process with {marker!r} in its cmdline")
+
+    def cleanup(self):
+        procs = []
+        for pid in self.pids:
+            try:
+                p = psutil.Process(pid)
+                procs.append(p)
+                procs.extend(p.children(recursive=True))
+            except psutil.Error:
+                pass
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=5)
+
+
+@pytest.fixture
+def procs():
+    p = Procs()
+    yield p
+    p.cleanup()
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    """True once ``pid`` has exited (a zombie counts as exited)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def scenario(tmp_path, monkeypatch):
+    """Write a simulated-GPU scenario and point $GPUTOP_SCENARIO at it.
+
+    ``scenario(holders=[{"pid": p, "gpu": 0, "memory": "4GiB"}], gpus=2)`` -> Path
+    """
+    path = tmp_path / "scenario.yaml"
+
+    def write(holders=(), gpus=2, **gpu_fields):
+        gpu_list = gpus if isinstance(gpus, list) else [
+            {"name": f"Simulated H100 80GB", "memory_total": "80GiB", "temperature": 50 + i,
+             "power": 200, "power_limit": 700, "fan": 30, "clock_sm": 1980, "clock_mem": 2619,
+             "memory_utilization": 10, **gpu_fields}
+            for i in range(gpus)
+        ]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump({"gpus": gpu_list, "holders": list(holders)}))
+        os.replace(tmp, path)
+        monkeypatch.setenv("GPUTOP_SCENARIO", str(path))
+        return path
+
+    return write
+
+
+def run_gputop(*args, env=None, timeout=60, input=None) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (python -m gputop), as a user would."""
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    return subprocess.run([sys.executable, "-m", "gputop", *args], capture_output=True, text=True,
+                          env=e, timeout=timeout, input=input, preexec_fn=_default_sighup)
