@@ -66,17 +66,19 @@ class Procs:
         """Start ``inner`` as a real orphan: its session leader shell exits at once.
 
         ``setsid sh -c 'inner & exit'``: the job is reparented to init (or a subreaper) and its session
-        leader is gone. Returns the PID of the process whose cmdline contains ``marker``.
+        leader is gone. Returns the PID of the process whose cmdline starts with ``marker``.
         """
         self.spawn(["setsid", "sh", "-c", f"{inner} & exit 0"]).wait(timeout)
         return self.wait_for(marker, timeout)
 
     def wait_for(self, marker: str, timeout: float = 10.0) -> int:
+        """PID of the process whose command line starts with ``marker`` (so a ``sh -c`` that merely
+        mentions it does not match)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             for p in psutil.process_iter(["pid", "cmdline"]):
                 cmd = " ".join(p.info["cmdline"] or [])
-                if marker in cmd and p.pid != os.getpid() and "pytest" not in cmd:
+                if cmd.startswith(marker) and p.pid != os.getpid():
                     self.pids.append(p.pid)
                     return p.pid
             time.sleep(0.05)

@@ -1,0 +1,153 @@
+"""Orphan verdicts on constructed process tables (pure logic, no processes)."""
+
+from __future__ import annotations
+
+from gputop.orphans import (
+    DEFAULT_PROTECT, NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, classify, compile_protect,
+)
+from gputop.procs import ProcInfo
+
+PROTECT = compile_protect(DEFAULT_PROTECT)
+
+
+def P(pid, ppid, name="python", start=100.0, sid=None, cmd=None, sighup=False):
+    return ProcInfo(pid=pid, ppid=ppid, name=name, cmdline=tuple((cmd or name).split()),
+                    start_time=start, sid=sid, sighup_ignored=sighup, user="alice", uid=1000)
+
+
+class Table(dict):
+    def __init__(self, *procs):
+        super().__init__({p.pid: p for p in procs})
+
+
+INIT = P(1, 0, "systemd", start=1.0, sid=1, cmd="/sbin/init")
+
+
+def test_worker_of_live_login_shell_is_not_orphan():
+    t = Table(INIT, P(50, 1, "sshd", 10, 50), P(60, 50, "bash", 20, 60), P(70, 60, "python", 30, 60))
+    v = classify(70, t, protect=PROTECT)
+    assert v.kind == NOT_ORPHAN
+    assert "session leader pid 60 (bash) is alive" in v.reason
+    assert v.root is None
+
+
+def test_session_leader_gone_makes_orphan_with_topmost_root():
+    # setsid sh -c 'loop & exit': sh (80) exited; loop (81) reparented to init; worker 82 under it.
+    t = Table(INIT, P(81, 1, "bash", 50, 80, "bash -c while true"), P(82, 81, "python", 60, 80))
+    v = classify(82, t, protect=PROTECT)
+    assert v.kind == ORPHAN
+    assert v.root == 81 and v.reaper == 1
+    assert "session leader pid 80 is gone" in v.reason
+
+
+def test_reused_session_leader_pid_counts_as_gone():
+    # PID 80 now belongs to a process that started after the worker.
+    t = Table(INIT, P(80, 1, "cron", 500, 80), P(81, 1, "bash", 50, 80), P(82, 81, "python", 60, 80))
+    v = classify(82, t, protect=PROTECT)
+    assert v.kind == ORPHAN and "reused" in v.reason
+
+
+def test_session_leader_itself_is_not_orphan():
+    # A daemon started with setsid: its parent is init and it leads its own session.
+    t = Table(INIT, P(90, 1, "python", 50, 90))
+    assert classify(90, t, protect=PROTECT).kind == NOT_ORPHAN
+
+
+def test_subreaper_adoption_is_detected_by_session_boundary():
+    # systemd --user (pid 40, session 40) adopted the orphan; it is not PID 1.
+    t = Table(INIT, P(40, 1, "systemd", 5, 40, "/lib/systemd/systemd --user"),
+              P(81, 40, "bash", 50, 80), P(82, 81, "python", 60, 80))
+    v = classify(82, t, protect=PROTECT)
+    assert v.kind == ORPHAN and v.root == 81 and v.reaper == 40
+    assert "subreaper pid 40 (systemd)" in v.reason
+
+
+def test_protect_pattern_on_chain_member():
+    t = Table(INIT, P(81, 1, "tmux: server", 50, 80, "tmux new -d"), P(82, 81, "python", 60, 80))
+    v = classify(82, t, protect=PROTECT)
+    assert v.kind == PROTECTED
+    assert "tmux" in v.reason and v.orphan_reason and v.root == 81
+
+
+def test_protect_is_case_insensitive_and_matches_cmdline():
+    t = Table(INIT, P(81, 1, "python", 50, 80, "python -m JupyterLab"), P(82, 81, "python", 60, 80))
+    assert classify(82, t, protect=PROTECT).kind == PROTECTED
+
+
+def test_init_and_subreaper_are_not_checked_for_protection():
+    # The subreaper's cmdline matches "screen", but it must not protect the orphans it adopted.
+    t = Table(P(1, 0, "systemd", 1, 1, "/sbin/init splash screen"),
+              P(40, 1, "reaper", 5, 40, "screen-manager"),
+              P(81, 40, "bash", 50, 80), P(82, 81, "python", 60, 80))
+    assert classify(82, t, protect=PROTECT).kind == ORPHAN
+
+
+def test_nohup_mark_protects_and_can_be_turned_off():
+    t = Table(INIT, P(82, 1, "python", 60, 80, sighup=True))
+    v = classify(82, t, protect=PROTECT)
+    assert v.kind == PROTECTED and "detached with nohup" in v.reason
+    assert classify(82, t, protect=PROTECT, nohup_protects=False).kind == ORPHAN
+
+
+def test_cycle_is_unknown():
+    t = Table(P(10, 11, "a", 1, 5), P(11, 10, "b", 1, 5))
+    v = classify(10, t, protect=PROTECT)
+    assert v.kind == UNKNOWN and "cycle" in v.reason
+
+
+def test_overlong_chain_is_unknown():
+    procs = [INIT] + [P(100 + i, 100 + i - 1 if i else 1, "sh", 10 + i, 100) for i in range(80)]
+    v = classify(179, Table(*procs), protect=PROTECT, max_chain=64)
+    assert v.kind == UNKNOWN and "longer than 64" in v.reason
+
+
+def test_invisible_holder_and_vanished_parent_are_unknown():
+    assert classify(5, Table(INIT), protect=PROTECT).kind == UNKNOWN
+    v = classify(82, Table(INIT, P(82, 81, "python", 60, 80)), protect=PROTECT)
+    assert v.kind == UNKNOWN and "vanished" in v.reason
+
+
+def test_empty_protect_list_protects_nothing():
+    assert compile_protect([]) is None
+    t = Table(INIT, P(81, 1, "tmux", 50, 80), P(82, 81, "python", 60, 80))
+    assert classify(82, t, protect=None, nohup_protects=False).kind == ORPHAN
+
+
+# ---- Windows: the PPID of a dead parent stays; the parent is missing, or the PID was reused -----
+
+def W(pid, ppid, name="python.exe", start=100.0):
+    return ProcInfo(pid=pid, ppid=ppid, name=name, cmdline=(name,), start_time=start)
+
+
+WIN_BASE = (W(4, 0, "System", 1), W(600, 4, "services.exe", 2), W(900, 600, "svchost.exe", 3))
+
+
+def test_windows_missing_parent_is_orphan_rooted_at_topmost():
+    t = Table(*WIN_BASE, W(2000, 1500, "python.exe", 50), W(2100, 2000, "python.exe", 60))
+    v = classify(2100, t, platform="windows", protect=PROTECT)
+    assert v.kind == ORPHAN and v.root == 2000 and "1500" in v.reason and "missing" in v.reason
+
+
+def test_windows_reused_parent_pid_is_orphan():
+    # PID 1500 exists but started after its "child": it is a different process.
+    t = Table(*WIN_BASE, W(1500, 900, "notepad.exe", 300), W(2000, 1500, "python.exe", 50))
+    v = classify(2000, t, platform="windows", protect=PROTECT)
+    assert v.kind == ORPHAN and v.root == 2000 and "reused" in v.reason
+
+
+def test_windows_live_parent_chain_is_not_orphan():
+    t = Table(*WIN_BASE, W(1500, 900, "cmd.exe", 40), W(2000, 1500, "python.exe", 50))
+    # svchost.exe in the chain matches the default protect list: a service-hosted process is protected.
+    assert classify(2000, t, platform="windows", protect=PROTECT).kind == PROTECTED
+    assert classify(2000, t, platform="windows", protect=None).kind == NOT_ORPHAN
+
+
+def test_windows_explorer_children_are_protected():
+    t = Table(W(3000, 2900, "explorer.exe", 10), W(3100, 3000, "python.exe", 50))
+    v = classify(3100, t, platform="windows", protect=PROTECT)
+    assert v.kind == PROTECTED and "explorer.exe" in v.reason
+
+
+def test_windows_cycle_is_unknown():
+    t = Table(W(10, 11, "a.exe", 5), W(11, 10, "b.exe", 5))
+    assert classify(10, t, platform="windows", protect=PROTECT).kind == UNKNOWN

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+
+from gputop.config import Config, load_config
+from gputop.errors import UsageError
+from gputop.units import fmt_bytes, fmt_duration, parse_duration, parse_memory
+
+
+@pytest.mark.parametrize("text,expected", [
+    (8589934592, 8589934592), ("8GiB", 8 * 1024**3), ("8GB", 8 * 1000**3), ("512MiB", 512 * 1024**2),
+    ("1.5 GiB", int(1.5 * 1024**3)), ("100", 100),
+])
+def test_parse_memory(text, expected):
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["8 bananas", "-1", True, None, "GiB"])
+def test_parse_memory_rejects(bad):
+    with pytest.raises(ValueError):
+        parse_memory(bad)
+
+
+@pytest.mark.parametrize("text,expected", [("30s", 30), ("5m", 300), ("2h", 7200), (45, 45), ("1.5m", 90)])
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == expected
+
+
+def test_parse_duration_rejects():
+    with pytest.raises(ValueError):
+        parse_duration("5 minutes")
+
+
+def test_formatting_unknown_is_na_not_zero():
+    assert fmt_bytes(None) == "N/A" and fmt_duration(None) == "N/A"
+    assert fmt_bytes(0) == "0B" and fmt_bytes(4 * 1024**3) == "4.0GiB"
+    assert fmt_duration(3725) == "1:02:05"
+
+
+def test_config_defaults_without_file():
+    c = load_config()
+    assert c == Config() and "tmux" in c.protect and c.reap_grace == 60
+
+
+def test_config_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("protect: [myjob]\nnohup_protects: false\nreap:\n  interval: 10s\n  grace: 2m\n"
+                 "guard: {x: 1}\n")
+    c = load_config(str(p))
+    assert c.protect == ("myjob",) and not c.nohup_protects
+    assert c.reap_interval == 10 and c.reap_grace == 120 and c.extra == {"guard": {"x": 1}}
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("protect: [a\n", "line"), ("reap: {grace: soon}\n", "bad duration"), ("protect: tmux\n", "list"),
+    ("- 1\n", "mapping"), ("reap: {bogus: 1}\n", "unknown key"),
+])
+def test_config_errors_are_one_line(tmp_path, text, msg):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(UsageError) as e:
+        load_config(str(p))
+    assert msg in str(e.value) and "\n" not in str(e.value) and str(p) in str(e.value)
