@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from gputop import __version__
