@@ -9,7 +9,7 @@ import sys
 from gputop import __version__
 from gputop.backends import CHOICES
 from gputop.commands import COMMANDS
-from gputop.errors import EXIT_USAGE, GputopError
+from gputop.errors import GputopError
 
 EPILOG = """\
 exit codes:

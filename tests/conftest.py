@@ -131,7 +131,7 @@ def scenario(tmp_path, monkeypatch):
 
     def write(holders=(), gpus=2, **gpu_fields):
         gpu_list = gpus if isinstance(gpus, list) else [
-            {"name": f"Simulated H100 80GB", "memory_total": "80GiB", "temperature": 50 + i,
+            {"name": "Simulated H100 80GB", "memory_total": "80GiB", "temperature": 50 + i,
              "power": 200, "power_limit": 700, "fan": 30, "clock_sm": 1980, "clock_mem": 2619,
              "memory_utilization": 10, **gpu_fields}
             for i in range(gpus)

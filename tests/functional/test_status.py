@@ -6,7 +6,6 @@ import json
 import os
 import time
 
-import pytest
 
 from gputop.backends.simulated import SimulatedBackend
 from gputop.config import Config
