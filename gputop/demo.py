@@ -1,0 +1,399 @@
+"""``gputop --demo``: real demo processes on simulated GPUs, cleaned up on exit.
+
+No Textual here: the TUI, the screenshot script and other faces reuse it.
+
+    with Demo() as demo:
+        run_something(scenario=demo.scenario_path)
+
+It starts, as real processes (all sleeping, so they cost no CPU):
+- a training-like tree: a launcher (its own session, as a job started with setsid) with two python workers;
+- an orphaned tree: ``setsid sh -c 'sh retry.sh & exit'``, a retry loop whose session leader is gone, and
+  the worker it restarts (the demo follows a restart, as a driver would see the new process take the GPU);
+- a process named like a miner (comm ``xmrig`` through prctl(PR_SET_NAME), argv[0] ``xmrig``);
+- a graphics client (context type G) and a jupyter kernel (protected by the default protect list);
+- one holder whose PID is not visible here (verdict unknown), as under another PID namespace.
+
+A YAML scenario in a temp dir names them on four simulated GPUs; a background thread keeps it current
+(utilisation that moves, a restarted retry worker) and reaps the demo's own exited children.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import yaml
+
+from gputop.procs import start_time as proc_start_time
+
+# A PID above the default pid_max (4194304 is the hard limit; 4194303 is rarely used): never visible here.
+INVISIBLE_PID = 4194301
+
+_WORKER = """\
+import ctypes, os, signal, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+name = os.environ.pop("GPUTOP_DEMO_NAME", "") or "python"
+try:
+    ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+except Exception:
+    pass
+while True:
+    time.sleep(3600)
+"""
+
+_LAUNCHER = """\
+import os, signal, subprocess, sys
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+py = os.environ.get("GPUTOP_DEMO_PYTHON") or sys.executable
+workers = [subprocess.Popen(["python", "train.py", "--rank", str(r), "--world-size", "2"], executable=py)
+           for r in range(2)]
+signal.signal(signal.SIGTERM, lambda *a: [w.terminate() for w in workers] and sys.exit(0))
+for w in workers:
+    w.wait()
+"""
+
+# The retry loop restarts its worker whenever it dies: the reason to reap from the root.
+_RETRY = """\
+echo $$ > "$1"
+while true; do
+  {run}
+  sleep 1
+done
+"""
+
+
+@dataclass
+class DemoProc:
+    role: str  # launcher, worker0, worker1, retry-root, retry-worker, miner, graphics, jupyter
+    pid: int
+    start_time: float | None
+
+
+@dataclass
+class _Gpu:
+    name: str
+    util: float
+    temp: float
+    power: float
+
+
+class Demo:
+    """Starts the demo processes and writes the scenario; ``stop()`` (or leaving ``with``) kills them."""
+
+    def __init__(self, directory: str | os.PathLike | None = None, *, animate: bool = True,
+                 python: str | None = None):
+        self._own_dir = directory is None
+        self.dir = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="gputop-demo-"))
+        self.scenario_path = self.dir / "scenario.yaml"
+        self.animate = animate
+        self.python = python or sys.executable
+        self.procs: dict[str, DemoProc] = {}
+        self._popens: list[subprocess.Popen] = []
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._old_handlers: dict[int, object] = {}
+        self._tick = 0
+        self._gpus = [
+            _Gpu("Simulated H100 80GB", 96, 67, 610),
+            _Gpu("Simulated H100 80GB", 93, 65, 590),
+            _Gpu("Simulated A100 40GB", 45, 52, 180),
+            _Gpu("Simulated L40S 48GB", 99, 74, 300),
+        ]
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> "Demo":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "Demo":
+        atexit.register(self.stop)
+        self._install_signal_handlers()
+        try:
+            self._write_scripts()
+            self._start_processes()
+            self.write_scenario()
+        except BaseException:
+            self.stop()
+            raise
+        self._thread = threading.Thread(target=self._run, name="gputop-demo", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Kill every demo process (whole trees), reap our children, remove the temp dir. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._stop.set()
+        victims: list[psutil.Process] = []
+        for p in list(self.procs.values()):
+            if p.start_time is None:
+                continue
+            try:
+                proc = psutil.Process(p.pid)
+                if proc_start_time(p.pid) != p.start_time:
+                    continue  # the PID was reused: not ours any more
+                victims.append(proc)
+                victims.extend(proc.children(recursive=True))
+            except psutil.Error:
+                continue
+        # Kill the retry loop before its worker, so that it restarts nothing.
+        for proc in victims:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(victims, timeout=3)
+        for po in self._popens:
+            try:
+                po.kill()
+            except OSError:
+                pass
+            try:
+                po.wait(timeout=1)
+            except (subprocess.TimeoutExpired, OSError):
+                pass
+        self._restore_signal_handlers()
+        try:
+            atexit.unregister(self.stop)
+        except Exception:
+            pass
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum, frame):
+            self.stop()
+            old = self._old_handlers.get(signum)
+            if callable(old):
+                old(signum, frame)
+            else:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                self._old_handlers[sig] = signal.getsignal(sig)
+                signal.signal(sig, handler)
+            except (ValueError, OSError):
+                pass
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
+            except (ValueError, OSError, TypeError):
+                pass
+        self._old_handlers.clear()
+
+    # ---- processes ---------------------------------------------------------------------------
+
+    def _write_scripts(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "train.py").write_text(_WORKER)
+        (self.dir / "launch.py").write_text(_LAUNCHER)
+        # bash can set argv[0], so that the worker reads "python train.py ..." like the others.
+        if shutil.which("bash"):
+            run = '( exec -a python "$GPUTOP_DEMO_PYTHON" train.py --retry --epochs 100 )'
+        else:
+            run = '"$GPUTOP_DEMO_PYTHON" train.py --retry --epochs 100'
+        (self.dir / "retry.sh").write_text(_RETRY.replace("{run}", run))
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        env["GPUTOP_DEMO_PYTHON"] = self.python
+        return env
+
+    def _popen(self, argv: list[str], name: str | None = None, **kw) -> subprocess.Popen:
+        env = self._env()
+        if name:
+            env["GPUTOP_DEMO_NAME"] = name
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("stdout", subprocess.DEVNULL)
+        kw.setdefault("stderr", subprocess.DEVNULL)
+        p = subprocess.Popen(argv, preexec_fn=_default_sighup, env=env, cwd=str(self.dir), **kw)
+        self._popens.append(p)
+        return p
+
+    def _record(self, role: str, pid: int) -> DemoProc:
+        dp = DemoProc(role, pid, _wait_start_time(pid))
+        self.procs[role] = dp
+        return dp
+
+    def _start_processes(self) -> None:
+        # A training job started deliberately in its own session (setsid): not an orphan.
+        launcher = self._popen(["torchrun", "launch.py", "--nproc-per-node", "2"], executable=self.python,
+                               start_new_session=True)
+        self._record("launcher", launcher.pid)
+        workers = _wait_children(launcher.pid, 2)
+        for i, pid in enumerate(workers):
+            self._record(f"worker{i}", pid)
+        # An orphaned tree: the session leader (sh) exits at once; the retry loop goes to init.
+        pidfile = self.dir / "retry.pid"
+        shell = shutil.which("bash") or "sh"
+        self._popen(["setsid", "sh", "-c", f'{shell} retry.sh "$0" & exit 0', str(pidfile)]).wait(10)
+        root = _wait_pidfile(pidfile)
+        self._record("retry-root", root)
+        self._record("retry-worker", _wait_children(root, 1)[0])
+        # A process named like a miner: argv[0] and comm are "xmrig".
+        miner = self._popen(["xmrig", "train.py", "-o", "pool.example.net:3333", "--donate-level", "1"],
+                            name="xmrig", executable=self.python, start_new_session=True)
+        self._record("miner", miner.pid)
+        gfx = self._popen(["glxgears", "train.py", "-info"], name="glxgears", executable=self.python,
+                          start_new_session=True)
+        self._record("graphics", gfx.pid)
+        jup = self._popen(["python", "train.py", "-m", "ipykernel_launcher", "-f",
+                           "/run/user/jupyter/kernel-demo.json"], executable=self.python, start_new_session=True)
+        self._record("jupyter", jup.pid)
+
+    def pid(self, role: str) -> int:
+        return self.procs[role].pid
+
+    # ---- scenario ----------------------------------------------------------------------------
+
+    def scenario(self) -> dict:
+        gpus = []
+        for i, g in enumerate(self._gpus):
+            wobble = (((self._tick * (i + 3)) % 11) - 5) if self.animate else 0
+            gpus.append({
+                "name": g.name,
+                "memory_total": "80GiB" if "80GB" in g.name else ("40GiB" if "40GB" in g.name else "48GiB"),
+                "utilization": max(0, min(100, g.util + wobble)),
+                "memory_utilization": max(0, min(100, g.util * 0.4 + wobble)),
+                "temperature": g.temp + wobble / 2,
+                "power": g.power + wobble * 4,
+                "power_limit": 700 if "H100" in g.name else (400 if "A100" in g.name else 350),
+                "fan": None if "H100" in g.name else 40 + wobble,
+                "clock_sm": 1980 if "H100" in g.name else 1410,
+                "clock_mem": 2619 if "H100" in g.name else 1593,
+            })
+        holders = []
+
+        def add(role, gpu, memory, ctx="C", sm=None):
+            p = self.procs.get(role)
+            if p is not None:
+                holders.append({"pid": p.pid, "gpu": gpu, "memory": memory, "type": ctx, "sm": sm,
+                                "start_time": p.start_time})
+
+        add("worker0", 0, "61GiB", sm=96)
+        add("worker1", 1, "61GiB", sm=93)
+        add("retry-worker", 2, "18GiB", sm=45)
+        holders.append({"pid": INVISIBLE_PID, "gpu": 2, "memory": "3GiB", "type": "C", "visible": False})
+        add("miner", 3, "4GiB", sm=99)
+        add("graphics", 3, "512MiB", ctx="G", sm=3)
+        add("jupyter", 3, "9GiB", ctx="C+G", sm=0)
+        return {"gpus": gpus, "holders": holders}
+
+    def write_scenario(self) -> Path:
+        data = self.scenario()
+        tmp = self.scenario_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+        os.replace(tmp, self.scenario_path)
+        return self.scenario_path
+
+    # ---- background --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self._reap_children()
+                changed = self._follow_retry_worker()
+                if self.animate or changed:
+                    self._tick += 1
+                    with self._lock:
+                        if not self._stopped:
+                            self.write_scenario()
+            except Exception:  # the demo must never take the app down
+                pass
+
+    def _reap_children(self) -> None:
+        for p in self._popens:
+            p.poll()
+
+    def _follow_retry_worker(self) -> bool:
+        """The retry loop restarted its worker: the new process takes the GPU, as with a real job."""
+        root = self.procs.get("retry-root")
+        cur = self.procs.get("retry-worker")
+        if root is None or not _same(root):
+            return False
+        if cur is not None and _same(cur):
+            return False
+        try:
+            kids = psutil.Process(root.pid).children()
+        except psutil.Error:
+            return False
+        for k in kids:
+            try:
+                if "--retry" in k.cmdline():
+                    self._record("retry-worker", k.pid)
+                    return True
+            except psutil.Error:
+                continue
+        return False
+
+
+def _same(p: DemoProc) -> bool:
+    return p.start_time is not None and proc_start_time(p.pid) == p.start_time
+
+
+def _default_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _wait_start_time(pid: int, timeout: float = 5.0) -> float | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = proc_start_time(pid)
+        if st is not None:
+            return st
+        time.sleep(0.02)
+    return None
+
+
+def _wait_children(pid: int, n: int, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            kids = sorted(c.pid for c in psutil.Process(pid).children())
+        except psutil.Error:
+            kids = []
+        if len(kids) >= n:
+            return kids[:n]
+        time.sleep(0.02)
+    raise RuntimeError(f"demo: process {pid} did not start {n} child process(es) within {timeout:.0f}s")
+
+
+def _wait_pidfile(path: Path, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = path.read_text().strip()
+            if text:
+                return int(text)
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"demo: the retry loop did not start within {timeout:.0f}s")
