@@ -21,6 +21,8 @@ environment:
   GPUTOP_SCENARIO   scenario file for the simulated backend (same as --scenario)
   GPUTOP_CONFIG     config file (default: <XDG config>/gputop/config.yaml)
   GPUTOP_STATE_DIR  state directory: audit log, guard state (default: <XDG state>/gputop)
+  GPUTOP_REMOTE_CMD the gputop command on --remote/--hosts hosts (same as --remote-gputop)
+  GPUTOP_SSH        the local ssh command (default: ssh)
 """
 
 
@@ -48,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--readonly", action="store_true", help="TUI: hide and disable every action")
     parser.add_argument("--demo", action="store_true",
                         help="start real demo processes on simulated GPUs and open the TUI on them")
+    parser.add_argument("--remote", metavar="HOST",
+                        help="run gputop (the TUI, or the subcommand that follows) on HOST through ssh")
+    parser.add_argument("--remote-gputop", metavar="CMD",
+                        help="the gputop command on the remote host (default: gputop, or $GPUTOP_REMOTE_CMD)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         mod = importlib.import_module(f"gputop.commands.{name}")
@@ -60,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        from gputop.remote import run_remote, split_remote_argv
+
+        remote = split_remote_argv(argv)
+        if remote is not None:  # everything else is for the gputop on that host
+            return run_remote(remote)
+    except GputopError as e:
+        print(f"gputop: {e}", file=sys.stderr)
+        return e.exit_code
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

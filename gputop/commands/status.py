@@ -16,9 +16,17 @@ With no GPU, lists each backend with the reason it is unavailable and exits 0.""
 def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON: {at, gpu: {gpus, holders}, holders, roots, warnings, ...}")
     p.add_argument("--chains", action="store_true", help="table: print each holder's ancestor chain")
+    p.add_argument("--hosts", metavar="H1,H2", help="ask these hosts through ssh, in parallel, and merge")
+    p.add_argument("--hosts-file", metavar="FILE", help="hosts to ask, one per line ('#' comments)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="--hosts: seconds to wait for each host (default 10)")
 
 
 def run(args) -> int:
+    if args.hosts or args.hosts_file:
+        from gputop.remote import run_status_hosts
+
+        return run_status_hosts(args)
     sampler = open_sampler(args)
     try:
         snap = sampler.sample()

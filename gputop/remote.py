@@ -1,0 +1,375 @@
+"""gputop on other hosts, through the system OpenSSH client.
+
+``gputop --remote HOST [args ...]`` runs ``gputop args ...`` on HOST; ``gputop status --hosts a,b`` asks many
+hosts at once. We only ever call ``ssh``: it reads ~/.ssh/config, the agent and known_hosts, and host-key
+checking stays on (we never pass StrictHostKeyChecking=no). Arguments are shell-quoted, because ssh hands
+the remote command to the remote user's shell as one string.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gputop.errors import EXIT_UNAVAILABLE, UnavailableError, UsageError
+
+ENV_REMOTE_CMD = "GPUTOP_REMOTE_CMD"  # the gputop command on the remote side (a shell string)
+ENV_SSH = "GPUTOP_SSH"  # the local ssh command (e.g. "ssh -F ~/.ssh/lab_config")
+DEFAULT_REMOTE_CMD = "gputop"
+INSTALL_COMMAND = "python3 -m pip install --user gputop"
+SSH_FAILED = 255  # ssh's own exit status when the connection or authentication fails
+NOT_FOUND = 127  # the remote shell's status for "command not found"
+
+# Top-level options that take a value; needed to find where the global options end.
+_VALUE_OPTS = {"--backend", "--scenario", "--config", "--interval", "--remote", "--remote-gputop"}
+
+# Why a host failed, in the words `status --hosts` prints.
+UNREACHABLE = "unreachable"
+AUTH_FAILED = "authentication failed"
+HOST_KEY_UNKNOWN = "host key unknown"
+HOST_KEY_CHANGED = "host key changed"
+GPUTOP_MISSING = "gputop missing"
+TIMED_OUT = "timed out"
+REMOTE_ERROR = "remote error"
+BAD_OUTPUT = "bad output"
+
+
+# ---- building the ssh command line --------------------------------------------------------------
+
+def ssh_command() -> list[str]:
+    raw = os.environ.get(ENV_SSH, "").strip()
+    cmd = shlex.split(raw) if raw else ["ssh"]
+    return cmd
+
+
+def remote_gputop(explicit: str | None = None) -> str:
+    """The remote gputop command: --remote-gputop, $GPUTOP_REMOTE_CMD, or plain ``gputop``.
+
+    It is a shell string on purpose (``env GPUTOP_SCENARIO=/x /opt/venv/bin/gputop`` is allowed); the
+    arguments after it are quoted one by one.
+    """
+    return (explicit or os.environ.get(ENV_REMOTE_CMD) or DEFAULT_REMOTE_CMD).strip()
+
+
+def check_host(host: str) -> str:
+    host = host.strip()
+    if not host:
+        raise UsageError("empty host name: give --remote HOST (a name from ~/.ssh/config, or user@host)")
+    if host.startswith("-") or any(c.isspace() for c in host):
+        raise UsageError(f"bad host name {host!r}: it must not start with '-' or contain spaces")
+    return host
+
+
+def build_ssh_argv(host: str, args: list[str], *, remote_cmd: str | None = None, tty: bool = False,
+                   batch: bool = False, connect_timeout: float | None = None) -> list[str]:
+    """``ssh [options] -- HOST 'gputop arg1 arg2'`` with every argument shell-quoted."""
+    argv = ssh_command()
+    if tty:
+        argv.append("-t")
+    else:
+        argv.append("-T")
+    if batch:
+        argv += ["-o", "BatchMode=yes"]
+    if connect_timeout is not None:
+        argv += ["-o", f"ConnectTimeout={max(1, math.ceil(connect_timeout))}"]
+    command = " ".join([remote_gputop(remote_cmd)] + [shlex.quote(a) for a in args])
+    return argv + ["--", check_host(host), command]
+
+
+# ---- gputop --remote HOST ... ------------------------------------------------------------------
+
+@dataclass
+class RemoteInvocation:
+    host: str
+    args: list[str]  # everything to pass to the remote gputop
+    remote_cmd: str | None = None
+
+
+def split_remote_argv(argv: list[str]) -> RemoteInvocation | None:
+    """Find ``--remote HOST`` (and ``--remote-gputop CMD``) among the options before the subcommand.
+
+    Everything else, in order, is for the remote gputop. None when there is no --remote.
+    """
+    host = cmd = None
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--" or not a.startswith("-"):
+            rest.extend(argv[i:])
+            break
+        name, eq, val = a.partition("=")
+        if name in ("--remote", "--remote-gputop"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"{name} needs a value")
+                val = argv[i + 1]
+                i += 1
+            if name == "--remote":
+                host = val
+            else:
+                cmd = val
+            i += 1
+            continue
+        rest.append(a)
+        if name in _VALUE_OPTS and not eq and i + 1 < len(argv):
+            rest.append(argv[i + 1])
+            i += 1
+        i += 1
+    if host is None:
+        if cmd is not None:
+            raise UsageError("--remote-gputop only makes sense with --remote HOST")
+        return None
+    return RemoteInvocation(check_host(host), rest, cmd)
+
+
+def _subcommand(args: list[str]) -> str | None:
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-h", "--help", "--version"):
+            return a
+        if not a.startswith("-"):
+            return a
+        if a.partition("=")[0] in _VALUE_OPTS and "=" not in a:
+            i += 1
+        i += 1
+    return None
+
+
+def missing_message(host: str) -> str:
+    return (f"gputop is not installed on {host} (or not on the PATH of a non-interactive ssh shell): "
+            f"install it there with '{INSTALL_COMMAND}', or give its path with --remote-gputop PATH "
+            f"(or ${ENV_REMOTE_CMD})")
+
+
+def run_remote(inv: RemoteInvocation) -> int:
+    """Run gputop on the remote host; its output streams through and its exit status is ours."""
+    sub = _subcommand(inv.args)
+    tui = sub is None
+    interactive = sys.stdin.isatty()
+    argv = build_ssh_argv(inv.host, inv.args, remote_cmd=inv.remote_cmd, tty=tui and interactive,
+                          batch=not interactive)
+    try:
+        proc = subprocess.Popen(argv)
+    except FileNotFoundError:
+        raise UnavailableError("the OpenSSH client 'ssh' was not found: install openssh-client "
+                               "(apt install openssh-client, dnf install openssh-clients)") from None
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        # ssh got the same SIGINT (same process group); give it a moment to close the session.
+        try:
+            rc = proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        return 130
+    if rc == NOT_FOUND:
+        print(f"gputop: {missing_message(inv.host)}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if rc == SSH_FAILED:
+        print(f"gputop: ssh to {inv.host} failed (see ssh's message above); check 'ssh {inv.host}' works",
+              file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if rc < 0:  # ssh died of a signal
+        return 128 - rc
+    return rc
+
+
+# ---- gputop status --hosts ---------------------------------------------------------------------
+
+def classify_failure(rc: int | None, stderr: str) -> str:
+    """Map ssh's exit status and messages to one reason class."""
+    s = stderr.lower()
+    if "remote host identification has changed" in s or ("host key for" in s and "has changed" in s):
+        return HOST_KEY_CHANGED
+    if "host key verification failed" in s or ("host key is known" in s and "no " in s):
+        return HOST_KEY_UNKNOWN
+    if rc == NOT_FOUND or "command not found" in s:
+        return GPUTOP_MISSING
+    if "permission denied" in s or "too many authentication failures" in s:
+        return AUTH_FAILED
+    if rc == SSH_FAILED and any(m in s for m in (
+            "connect to host", "could not resolve", "connection refused", "no route to host",
+            "network is unreachable", "connection closed", "connection reset", "name or service not known")):
+        return UNREACHABLE
+    if "timed out" in s:
+        return TIMED_OUT
+    if rc == SSH_FAILED:
+        return UNREACHABLE
+    return REMOTE_ERROR
+
+
+@dataclass
+class HostResult:
+    host: str
+    status: dict | None = None  # the remote `status --json`
+    kind: str | None = None  # failure reason class; None when it worked
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.kind is None
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Warning: Permanently")]
+    return lines[-1] if lines else ""
+
+
+def query_host(host: str, *, timeout: float = 10.0, remote_cmd: str | None = None,
+               args: tuple[str, ...] = ("status", "--json")) -> HostResult:
+    """Run ``gputop status --json`` on one host, with BatchMode (no prompts) and a hard timeout."""
+    t0 = time.monotonic()
+    try:
+        argv = build_ssh_argv(host, list(args), remote_cmd=remote_cmd, batch=True, connect_timeout=timeout)
+    except UsageError as e:
+        return HostResult(host, kind=REMOTE_ERROR, message=str(e))
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    except FileNotFoundError:
+        return HostResult(host, kind=UNREACHABLE, message="the OpenSSH client 'ssh' was not found")
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return HostResult(host, kind=TIMED_OUT, message=f"no answer within {timeout:g}s",
+                          seconds=time.monotonic() - t0)
+    took = time.monotonic() - t0
+    if proc.returncode != 0:
+        kind = classify_failure(proc.returncode, err)
+        msg = _last_line(err) or f"exit status {proc.returncode}"
+        if kind == GPUTOP_MISSING:
+            msg = missing_message(host)
+        return HostResult(host, kind=kind, message=msg, seconds=took)
+    try:
+        data = json.loads(out)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        return HostResult(host, kind=BAD_OUTPUT, message=f"not gputop JSON ({e}): {out[:80]!r}", seconds=took)
+    return HostResult(host, status=data, seconds=took)
+
+
+def query_hosts(hosts: list[str], *, timeout: float = 10.0, remote_cmd: str | None = None,
+                max_workers: int = 32) -> list[HostResult]:
+    """All hosts in parallel; results in the order the hosts were given."""
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(hosts))) as pool:
+        futs = [pool.submit(query_host, h, timeout=timeout, remote_cmd=remote_cmd) for h in hosts]
+        return [f.result() for f in futs]
+
+
+def parse_hosts(spec: str | None = None, hosts_file: str | None = None) -> list[str]:
+    """Hosts from "a,b c" and/or a file (one or more per line, '#' starts a comment); order kept, no repeats."""
+    raw: list[str] = []
+    if spec:
+        raw += spec.replace(",", " ").split()
+    if hosts_file:
+        try:
+            text = Path(hosts_file).read_text()
+        except OSError as e:
+            raise UsageError(f"cannot read hosts file {hosts_file}: {e.strerror}") from None
+        for line in text.splitlines():
+            raw += line.split("#", 1)[0].replace(",", " ").split()
+    out: list[str] = []
+    for h in raw:
+        h = check_host(h)
+        if h not in out:
+            out.append(h)
+    if not out:
+        raise UsageError("no hosts given: use --hosts h1,h2 or --hosts-file FILE")
+    return out
+
+
+# ---- merging ---------------------------------------------------------------------------------
+
+def merged_dict(results: list[HostResult]) -> dict:
+    """One JSON document with the host on every row."""
+    hosts, gpus, holders, roots, warnings = [], [], [], [], []
+    for r in results:
+        entry = {"host": r.host, "ok": r.ok, "seconds": round(r.seconds, 3)}
+        if r.ok:
+            s = r.status or {}
+            entry.update({"hostname": s.get("host"), "at": s.get("at"), "version": s.get("version"),
+                          "error": None})
+            gpus += [{"host": r.host, **g} for g in (s.get("gpu") or {}).get("gpus", [])]
+            holders += [{"host": r.host, **h} for h in s.get("holders", [])]
+            roots += [{"host": r.host, **x} for x in s.get("roots", [])]
+            warnings += [{"host": r.host, "message": w} for w in s.get("warnings", [])]
+        else:
+            entry["error"] = {"kind": r.kind, "message": r.message}
+        hosts.append(entry)
+    return {"hosts": hosts, "gpus": gpus, "holders": holders, "roots": roots, "warnings": warnings}
+
+
+def render_merged(results: list[HostResult]) -> str:
+    from gputop.commands._common import table
+    from gputop.units import fmt_bytes, fmt_opt
+
+    merged = merged_dict(results)
+    out: list[str] = []
+    ok = sum(1 for r in results if r.ok)
+    out.append(f"{ok}/{len(results)} host(s) answered  {len(merged['gpus'])} GPU(s)  "
+               f"{len(merged['holders'])} holder(s)  {len(merged['roots'])} orphan tree(s)")
+    if merged["gpus"]:
+        rows = []
+        for g in merged["gpus"]:
+            if g.get("lost"):
+                rows.append([g["host"], str(g.get("index")), g.get("name") or "?", "LOST", "", "", ""])
+                continue
+            rows.append([
+                g["host"], str(g.get("index")), g.get("name") or "N/A",
+                fmt_opt(g.get("utilization_gpu"), "{:.0f}%"),
+                f"{fmt_bytes(g.get('memory_used'))} / {fmt_bytes(g.get('memory_total'))}",
+                fmt_opt(g.get("temperature_c"), "{:.0f}C"), fmt_opt(g.get("power_w"), "{:.0f}W"),
+            ])
+        out.append(table(rows, ["HOST", "GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER"], right={1, 3, 5, 6}))
+    if merged["holders"]:
+        out.append("")
+        rows = []
+        for h in merged["holders"]:
+            cmd = " ".join(h.get("cmdline") or []) or (h.get("name") or "(not visible)")
+            rows.append([
+                h["host"], str(h.get("pid")), h.get("user") or "?", h.get("ctx") or "?",
+                ",".join(map(str, h.get("gpus") or [])), fmt_bytes(h.get("gpu_memory")),
+                fmt_opt(h.get("sm_util"), "{:.0f}%"), (h.get("verdict") or {}).get("kind", "?"), cmd[:50],
+            ])
+        out.append(table(rows, ["HOST", "PID", "USER", "TYPE", "GPU", "GPU-MEM", "SM", "VERDICT", "COMMAND"],
+                         right={1, 5, 6}))
+    for w in merged["warnings"]:
+        out.append(f"warning: {w['host']}: {w['message']}")
+    failed = [r for r in results if not r.ok]
+    if failed:
+        out.append("")
+        for r in failed:
+            out.append(f"{r.host}: {r.kind}: {r.message}")
+    return "\n".join(out)
+
+
+def run_status_hosts(args) -> int:
+    """``gputop status --hosts ...``: exit 0 when every host answered, 6 when any did not."""
+    from gputop.commands._common import print_json
+
+    if args.timeout is None or args.timeout <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    hosts = parse_hosts(args.hosts, args.hosts_file)
+    results = query_hosts(hosts, timeout=args.timeout, remote_cmd=getattr(args, "remote_gputop", None))
+    if args.json:
+        print_json(merged_dict(results))
+    else:
+        print(render_merged(results))
+    return 0 if all(r.ok for r in results) else EXIT_UNAVAILABLE
