@@ -1,0 +1,594 @@
+"""Guard policies: YAML load and validation.
+
+Every problem is reported with the file, the line and the rule it belongs to, for example::
+
+    policy.yaml line 9: rule 'block-crypto-miners': condition 2: unknown operator '=>': use one of >, >=, ...
+
+All problems in a file are collected, not only the first. Line numbers come from the composed YAML node
+tree (``yaml.compose``), so they point at the offending key or value.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gputop.errors import UsageError
+from gputop.units import parse_duration, parse_memory
+
+NUMERIC_OPS = (">", ">=", "<", "<=", "==", "!=")
+OPERATORS = (">", ">=", "<", "<=", "==", "!=", "contains", "contains_any", "matches", "in", "not_in")
+ACTIONS = ("log", "notify", "kill", "reap")
+MATCHES = ("all", "any")
+SCOPES = ("process", "per_user")
+SELECTS = ("newest", "largest")
+
+# type -> (kind, allowed operators). kind decides how ``value`` is parsed.
+CONDITION_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "process_name": ("string", ("==", "!=", "contains", "contains_any", "matches", "in", "not_in")),
+    "cmdline": ("string", ("==", "!=", "contains", "contains_any", "matches", "in", "not_in")),
+    "user": ("string", ("==", "!=", "contains", "contains_any", "matches", "in", "not_in")),
+    "gpu_utilization": ("percent", NUMERIC_OPS),
+    "gpu_memory": ("memory", NUMERIC_OPS),
+    "user_memory": ("memory", NUMERIC_OPS),
+    "process_count": ("count", NUMERIC_OPS),
+    "runtime": ("duration", NUMERIC_OPS),
+    "orphan": ("bool", ("==", "!=")),
+    "gpu": ("gpu", ("==", "!=", "in", "not_in")),
+    "time_window": ("window", ("in", "not_in")),
+}
+# Conditions measured on a user rather than on one process: they make sense for scope: per_user.
+USER_LEVEL = ("user_memory", "process_count", "user", "time_window")
+LIMIT_TYPES = ("user_memory", "process_count")  # what "back under the limit" is measured by
+
+TOP_KEYS = ("rules", "description", "version")
+RULE_KEYS = ("name", "description", "conditions", "match", "action", "force", "timeout", "notify",
+             "grace_period", "scope", "select", "repeat", "enabled")
+CONDITION_KEYS = ("type", "operator", "value", "duration", "scope")
+WINDOW_KEYS = ("hours", "weekdays")
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+DEFAULT_REPEAT = 300.0  # while a rule keeps holding for a target, act again at most this often
+
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_URL_RE = re.compile(r"^https?://[^\s/]+", re.IGNORECASE)
+
+
+# ---- the model -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """Hours ``[start, end)`` (wrapping midnight when end <= start) on the given weekdays (0 = Monday)."""
+
+    start_min: int | None = None  # minutes after midnight; None: any hour
+    end_min: int | None = None
+    weekdays: tuple[int, ...] | None = None  # None: any day
+    text: str = ""
+
+    def contains(self, when: _dt.datetime) -> bool:
+        minute = when.hour * 60 + when.minute
+        day = when.weekday()
+        if self.start_min is not None and self.end_min is not None:
+            if self.start_min < self.end_min:
+                in_hours = self.start_min <= minute < self.end_min
+            else:  # wraps midnight: the window belongs to the day it started on
+                in_hours = minute >= self.start_min or minute < self.end_min
+                if minute < self.end_min and self.start_min != self.end_min:
+                    day = (day - 1) % 7
+        else:
+            in_hours = True
+        return in_hours and (self.weekdays is None or day in self.weekdays)
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    operator: str
+    value: object  # parsed: bytes, seconds, float, bool, tuple, compiled regex or TimeWindow
+    raw: object  # as written
+    duration: float | None = None
+    scope: str | None = None
+    line: int = 0
+
+    def describe(self) -> str:
+        raw = self.raw if not isinstance(self.raw, (list, tuple)) else list(self.raw)
+        text = f"{self.type} {self.operator} {raw!r}"
+        if self.duration:
+            text += f" for {_fmt_secs(self.duration)}"
+        return text
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    conditions: tuple[Condition, ...]
+    action: str
+    description: str = ""
+    match: str = "all"
+    force: bool = False
+    timeout: float | None = None  # TERM -> KILL wait; None: the config's kill_timeout
+    notify: tuple[str, ...] = ()
+    grace_period: float | None = None
+    scope: str = "process"
+    select: str = "newest"
+    repeat: float = DEFAULT_REPEAT
+    enabled: bool = True
+    line: int = 0
+
+    @property
+    def per_user(self) -> bool:
+        return self.scope == "per_user"
+
+
+@dataclass(frozen=True)
+class Policy:
+    rules: tuple[Rule, ...]
+    path: str | None = None
+    description: str = ""
+
+    def rule(self, name: str) -> Rule | None:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        return None
+
+
+@dataclass(frozen=True)
+class Issue:
+    line: int | None
+    rule: str | None
+    message: str
+
+    def format(self, source: str) -> str:
+        where = f"{source} line {self.line}" if self.line else source
+        who = f"rule '{self.rule}': " if self.rule else ""
+        return f"{where}: {who}{self.message}"
+
+
+class PolicyError(UsageError):
+    """An invalid policy. ``issues`` lists every problem; str() gives one line per problem."""
+
+    def __init__(self, issues: list[Issue], source: str):
+        self.issues = issues
+        self.source = source
+        super().__init__("\n".join(i.format(source) for i in issues))
+
+    @property
+    def first(self) -> Issue:
+        return self.issues[0]
+
+
+# ---- YAML with line numbers ------------------------------------------------------------------
+
+class _Map(dict):
+    line: int = 0
+
+    def __init__(self):
+        super().__init__()
+        self.key_lines: dict = {}
+
+
+class _Seq(list):
+    line: int = 0
+
+    def __init__(self):
+        super().__init__()
+        self.item_lines: list[int] = []
+
+
+def _convert(node: yaml.Node, loader: yaml.SafeLoader, issues: list[Issue]):
+    line = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        m = _Map()
+        m.line = line
+        for knode, vnode in node.value:
+            if not isinstance(knode, yaml.ScalarNode):
+                issues.append(Issue(knode.start_mark.line + 1, None, "a key must be a plain word"))
+                continue
+            key = loader.construct_object(knode, deep=True)
+            if not isinstance(key, str):
+                key = str(key)
+            if key in m:
+                issues.append(Issue(knode.start_mark.line + 1, None, f"duplicate key '{key}'"))
+            m[key] = _convert(vnode, loader, issues)
+            m.key_lines[key] = knode.start_mark.line + 1
+        return m
+    if isinstance(node, yaml.SequenceNode):
+        s = _Seq()
+        s.line = line
+        for item in node.value:
+            s.append(_convert(item, loader, issues))
+            s.item_lines.append(item.start_mark.line + 1)
+        return s
+    return loader.construct_object(node, deep=True)
+
+
+def _compose(text: str, source: str):
+    issues: list[Issue] = []
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = _convert(node, loader, issues) if node is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = e.problem or e.context or "invalid YAML"
+        raise PolicyError([Issue(line, None, f"YAML syntax error: {problem}")], source) from None
+    except yaml.YAMLError as e:
+        raise PolicyError([Issue(None, None, f"YAML error: {e}")], source) from None
+    finally:
+        loader.dispose()
+    return data, issues
+
+
+# ---- validation ------------------------------------------------------------------------------
+
+def _fmt_secs(s: float) -> str:
+    if s >= 3600 and s % 3600 == 0:
+        return f"{int(s // 3600)}h"
+    if s >= 60 and s % 60 == 0:
+        return f"{int(s // 60)}m"
+    return f"{s:g}s"
+
+
+def _type_name(v: object) -> str:
+    if v is None:
+        return "nothing"
+    if isinstance(v, bool):
+        return f"a boolean ({str(v).lower()})"
+    if isinstance(v, (int, float)):
+        return f"a number ({v})"
+    if isinstance(v, str):
+        return f"a string ({v!r})"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "a mapping"
+    return type(v).__name__
+
+
+class _Ctx:
+    """Collects issues for one rule, with the rule's name."""
+
+    def __init__(self, issues: list[Issue], rule: str | None):
+        self.issues = issues
+        self.rule = rule
+        self.count = 0
+
+    def err(self, line: int | None, message: str) -> None:
+        self.issues.append(Issue(line, self.rule, message))
+        self.count += 1
+
+
+def _line(m, key: str, default: int = 0) -> int:
+    return getattr(m, "key_lines", {}).get(key, getattr(m, "line", default))
+
+
+def _parse_hhmm(v: object) -> int:
+    if isinstance(v, bool):
+        raise ValueError
+    if isinstance(v, int) and 0 <= v <= 24:
+        return v * 60
+    if isinstance(v, str):
+        m = re.fullmatch(r"\s*(\d{1,2})(?::(\d{2}))?\s*", v)
+        if m:
+            h, mi = int(m.group(1)), int(m.group(2) or 0)
+            if 0 <= h <= 24 and 0 <= mi < 60 and h * 60 + mi <= 24 * 60:
+                return h * 60 + mi
+    raise ValueError
+
+
+def parse_window(value: object, what: str = "time_window") -> TimeWindow:
+    """``{hours: "22:00-06:00", weekdays: [mon, tue] | "mon-fri"}``; either key may be left out."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} value must be a mapping with 'hours' and/or 'weekdays', "
+                         f"e.g. {{hours: '08:00-18:00', weekdays: mon-fri}}; got {_type_name(value)}")
+    unknown = [k for k in value if k not in WINDOW_KEYS]
+    if unknown:
+        raise ValueError(f"unknown key '{unknown[0]}' in {what}: use hours, weekdays")
+    if not value:
+        raise ValueError(f"{what} needs 'hours' and/or 'weekdays'")
+    start = end = None
+    hours = value.get("hours")
+    if hours is not None:
+        parts = None
+        if isinstance(hours, str) and "-" in hours:
+            parts = hours.split("-", 1)
+        elif isinstance(hours, list) and len(hours) == 2:
+            parts = hours
+        try:
+            if parts is None:
+                raise ValueError
+            start, end = _parse_hhmm(parts[0]), _parse_hhmm(parts[1])
+        except ValueError:
+            raise ValueError(f"bad hours {hours!r} in {what}: use 'HH:MM-HH:MM' (e.g. '22:00-06:00') "
+                             "or [start, end]") from None
+        if start == end:
+            raise ValueError(f"bad hours {hours!r} in {what}: start and end are the same")
+    days = None
+    wd = value.get("weekdays")
+    if wd is not None:
+        items = wd if isinstance(wd, list) else [wd]
+        out: list[int] = []
+        for item in items:
+            text = str(item).strip().lower()
+            rng = text.split("-") if "-" in text else [text, text]
+            try:
+                a, b = (_day(x) for x in rng)
+            except ValueError:
+                raise ValueError(f"bad weekday {item!r} in {what}: use mon..sun or a range like mon-fri") from None
+            i = a
+            while True:
+                out.append(i)
+                if i == b:
+                    break
+                i = (i + 1) % 7
+        days = tuple(sorted(set(out)))
+    return TimeWindow(start, end, days, text=str({k: value[k] for k in value}))
+
+
+_DAY_NAMES = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+
+
+def _day(text: str) -> int:
+    text = text.strip()
+    for i, full in enumerate(_DAY_NAMES):
+        if len(text) >= 3 and full.startswith(text):
+            return i
+    raise ValueError(text)
+
+
+def _parse_value(kind: str, op: str, value: object, ctype: str):
+    """Return the parsed value or raise ValueError with a message that says what to write."""
+    listy = op in ("contains_any", "in", "not_in")
+    if kind == "string":
+        if listy:
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not value or not all(isinstance(x, (str, int)) and
+                                                                   not isinstance(x, bool) for x in value):
+                raise ValueError(f"{ctype} {op} needs a non-empty list of strings, got {_type_name(value)}")
+            return tuple(str(x) for x in value)
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise ValueError(f"{ctype} {op} needs a string, got {_type_name(value)}")
+        if op == "matches":
+            try:
+                return re.compile(str(value))
+            except re.error as e:
+                raise ValueError(f"bad regex {value!r}: {e}") from None
+        return str(value)
+    if kind == "percent":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{ctype} needs a number of percent (0-100), got {_type_name(value)}")
+        if not 0 <= value <= 100:
+            raise ValueError(f"{ctype} must be between 0 and 100, got {value}")
+        return float(value)
+    if kind == "memory":
+        if isinstance(value, (list, dict)) or value is None or isinstance(value, bool):
+            raise ValueError(f"{ctype} needs a memory size (bytes, or a unit such as 8GiB, 8GB), "
+                             f"got {_type_name(value)}")
+        return parse_memory(value)
+    if kind == "count":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{ctype} needs a whole number of processes, got {_type_name(value)}")
+        return value
+    if kind == "duration":
+        if isinstance(value, (list, dict)) or value is None:
+            raise ValueError(f"{ctype} needs a duration such as 30s, 5m, 2h; got {_type_name(value)}")
+        return parse_duration(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{ctype} needs true or false, got {_type_name(value)}")
+        return value
+    if kind == "gpu":
+        if listy:
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = [value]
+            if not isinstance(value, list) or not value or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+                raise ValueError(f"gpu {op} needs a list of GPU indexes such as [0, 1], got {_type_name(value)}")
+            return tuple(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"gpu {op} needs a GPU index (0, 1, ...), got {_type_name(value)}")
+        return value
+    if kind == "window":
+        return parse_window(value)
+    raise ValueError(f"internal: unknown kind {kind}")  # pragma: no cover
+
+
+def _condition(c: object, idx: int, line: int, ctx: _Ctx) -> Condition | None:
+    where = f"condition {idx}"
+    if not isinstance(c, dict):
+        ctx.err(line, f"{where}: expected a mapping with type, operator and value, got {_type_name(c)}")
+        return None
+    before = ctx.count
+    for k in c:
+        if k not in CONDITION_KEYS:
+            ctx.err(_line(c, k, line), f"{where}: unknown key '{k}': use one of {', '.join(CONDITION_KEYS)}")
+    for k in ("type", "operator", "value"):
+        if k not in c:
+            ctx.err(getattr(c, "line", line), f"{where}: missing field '{k}'")
+    ctype, op = c.get("type"), c.get("operator")
+    kind = allowed = None
+    if "type" in c:
+        if ctype not in CONDITION_TYPES:
+            ctx.err(_line(c, "type", line), f"{where}: unknown condition type {ctype!r}: use one of "
+                                            f"{', '.join(CONDITION_TYPES)}")
+        else:
+            kind, allowed = CONDITION_TYPES[ctype]
+    if "operator" in c:
+        if op not in OPERATORS:
+            ctx.err(_line(c, "operator", line), f"{where}: unknown operator {op!r}: use one of "
+                                                f"{', '.join(OPERATORS)}")
+            op = None
+        elif allowed is not None and op not in allowed:
+            ctx.err(_line(c, "operator", line), f"{where}: operator '{op}' does not apply to {ctype}: "
+                                                f"use one of {', '.join(allowed)}")
+            op = None
+    value = None
+    if kind and op and "value" in c:
+        try:
+            value = _parse_value(kind, op, c["value"], ctype)
+        except ValueError as e:
+            ctx.err(_line(c, "value", line), f"{where}: {e}")
+    duration = None
+    if "duration" in c:
+        try:
+            if isinstance(c["duration"], (list, dict)) or c["duration"] is None:
+                raise ValueError(f"bad duration {c['duration']!r}: use seconds or a unit such as 30s, 5m, 2h")
+            duration = parse_duration(c["duration"])
+        except ValueError as e:
+            ctx.err(_line(c, "duration", line), f"{where}: {e}")
+    scope = c.get("scope")
+    if "scope" in c and scope not in SCOPES:
+        ctx.err(_line(c, "scope", line), f"{where}: bad scope {scope!r}: use process or per_user")
+    if ctx.count != before:
+        return None
+    raw = c["value"]
+    return Condition(ctype, op, value, tuple(raw) if isinstance(raw, list) else raw, duration, scope,
+                     getattr(c, "line", line))
+
+
+def _notify_targets(v: object, line: int, ctx: _Ctx) -> tuple[str, ...]:
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list):
+        ctx.err(line, f"notify must be a list of e-mail addresses, http(s) URLs or 'log', got {_type_name(v)}")
+        return ()
+    out = []
+    for t in items:
+        if not isinstance(t, str) or not (t == "log" or _EMAIL_RE.match(t) or _URL_RE.match(t)):
+            ctx.err(line, f"bad notify target {t!r}: use an e-mail address, an http(s):// URL or 'log'")
+            continue
+        out.append(t)
+    return tuple(out)
+
+
+def _rule(r: object, idx: int, line: int, issues: list[Issue], names: set[str]) -> Rule | None:
+    name = r.get("name") if isinstance(r, dict) else None
+    label = name if isinstance(name, str) and name.strip() else f"rules[{idx}]"
+    ctx = _Ctx(issues, label)
+    if not isinstance(r, dict):
+        ctx.err(line, f"expected a mapping with name, conditions and action, got {_type_name(r)}")
+        return None
+    rline = getattr(r, "line", line)
+    for k in r:
+        if k not in RULE_KEYS:
+            ctx.err(_line(r, k, rline), f"unknown key '{k}': use one of {', '.join(RULE_KEYS)}")
+    for k in ("name", "conditions", "action"):
+        if k not in r:
+            ctx.err(rline, f"missing field '{k}'")
+    if "name" in r:
+        if not isinstance(name, str) or not name.strip():
+            ctx.err(_line(r, "name", rline), f"name must be a non-empty string, got {_type_name(name)}")
+        elif name in names:
+            ctx.err(_line(r, "name", rline), f"duplicate rule name '{name}'")
+        else:
+            names.add(name)
+    conds: list[Condition] = []
+    if "conditions" in r:
+        cs = r["conditions"]
+        if not isinstance(cs, list) or not cs:
+            ctx.err(_line(r, "conditions", rline), "conditions must be a non-empty list")
+        else:
+            for i, c in enumerate(cs, 1):
+                cl = cs.item_lines[i - 1] if isinstance(cs, _Seq) else rline
+                cond = _condition(c, i, cl, ctx)
+                if cond is not None:
+                    conds.append(cond)
+    action = r.get("action")
+    if "action" in r and action not in ACTIONS:
+        ctx.err(_line(r, "action", rline), f"bad action {action!r}: use one of {', '.join(ACTIONS)}")
+    match = r.get("match", "all")
+    if match not in MATCHES:
+        ctx.err(_line(r, "match", rline), f"bad match {match!r}: use all or any")
+    force = r.get("force", False)
+    if not isinstance(force, bool):
+        ctx.err(_line(r, "force", rline), f"force must be true or false, got {_type_name(force)}")
+    enabled = r.get("enabled", True)
+    if not isinstance(enabled, bool):
+        ctx.err(_line(r, "enabled", rline), f"enabled must be true or false, got {_type_name(enabled)}")
+    durations: dict[str, float | None] = {}
+    for key in ("timeout", "grace_period", "repeat"):
+        if key in r:
+            try:
+                if isinstance(r[key], (list, dict)) or r[key] is None:
+                    raise ValueError(f"bad duration {r[key]!r}: use seconds or a unit such as 30s, 5m, 2h")
+                durations[key] = parse_duration(r[key])
+            except ValueError as e:
+                ctx.err(_line(r, key, rline), f"{key}: {e}")
+    desc = r.get("description", "")
+    if not isinstance(desc, str):
+        ctx.err(_line(r, "description", rline), f"description must be a string, got {_type_name(desc)}")
+    notify = _notify_targets(r["notify"], _line(r, "notify", rline), ctx) if "notify" in r else ()
+    scope = r.get("scope", "process")
+    if scope not in SCOPES:
+        ctx.err(_line(r, "scope", rline), f"bad scope {scope!r}: use process or per_user")
+    select = r.get("select", "newest")
+    if select not in SELECTS:
+        ctx.err(_line(r, "select", rline), f"bad select {select!r}: use newest or largest")
+    if any(c.scope == "per_user" for c in conds):
+        scope = "per_user"
+    if scope == "per_user" and conds and not any(c.type in LIMIT_TYPES for c in conds):
+        ctx.err(rline, "scope per_user needs a user_memory or process_count condition (the limit to get "
+                       "the user back under)")
+    if ctx.count:
+        return None
+    return Rule(
+        name=name, conditions=tuple(conds), action=action, description=desc, match=match, force=force,
+        timeout=durations.get("timeout"), notify=notify, grace_period=durations.get("grace_period") or None,
+        scope=scope, select=select, repeat=durations.get("repeat", DEFAULT_REPEAT), enabled=enabled,
+        line=rline,
+    )
+
+
+def parse_policy(text: str, source: str = "policy") -> Policy:
+    """Parse and validate policy text. Raises PolicyError listing every problem."""
+    data, issues = _compose(text, source)
+    if data is None:
+        raise PolicyError([Issue(1, None, "empty policy: add a 'rules:' list (see examples/policy.yaml)")],
+                          source)
+    if not isinstance(data, dict):
+        raise PolicyError([Issue(getattr(data, "line", 1), None,
+                                 f"expected a mapping with 'rules:' at the top, got {_type_name(data)}")], source)
+    for k in data:
+        if k not in TOP_KEYS:
+            issues.append(Issue(_line(data, k), None, f"unknown top-level key '{k}': use one of "
+                                                      f"{', '.join(TOP_KEYS)}"))
+    rules_raw = data.get("rules")
+    rules: list[Rule] = []
+    if "rules" not in data:
+        issues.append(Issue(data.line, None, "missing field 'rules'"))
+    elif not isinstance(rules_raw, list):
+        issues.append(Issue(_line(data, "rules"), None, f"'rules' must be a list, got {_type_name(rules_raw)}"))
+    elif not rules_raw:
+        issues.append(Issue(_line(data, "rules"), None, "empty rules: the policy has no rules"))
+    else:
+        names: set[str] = set()
+        for i, r in enumerate(rules_raw):
+            rule = _rule(r, i, rules_raw.item_lines[i], issues, names)
+            if rule is not None:
+                rules.append(rule)
+    desc = data.get("description", "")
+    if issues:
+        issues.sort(key=lambda i: (i.line or 0))
+        raise PolicyError(issues, source)
+    return Policy(tuple(rules), None, desc if isinstance(desc, str) else "")
+
+
+def load_policy(path: str | os.PathLike) -> Policy:
+    """Read and validate a policy file. Raises PolicyError (a UsageError, exit code 2)."""
+    p = Path(os.path.expanduser(str(path)))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PolicyError([Issue(None, None, "policy file does not exist: check the path "
+                                             "(see examples/policy.yaml)")], str(p)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PolicyError([Issue(None, None, f"cannot read the policy file: {getattr(e, 'strerror', None) or e}")],
+                          str(p)) from None
+    pol = parse_policy(text, str(p))
+    return Policy(pol.rules, str(p), pol.description)
