@@ -29,7 +29,7 @@ from gputop.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
     GputopError,
 )
-from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN, classify, compile_protect
+from gputop.orphans import PROTECTED, UNKNOWN, classify, compile_protect
 from gputop.procs import IS_LINUX, ProcInfo, ProcTable, read_proc, self_and_ancestors
 
 FACES = ("cli", "tui", "guard", "mcp", "api")

@@ -5,4 +5,8 @@ Add a subcommand by writing a module here and listing it below; cli.py needs no 
 
 COMMANDS: list[str] = [
     "status",
+    "kill",
+    "reap",
+    "reset",
+    "log",
 ]

@@ -1,0 +1,177 @@
+"""gputop reap: list orphan trees, remove them (--apply), or watch for them (--watch)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+
+from gputop import actions
+from gputop.commands._common import config_from, open_sampler, print_json
+from gputop.errors import EXIT_NOT_FOUND, EXIT_OK, UsageError
+from gputop.orphans import ORPHAN
+from gputop.units import fmt_bytes, parse_duration
+
+NAME = "reap"
+HELP = "list orphan process trees holding GPUs; --apply removes them; --watch is a watchdog"
+DESCRIPTION = """List every orphan tree that holds a GPU: its root, members, GPUs, memory and why it is an
+orphan. Nothing is signalled without --apply.
+
+--apply [--root PID] [--grace S]: re-check that each tree is still an orphan, then stop the whole tree
+(SIGSTOP, so a retry loop cannot start a new worker), send SIGTERM and SIGCONT, and SIGKILL what is left
+after the grace (default: kill_timeout, 5 s). Protected and unknown trees are never touched.
+
+--watch [--apply] [--interval S] [--grace S]: scan every interval (default reap.interval, 60 s); a tree
+that stays an orphan, with the same root, for longer than the grace (default reap.grace, 60 s) is
+reaped (with --apply) or only logged."""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--apply", action="store_true", help="reap (default: preview only)")
+    p.add_argument("--root", type=int, metavar="PID", help="only the tree with this root")
+    p.add_argument("--grace", metavar="S",
+                   help="--apply: seconds between SIGTERM and SIGKILL (default: kill_timeout); "
+                        "--watch: how long a tree must stay orphaned (default: reap.grace)")
+    p.add_argument("--watch", action="store_true", help="keep scanning (watchdog); with --apply, reap")
+    p.add_argument("--interval", metavar="S", help="--watch: seconds between scans (default: reap.interval)")
+    p.add_argument("--count", type=int, metavar="N", help="--watch: stop after N scans")
+    p.add_argument("--json", action="store_true", help="print JSON (with --watch: one object per line)")
+
+
+def _dur(value, name: str, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise UsageError(f"{name}: {e}") from None
+
+
+def run(args) -> int:
+    config = config_from(args)
+    if args.interval is not None and not args.watch:
+        raise UsageError("--interval goes with --watch")
+    if args.count is not None and (not args.watch or args.count < 1):
+        raise UsageError("--count N (N >= 1) goes with --watch")
+    if args.watch and args.root is not None:
+        raise UsageError("--root does not go with --watch: the watchdog looks at every orphan tree")
+    sampler = open_sampler(args, config)
+    try:
+        if args.watch:
+            return _watch(args, config, sampler)
+        if args.apply:
+            return _apply(args, config, sampler)
+        return _preview(args, sampler)
+    finally:
+        sampler.close()
+
+
+def tree_dict(t: actions.OrphanTree) -> dict:
+    return t.to_dict()
+
+
+def render_tree(t: actions.OrphanTree) -> list[str]:
+    r = t.root
+    out = [f"root {r.pid} ({r.name}, user {r.user}, started {time.strftime('%H:%M:%S', time.localtime(r.start_time))})"
+           f": GPU {','.join(map(str, t.gpus))}, {fmt_bytes(t.gpu_memory)}, holders {list(t.holders)}",
+           f"  why: {t.reason}"]
+    for m in t.members:
+        mark = " [GPU]" if m.pid in t.holders else ""
+        out.append(f"  member {m.pid:>7}  ppid {m.ppid:>7}  {m.cmd[:70]}{mark}")
+    return out
+
+
+def _preview(args, sampler) -> int:
+    snap = sampler.sample()
+    trees = actions.orphan_trees(snap)
+    if args.root is not None:
+        trees = [t for t in trees if t.pid == args.root]
+    skipped = [h for h in snap.holders if h.verdict.kind != ORPHAN and h.verdict.orphan_reason]
+    if args.json:
+        print_json({"at": snap.at, "host": snap.host, "trees": [tree_dict(t) for t in trees],
+                    "skipped": [{"pid": h.pid, "verdict": h.verdict.kind, "reason": h.verdict.reason,
+                                 "root": h.verdict.root} for h in skipped]})
+        return EXIT_OK if trees or args.root is None else EXIT_NOT_FOUND
+    if not trees:
+        print(f"no orphan tree{' with root ' + str(args.root) if args.root is not None else ''} holds a GPU")
+    for t in trees:
+        print("\n".join(render_tree(t)))
+    for h in skipped:
+        print(f"skipped: pid {h.pid} would be an orphan but is {h.verdict.kind}: {h.verdict.reason}")
+    if trees:
+        print(f"{len(trees)} orphan tree(s); nothing was signalled. Reap with 'gputop reap --apply'"
+              " (or --apply --root PID).")
+    return EXIT_OK if trees or args.root is None else EXIT_NOT_FOUND
+
+
+def _apply(args, config, sampler) -> int:
+    grace = _dur(args.grace, "--grace", config.kill_timeout)
+    snap = sampler.sample()
+    trees = actions.orphan_trees(snap)
+    if args.root is not None:
+        match = [t for t in trees if t.pid == args.root]
+        # A root that is not (or no longer) an orphan still goes through reap_tree: it refuses, says why,
+        # and the refusal is in the audit log.
+        targets = [(t.pid, t.root.start_time) for t in match] or [(args.root, None)]
+    else:
+        targets = [(t.pid, t.root.start_time) for t in trees]
+    if not targets:
+        if args.json:
+            print_json({"ok": True, "results": []})
+        else:
+            print("no orphan tree holds a GPU; nothing to reap")
+        return EXIT_OK
+    results = [actions.reap_tree(pid, expected_start=st, face="cli", grace=grace, sampler=sampler, config=config)
+               for pid, st in targets]
+    if args.json:
+        print_json({"ok": all(r.ok for r in results), "results": [r.to_dict() for r in results]})
+    else:
+        for r in results:
+            print(f"root {r.pid}: {r.outcome}: {r.message}" if r.ok else f"gputop: root {r.pid}: {r.outcome}: {r.message}")
+            if r.details.get("audit_error"):
+                print(f"gputop: warning: {r.details['audit_error']}")
+    return next((r.exit_code for r in results if not r.ok), EXIT_OK)
+
+
+def _watch(args, config, sampler) -> int:
+    interval = _dur(args.interval, "--interval", config.reap_interval)
+    grace = _dur(args.grace, "--grace", config.reap_grace)
+    stopping = {"v": False}
+
+    def on_term(signum, frame):
+        stopping["v"] = True
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    mode = "reaping" if args.apply else "logging (no --apply)"
+    if not args.json:
+        print(f"watchdog: {mode} orphan trees that stay orphaned > {grace:g}s; scan every {interval:g}s",
+              flush=True)
+
+    def on_event(ev: dict) -> None:
+        t = ev["tree"]
+        res = ev.get("result")
+        if args.json:
+            out = {"event": ev["event"], "root": ev["root"], "age": round(ev["age"], 1), "tree": t.to_dict()}
+            if res is not None:
+                out["result"] = res.to_dict()
+            sys.stdout.write(json.dumps(out, default=str) + "\n")
+            sys.stdout.flush()
+            return
+        stamp = time.strftime("%H:%M:%S")
+        if ev["event"] == "pending":
+            print(f"{stamp} orphan tree root {t.pid} ({t.root.name}) seen for {ev['age']:.0f}s "
+                  f"(grace {grace:g}s)", flush=True)
+        else:
+            print(f"{stamp} {ev['event']}: root {t.pid} ({t.root.name}): {res.message}", flush=True)
+
+    try:
+        actions.run_watch(sampler, apply=args.apply, interval=interval, grace=grace, face="cli",
+                          kill_grace=config.kill_timeout, config=config, on_event=on_event,
+                          iterations=args.count)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return EXIT_OK
