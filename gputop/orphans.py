@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol, Sequence
 
 from gputop.procs import ProcInfo
@@ -50,14 +51,22 @@ def compile_protect(patterns: Sequence[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(f"(?:{p})" for p in pats), re.IGNORECASE)
 
 
+@lru_cache(maxsize=8192)
+def _protect_match(protect: re.Pattern[str], name: str, cmdline: tuple[str, ...]) -> str | None:
+    # Memoised: holders share most of their ancestors, and the same processes come back every refresh,
+    # while a search over a long command line costs microseconds.
+    hit = protect.search(name) or protect.search(" ".join(cmdline) if cmdline else f"[{name}]")
+    return hit.group(0) if hit else None
+
+
 def _protect_hit(
     members: Sequence[ProcInfo], protect: re.Pattern[str] | None, nohup_protects: bool
 ) -> str | None:
     for m in members:
         if protect is not None:
-            hit = protect.search(m.name) or protect.search(m.cmd)
-            if hit:
-                return f"pid {m.pid} ({m.name}) matches protect pattern '{hit.group(0)}'"
+            hit = _protect_match(protect, m.name, m.cmdline)
+            if hit is not None:
+                return f"pid {m.pid} ({m.name}) matches protect pattern '{hit}'"
         if nohup_protects and m.sighup_ignored:
             return f"pid {m.pid} ({m.name}) ignores SIGHUP: detached with nohup"
     return None
