@@ -1,0 +1,443 @@
+"""NVIDIA GPUs through NVML (the `pynvml` module of nvidia-ml-py).
+
+Every field is read on its own: NotSupported, FunctionNotFound or any other NVML error on one field makes
+that field None (unknown, never 0) and adds a short entry to ``DeviceSample.errors``. GPU_IS_LOST, or a
+handle that cannot be had, makes the whole device ``lost``. The process lists are the expensive calls
+(milliseconds, under a driver lock): ``processes()`` calls each list once, and the sampler decides how
+often ``processes()`` runs.
+
+NVML has no reset call. ``reset()`` runs ``nvidia-smi --gpu-reset``, which needs root, a GPU that drives
+no display and that no process uses, our own NVML handle included: so NVML is shut down around it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from typing import Any, Callable
+
+import psutil
+
+from gputop.backends.base import (
+    CTX_COMPUTE, CTX_GRAPHICS, Backend, BackendUnavailable, DeviceSample, GpuProcess,
+    ResetError, merge_ctx,
+)
+
+# NVML return codes (nvml.h); kept here so the pure helpers below need no pynvml.
+ERR_UNINITIALIZED = 1
+ERR_NOT_SUPPORTED = 3
+ERR_NO_PERMISSION = 4
+ERR_NOT_FOUND = 6
+ERR_DRIVER_NOT_LOADED = 9
+ERR_LIBRARY_NOT_FOUND = 12
+ERR_FUNCTION_NOT_FOUND = 13
+ERR_GPU_IS_LOST = 15
+ERR_LIB_RM_VERSION_MISMATCH = 18
+ERR_ARGUMENT_VERSION_MISMATCH = 25
+ERROR_NAMES = {
+    1: "Uninitialized", 2: "InvalidArgument", 3: "NotSupported", 4: "NoPermission",
+    5: "AlreadyInitialized", 6: "NotFound", 7: "InsufficientSize", 8: "InsufficientPower",
+    9: "DriverNotLoaded", 10: "Timeout", 11: "IrqIssue", 12: "LibraryNotFound", 13: "FunctionNotFound",
+    14: "CorruptedInforom", 15: "GpuIsLost", 16: "ResetRequired", 17: "OperatingSystem",
+    18: "LibRmVersionMismatch", 19: "InUse", 20: "Memory", 21: "NoData", 25: "ArgumentVersionMismatch",
+    999: "Unknown",
+}
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
+RESET_TIMEOUT_S = 120.0
+
+# The process-list calls, newest first. "" is the unversioned (v1) call with the 16-byte v1 struct.
+PROC_VERSIONS = ("_v3", "_v2", "")
+
+
+def error_name(code: int | None) -> str:
+    """A short name for an NVML return code, for DeviceSample.errors ("NotSupported")."""
+    if code is None:
+        return "Error"
+    return ERROR_NAMES.get(code, f"Error{code}")
+
+
+def unavailable_reason(code: int | None, detail: str = "") -> str:
+    """Why NVML cannot be used, in words a user can act on."""
+    if code == ERR_LIBRARY_NOT_FOUND:
+        return "nvml: libnvidia-ml.so.1 not found (no NVIDIA driver installed)"
+    if code == ERR_DRIVER_NOT_LOADED:
+        return "nvml: driver not loaded (is the nvidia kernel module loaded? try 'nvidia-smi')"
+    if code == ERR_NO_PERMISSION:
+        return "nvml: no permission to open the GPU devices (/dev/nvidia*); ask for access to them"
+    if code == ERR_LIB_RM_VERSION_MISMATCH:
+        return "nvml: driver and library versions differ (reload the nvidia module or reboot)"
+    return f"nvml: cannot initialise NVML: {detail or error_name(code)}"
+
+
+def reset_error_kind(output: str) -> str:
+    """Classify nvidia-smi --gpu-reset's error text into a ResetError kind."""
+    text = output.lower()
+    if "not supported" in text:
+        return "unsupported"
+    if "insufficient permissions" in text or "permission" in text:
+        return "permission"
+    if "in use" in text or "being used" in text or "processes" in text:
+        return "busy"
+    return "failed"
+
+
+def merge_process_lists(compute: list[tuple[int, int | None]],
+                        graphics: list[tuple[int, int | None]]) -> dict[int, tuple[str, int | None]]:
+    """Merge NVML's compute and graphics lists, (pid, used memory or None), into pid -> (ctx, memory).
+
+    Within one list a PID can appear once per MIG instance: those entries add up. A C+G process appears
+    in both lists with its memory on this device, so across lists the larger value is kept, not the sum.
+    None (not available) stays None unless the other list knows the value.
+    """
+    def per_pid(entries):
+        out: dict[int, int | None] = {}
+        for pid, mem in entries:
+            if pid in out:
+                prev = out[pid]
+                out[pid] = None if prev is None or mem is None else prev + mem
+            else:
+                out[pid] = mem
+        return out
+
+    c, g = per_pid(compute), per_pid(graphics)
+    merged: dict[int, tuple[str, int | None]] = {}
+    for pid in list(c) + [p for p in g if p not in c]:
+        ctx = merge_ctx(CTX_COMPUTE if pid in c else None, CTX_GRAPHICS if pid in g else None)
+        mems = [m for m in (c.get(pid), g.get(pid)) if m is not None]
+        merged[pid] = (ctx, max(mems) if mems else None)
+    return merged
+
+
+def _mem(value) -> int | None:
+    if value is None or value == NOT_AVAILABLE:
+        return None
+    return int(value)
+
+
+def pid_visible(pid: int) -> bool:
+    """Whether this PID namespace has the PID (NVML reports host PIDs, even inside a container)."""
+    if sys.platform.startswith("linux"):
+        return os.path.exists(f"/proc/{pid}")
+    return psutil.pid_exists(pid)
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    # nvmlProcessInfo_v1_t: what the unversioned nvmlDevice*RunningProcesses calls fill.
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _Lost(Exception):
+    pass
+
+
+class NvmlBackend(Backend):
+    name = "nvml"
+    vendor = "nvidia"
+
+    def __init__(self):
+        try:
+            import pynvml
+        except ImportError:
+            raise BackendUnavailable("nvml: nvidia-ml-py is not installed (pip install nvidia-ml-py)") from None
+        self._nv = pynvml
+        self._lock = threading.RLock()
+        self._handles: dict[int, Any] = {}
+        self._static: dict[int, dict[str, Any]] = {}  # name, uuid, pci bus id: they do not change
+        self._last_seen: dict[int, int] = {}  # device -> newest process-utilisation sample seen (us)
+        self._proc_version: dict[str, int] = {"Compute": 0, "Graphics": 0}  # index into PROC_VERSIONS
+        self._mem_v2: bool | None = None
+        self._warnings: list[str] = []
+        self._initialised = False
+        self._init()
+        try:
+            self._count = int(self._nv.nvmlDeviceGetCount())
+        except self._nv.NVMLError as e:
+            self.close()
+            raise BackendUnavailable(f"nvml: cannot count devices: {e}") from None
+
+    # ---- library lifetime ----
+    def _init(self) -> None:
+        try:
+            self._nv.nvmlInit()
+        except self._nv.NVMLError as e:
+            raise BackendUnavailable(unavailable_reason(getattr(e, "value", None), str(e))) from None
+        except OSError as e:  # a broken library file
+            raise BackendUnavailable(f"nvml: cannot load libnvidia-ml.so.1: {e}") from None
+        self._initialised = True
+        self._handles.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._initialised:
+                return
+            self._initialised = False
+            self._handles.clear()
+            try:
+                self._nv.nvmlShutdown()
+            except self._nv.NVMLError:
+                pass
+
+    def device_count(self) -> int:
+        return self._count
+
+    def _handle(self, index: int):
+        h = self._handles.get(index)
+        if h is None:
+            if not self._initialised:
+                raise _Lost("NVML is not initialised")
+            h = self._nv.nvmlDeviceGetHandleByIndex(index)
+            self._handles[index] = h
+        return h
+
+    # ---- one device ----
+    def _field(self, errors: list[str], label: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except self._nv.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code == ERR_GPU_IS_LOST:
+                raise _Lost(label) from None
+            errors.append(f"{label}: {error_name(code)}")
+            return None
+
+    def _static_info(self, index: int, h, errors: list[str]) -> dict[str, Any]:
+        info = self._static.get(index)
+        if info is not None:
+            return info
+        nv = self._nv
+        info = {"name": self._field(errors, "name", lambda: nv.nvmlDeviceGetName(h)),
+                "uuid": self._field(errors, "uuid", lambda: nv.nvmlDeviceGetUUID(h))}
+        pci = self._field(errors, "pci", lambda: nv.nvmlDeviceGetPciInfo(h))
+        info["pci_bus_id"] = _text(pci.busId) if pci is not None else None
+        for k in ("name", "uuid", "pci_bus_id"):
+            if isinstance(info[k], bytes):
+                info[k] = info[k].decode(errors="replace")
+        if all(info[k] is not None for k in info):
+            self._static[index] = info
+        return info
+
+    def _memory(self, h, errors: list[str]) -> tuple[int | None, int | None]:
+        nv = self._nv
+        if self._mem_v2 is not False:
+            try:
+                m = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                self._mem_v2 = True
+                return int(m.total), int(m.used)  # v2 "used" leaves out the driver-reserved memory
+            except nv.NVMLError as e:
+                code = getattr(e, "value", None)
+                if code == ERR_GPU_IS_LOST:
+                    raise _Lost("memory") from None
+                if code not in (ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH):
+                    errors.append(f"memory: {error_name(code)}")
+                    return None, None
+                self._mem_v2 = False
+        m = self._field(errors, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        return (int(m.total), int(m.used)) if m is not None else (None, None)
+
+    def sample(self, index: int) -> DeviceSample:
+        with self._lock:
+            errors: list[str] = []
+            info: dict[str, Any] = self._static.get(index, {})
+            try:
+                h = self._handle(index)
+                info = self._static_info(index, h, errors)
+                return self._read(index, h, info, errors)
+            except _Lost as e:
+                return DeviceSample(index=index, lost=True, errors=(f"{e}: GPU is lost",), **info)
+            except self._nv.NVMLError as e:  # the handle itself
+                self._handles.pop(index, None)
+                return DeviceSample(index=index, lost=True,
+                                    errors=(f"handle: {error_name(getattr(e, 'value', None))}",), **info)
+
+    def _read(self, index: int, h, info: dict, errors: list[str]) -> DeviceSample:
+        nv, f = self._nv, self._field
+        total, used = self._memory(h, errors)
+        util = f(errors, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        temp = f(errors, "temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        power = f(errors, "power", lambda: nv.nvmlDeviceGetPowerUsage(h))
+        limit_errors: list[str] = []
+        limit = f(limit_errors, "power limit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h))
+        if limit is None:
+            limit = f(errors, "power limit", lambda: nv.nvmlDeviceGetPowerManagementLimit(h))
+        fan = f(errors, "fan", lambda: nv.nvmlDeviceGetFanSpeed(h))
+        sm = f(errors, "sm clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        mem_clock = f(errors, "memory clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
+        return DeviceSample(
+            index=index, name=info.get("name"), uuid=info.get("uuid"), pci_bus_id=info.get("pci_bus_id"),
+            memory_total=total, memory_used=used,
+            util_gpu=float(util.gpu) if util is not None else None,
+            util_mem=float(util.memory) if util is not None else None,
+            temperature=float(temp) if temp is not None else None,
+            power_w=power / 1000.0 if power is not None else None,
+            power_limit_w=limit / 1000.0 if limit is not None else None,
+            fan_pct=float(fan) if fan is not None else None,
+            clock_sm_mhz=int(sm) if sm is not None else None,
+            clock_mem_mhz=int(mem_clock) if mem_clock is not None else None,
+            errors=tuple(errors),
+        )
+
+    # ---- processes ----
+    def _list_v1(self, kind: str, h) -> list[tuple[int, int | None]]:
+        nv = self._nv
+        fn = nv._nvmlGetFunctionPointer(f"nvmlDevice{kind}RunningProcesses")
+        count = ctypes.c_uint(0)
+        ret = fn(h, ctypes.byref(count), None)
+        if ret == nv.NVML_SUCCESS:
+            return []
+        if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise nv.NVMLError(ret)
+        count.value = count.value * 2 + 5  # room for processes that start between the two calls
+        buf = (_ProcessInfoV1 * count.value)()
+        ret = fn(h, ctypes.byref(count), buf)
+        if ret != nv.NVML_SUCCESS:
+            raise nv.NVMLError(ret)
+        return [(int(buf[i].pid), _mem(buf[i].usedGpuMemory)) for i in range(count.value)]
+
+    def _list(self, kind: str, h) -> list[tuple[int, int | None]]:
+        """One process list ("Compute" or "Graphics"), trying _v3, _v2, then v1 on FunctionNotFound."""
+        nv = self._nv
+        while True:
+            suffix = PROC_VERSIONS[self._proc_version[kind]]
+            try:
+                if suffix == "":
+                    return self._list_v1(kind, h)
+                procs = getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses{suffix}")(h)
+                return [(int(p.pid), _mem(p.usedGpuMemory)) for p in procs]
+            except nv.NVMLError as e:
+                if getattr(e, "value", None) == ERR_FUNCTION_NOT_FOUND and \
+                        self._proc_version[kind] + 1 < len(PROC_VERSIONS):
+                    self._proc_version[kind] += 1  # remembered: later calls go straight to it
+                    continue
+                raise
+
+    def _sm_utils(self, index: int, h) -> dict[int, float]:
+        nv = self._nv
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(h, self._last_seen.get(index, 0))
+        except nv.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code == ERR_GPU_IS_LOST:
+                raise _Lost("process utilization") from None
+            if code not in (ERR_NOT_FOUND, ERR_NOT_SUPPORTED, ERR_FUNCTION_NOT_FOUND):
+                self._warnings.append(f"nvml: GPU {index} per-process utilisation: {error_name(code)}")
+            return {}  # NOT_FOUND: no samples since the last one seen
+        latest: dict[int, tuple[int, float]] = {}
+        newest = self._last_seen.get(index, 0)
+        for s in samples:
+            ts = int(s.timeStamp)
+            newest = max(newest, ts)
+            if s.pid not in latest or ts >= latest[s.pid][0]:
+                latest[int(s.pid)] = (ts, float(s.smUtil))
+        self._last_seen[index] = newest
+        return {pid: sm for pid, (_, sm) in latest.items()}
+
+    def processes(self, index: int) -> list[GpuProcess]:
+        with self._lock:
+            try:
+                h = self._handle(index)
+                lists = {}
+                for kind in ("Compute", "Graphics"):
+                    try:
+                        lists[kind] = self._list(kind, h)
+                    except self._nv.NVMLError as e:
+                        code = getattr(e, "value", None)
+                        if code == ERR_GPU_IS_LOST:
+                            raise _Lost(kind) from None
+                        lists[kind] = []
+                        if code != ERR_NOT_SUPPORTED:
+                            self._warnings.append(f"nvml: GPU {index} {kind.lower()} process list: "
+                                                  f"{error_name(code)}")
+                merged = merge_process_lists(lists["Compute"], lists["Graphics"])
+                sm = self._sm_utils(index, h) if merged else {}
+            except (_Lost, self._nv.NVMLError):
+                return []
+        return [GpuProcess(pid=pid, index=index, ctx=ctx, used_memory=mem, sm_util=sm.get(pid),
+                           visible=pid_visible(pid))
+                for pid, (ctx, mem) in merged.items()]
+
+    def warnings(self) -> list[str]:
+        with self._lock:
+            out, self._warnings = self._warnings, []
+        return out
+
+    # ---- reset ----
+    def reset(self, index: int) -> str:
+        """Refuse (ResetError) without root, on a GPU driving a display, on a GPU in use, or without
+        nvidia-smi; else shut NVML down, run nvidia-smi --gpu-reset, and re-open NVML whatever happened."""
+        if not 0 <= index < self._count:
+            raise ResetError(f"nvml: no GPU {index} (NVML sees {self._count})", kind="failed")
+        if hasattr(os, "geteuid") and os.geteuid() != 0:
+            raise ResetError(f"nvml: resetting GPU {index} needs root: run 'sudo gputop reset {index}'",
+                             kind="permission")
+        with self._lock:
+            try:
+                h = self._handle(index)
+            except (_Lost, self._nv.NVMLError) as e:
+                h = None  # a lost GPU is what a reset is for: name it as last seen
+                info = self._static.get(index) or {}
+                target = info.get("pci_bus_id") or info.get("uuid") or str(index)
+                note = f" (its NVML handle failed: {e})"
+            if h is not None:
+                note = ""
+                self._check_display(index, h)
+                holders = [p.pid for p in self.processes(index)]
+                if holders:
+                    raise ResetError(f"nvml: GPU {index} is in use by pid(s) {', '.join(map(str, holders))}; "
+                                     "end them first (gputop kill / reap)", kind="busy")
+                target = self._reset_target(index, h)
+            smi = shutil.which("nvidia-smi")
+            if smi is None:
+                raise ResetError("nvml: nvidia-smi not found on PATH; NVML has no reset call, and gputop "
+                                 "resets NVIDIA GPUs with 'nvidia-smi --gpu-reset'", kind="missing-tool")
+            # Our own NVML handle counts as a user of the GPU: shut it down for the reset.
+            self.close()
+            try:
+                r = subprocess.run([smi, "--gpu-reset", "-i", target], capture_output=True, text=True,
+                                   timeout=RESET_TIMEOUT_S)
+                out = " ".join((r.stdout + "\n" + r.stderr).split())
+                rc = r.returncode
+            except subprocess.TimeoutExpired:
+                out, rc = f"nvidia-smi did not finish within {RESET_TIMEOUT_S:.0f}s", -1
+            except OSError as e:
+                out, rc = f"cannot run nvidia-smi: {e}", -1
+            finally:
+                self._reinit()
+        if rc != 0:
+            raise ResetError(f"nvml: nvidia-smi --gpu-reset -i {target} failed: {out or f'exit {rc}'}{note}",
+                             kind=reset_error_kind(out))
+        return f"GPU {index} ({target}) reset with nvidia-smi: {out or 'done'}"
+
+    def _check_display(self, index: int, h) -> None:
+        nv = self._nv
+        for what, fn in (("active", nv.nvmlDeviceGetDisplayActive), ("mode", nv.nvmlDeviceGetDisplayMode)):
+            try:
+                on = fn(h)
+            except nv.NVMLError:
+                continue  # unknown: nvidia-smi will refuse if it must
+            if on == nv.NVML_FEATURE_ENABLED:
+                raise ResetError(f"nvml: GPU {index} drives a display (display {what}); stop the display "
+                                 "server on it before a reset", kind="display")
+
+    def _reset_target(self, index: int, h) -> str:
+        # nvidia-smi's -i numbering can differ from NVML's (CUDA_VISIBLE_DEVICES does not apply, but
+        # enumeration order can): name the device by PCI bus id, else by UUID.
+        info = self._static_info(index, h, [])
+        return info.get("pci_bus_id") or info.get("uuid") or str(index)
+
+    def _reinit(self) -> None:
+        try:
+            self._init()
+            self._count = int(self._nv.nvmlDeviceGetCount())
+        except (BackendUnavailable, self._nv.NVMLError) as e:
+            self._warnings.append(f"nvml: could not re-initialise NVML after the reset: {e}")
+
+
+def _text(v) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+__all__ = ["NvmlBackend", "merge_process_lists", "unavailable_reason", "reset_error_kind", "error_name"]
