@@ -18,10 +18,12 @@ ENV_BACKEND = "GPUTOP_BACKEND"
 # name -> "module:Class". Vendor backends are imported only when probed.
 REGISTRY: dict[str, str] = {
     "nvml": "gputop.backends.nvml:NvmlBackend",
+    "amd": "gputop.backends.amd:AmdBackend",
+    "intel": "gputop.backends.intel:IntelBackend",
     "simulated": "gputop.backends.simulated:SimulatedBackend",
 }
 # What "auto" probes, in this order (their devices are numbered in this order too).
-AUTO_ORDER: list[str] = ["nvml"]
+AUTO_ORDER: list[str] = ["nvml", "amd", "intel"]
 CHOICES = ("auto", "nvml", "amd", "intel", "simulated")
 
 
