@@ -7,6 +7,7 @@ Device indexes are global: backends are numbered in probe order (NVIDIA first, t
 from __future__ import annotations
 
 import dataclasses
+import os
 import datetime as _dt
 import socket
 import sys
