@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import datetime as _dt
+import os
 import socket
 import sys
 import time
