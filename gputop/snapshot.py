@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import datetime as _dt
-import os
 import socket
 import sys
 import time
