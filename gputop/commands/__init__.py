@@ -9,4 +9,6 @@ COMMANDS: list[str] = [
     "reap",
     "reset",
     "log",
+    "guard",
+    "audit",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -524,6 +524,10 @@ def _rule(r: object, idx: int, line: int, issues: list[Issue], names: set[str]) 
     if not isinstance(desc, str):
         ctx.err(_line(r, "description", rline), f"description must be a string, got {_type_name(desc)}")
     notify = _notify_targets(r["notify"], _line(r, "notify", rline), ctx) if "notify" in r else ()
+    if action == "notify" and "notify" in r and not notify and ctx.count == 0:
+        ctx.err(_line(r, "notify", rline), "action notify needs at least one notify target")
+    elif action == "notify" and "notify" not in r:
+        ctx.err(_line(r, "action", rline), "action notify needs a 'notify' list (e-mail addresses, URLs, 'log')")
     scope = r.get("scope", "process")
     if scope not in SCOPES:
         ctx.err(_line(r, "scope", rline), f"bad scope {scope!r}: use process or per_user")

@@ -1,0 +1,201 @@
+"""``gputop guard run``: the foreground guard daemon.
+
+Each interval it: re-reads the mode (guard.json, by mtime) and the policy file (by mtime and size), samples
+once, evaluates the policy (unless the mode is off), records hits and writes guard-daemon.json.
+
+A policy file that becomes invalid is reported (stderr, the state's last_error, the audit log) and the
+daemon KEEPS ENFORCING the last valid policy. Only an invalid policy at start-up stops it (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from gputop import auditlog
+from gputop.config import Config
+from gputop.guard import state as _state
+from gputop.guard.engine import Engine
+from gputop.guard.policy import Policy, PolicyError, load_policy
+from gputop.procs import start_time
+
+
+def _file_sig(path: str | None) -> tuple | None:
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ("missing",)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class _ModeWatch:
+    """Reads guard.json again only when its mtime changes."""
+
+    def __init__(self):
+        self._sig: tuple | None = None
+        self._data: dict = {}
+
+    def read(self) -> dict:
+        sig = _file_sig(str(_state.state_path()))
+        if sig != self._sig:
+            self._sig = sig
+            self._data = _state.read_state()
+        return self._data
+
+
+class GuardDaemon:
+    def __init__(self, sampler, policy_path: str, *, config: Config | None = None, interval: float = 5.0,
+                 out=None, sleep: Callable[[float], None] | None = None):
+        self.sampler = sampler
+        self.config = config or Config()
+        self.interval = interval
+        self.out = out if out is not None else sys.stderr
+        self.policy_path = str(Path(policy_path).resolve())
+        self.policy: Policy = load_policy(self.policy_path)  # PolicyError at start-up: the caller exits 2
+        self.policy_sig = _file_sig(self.policy_path)
+        self.policy_loaded_at = time.time()
+        self.engine = Engine(self.policy, config=self.config, sampler=sampler, out=self.out)
+        self.mode_watch = _ModeWatch()
+        self.mode = _state.get_mode()
+        self.stop_event = threading.Event()
+        self._sleep = sleep
+        self.started_at = time.time()
+        self.ticks = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        _state.set_last_error(None, face="guard")
+
+    # ---- output ----
+
+    def say(self, line: str) -> None:
+        try:
+            self.out.write(f"gputop guard: {line}\n")
+            self.out.flush()
+        except OSError:
+            pass
+
+    def _audit(self, record: dict) -> None:
+        try:
+            auditlog.append({"at": time.time(), "face": "guard", **record}, config=self.config)
+        except auditlog.AuditLogError:
+            pass  # auditlog already printed a loud warning
+
+    # ---- watching ----
+
+    def check_mode(self) -> None:
+        data = self.mode_watch.read()
+        mode = data.get("mode") if data.get("mode") in _state.MODES else _state.DEFAULT_MODE
+        if mode != self.mode:
+            self.say(f"mode {self.mode} -> {mode} (set by {data.get('updated_by') or '?'})")
+            if mode == "off":
+                self.engine.reset()
+            else:
+                self.engine.mode_changed()
+            self.mode = mode
+        wanted = data.get("policy_file")
+        if wanted and str(Path(wanted).resolve()) != self.policy_path:
+            self.say(f"policy file changed to {wanted}")
+            self.policy_path = str(Path(wanted).resolve())
+            self.policy_sig = None  # force a load attempt below
+
+    def check_policy(self) -> None:
+        sig = _file_sig(self.policy_path)
+        if sig == self.policy_sig:
+            return
+        self.policy_sig = sig
+        try:
+            new = load_policy(self.policy_path)
+        except PolicyError as e:
+            self.errors += 1
+            kept = ", ".join(r.name for r in self.policy.rules)
+            msg = (f"new policy {self.policy_path} is invalid; still enforcing the last valid policy "
+                   f"({self.policy.path}, loaded {time.strftime('%H:%M:%S', time.localtime(self.policy_loaded_at))}"
+                   f", rules: {kept}):\n{e}")
+            self.last_error = str(e)
+            self.say(msg)
+            _state.set_last_error(str(e), face="guard")
+            self._audit({"action": "guard-policy", "outcome": "rejected", "ok": False,
+                         "policy_file": self.policy_path, "kept_policy": self.policy.path,
+                         "message": msg.replace("\n", " | ")})
+            return
+        self.policy = new
+        self.policy_loaded_at = time.time()
+        self.engine.set_policy(new)
+        self.last_error = None
+        _state.set_last_error(None, face="guard")
+        self.say(f"policy reloaded from {self.policy_path}: rules {', '.join(r.name for r in new.rules)}")
+        self._audit({"action": "guard-policy", "outcome": "loaded", "ok": True,
+                     "policy_file": self.policy_path, "rules": [r.name for r in new.rules],
+                     "message": f"guard policy reloaded from {self.policy_path}"})
+
+    # ---- one interval ----
+
+    def tick(self) -> list[dict]:
+        self.check_mode()
+        self.check_policy()
+        hits: list[dict] = []
+        if self.mode != "off":
+            try:
+                snap = self.sampler.sample()
+                hits = self.engine.evaluate(snap, self.mode)
+            except Exception as e:  # one bad sample must not stop the guard
+                self.errors += 1
+                self.last_error = f"evaluation failed: {type(e).__name__}: {e}"
+                self.say(self.last_error)
+        self.ticks += 1
+        self.write_status()
+        return hits
+
+    def write_status(self) -> None:
+        counts = dict(self.engine.counts)
+        counts.update(ticks=self.ticks, errors=self.errors)
+        try:
+            _state.write_daemon_status({
+                "pid": os.getpid(), "start_time": start_time(os.getpid()), "started_at": self.started_at,
+                "last_tick": time.time(), "interval": self.interval, "mode": self.mode,
+                "policy_file": self.policy.path, "policy_loaded_at": self.policy_loaded_at,
+                "rules": [r.name for r in self.policy.rules], "last_error": self.last_error,
+                "counts": counts,
+            })
+        except OSError as e:
+            self.say(f"cannot write the daemon status: {e}")
+
+    def run(self, iterations: int | None = None) -> int:
+        self.say(f"running (pid {os.getpid()}), mode {self.mode}, interval {self.interval:g}s, policy "
+                 f"{self.policy_path}: rules {', '.join(r.name for r in self.policy.rules)}")
+        if self.mode == "off":
+            self.say("mode is off: nothing is evaluated until 'gputop guard --enable' (or the TUI) turns it on")
+        self._audit({"action": "guard-start", "outcome": "ok", "ok": True, "mode": self.mode,
+                     "policy_file": self.policy_path, "message": f"guard daemon started, mode {self.mode}"})
+        n = 0
+        try:
+            while not self.stop_event.is_set():
+                t0 = time.monotonic()
+                self.tick()
+                n += 1
+                if iterations is not None and n >= iterations:
+                    break
+                left = self.interval - (time.monotonic() - t0)
+                if self._sleep is not None:
+                    self._sleep(max(0.0, left))
+                elif left > 0:
+                    self.stop_event.wait(left)
+        finally:
+            self._audit({"action": "guard-stop", "outcome": "ok", "ok": True, "mode": self.mode,
+                         "message": "guard daemon stopped"})
+            self.say("stopped")
+        return 0
+
+    def install_signal_handlers(self) -> None:
+        def stop(signum, frame):
+            self.stop_event.set()
+
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, stop)

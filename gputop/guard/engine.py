@@ -1,0 +1,435 @@
+"""The guard engine: evaluates a policy against each Snapshot and acts through gputop.actions.
+
+Time is the snapshot's own clock (``Snapshot.at``, from the Sampler's injectable clock), so durations and
+grace periods are tested with a controllable clock and real processes.
+
+Per rule and per target (a process, or a user with ``scope: per_user``):
+- each condition is measured now; a condition with ``duration`` is satisfied only after it has held at
+  every evaluation for that long (a miss resets it);
+- conditions are ANDed (``match: any`` ORs them); the rule *holds* when the combination is true;
+- with ``grace_period``, the first time a rule holds the guard notifies and records a warning, waits, and
+  acts only if the rule still holds when the grace is over (a miss in between clears the warning);
+- the action (log, notify, kill, reap) runs at most once per ``repeat`` while the rule keeps holding;
+- kill and reap go through gputop.actions (identity and safety re-checked there; dry-run there too);
+- ``scope: per_user`` selects the user's processes one at a time (newest first, or ``select: largest``)
+  until the user is back under the limit.
+Every hit (warning, action, refusal, would-do) is recorded: time, rule, target, dry_run, action, outcome.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gputop import actions
+from gputop.config import Config
+from gputop.guard import notify as _notify
+from gputop.guard import state as _state
+from gputop.guard.conditions import Facts, Outcome, Target, evaluate
+from gputop.guard.policy import USER_LEVEL, Condition, Policy, Rule
+from gputop.orphans import ORPHAN
+from gputop.snapshot import Holder, Snapshot
+from gputop.units import fmt_bytes
+
+
+def _secs(s: float) -> str:
+    s = float(s)
+    if s >= 3600 and s % 3600 == 0:
+        return f"{int(s // 3600)}h"
+    if s >= 3600:
+        return f"{int(s // 3600)}h{int(s % 3600 // 60)}m"
+    if s >= 60 and s % 60 == 0:
+        return f"{int(s // 60)}m"
+    if s >= 60:
+        return f"{int(s // 60)}m{int(s % 60)}s"
+    return f"{s:.0f}s" if s == int(s) else f"{s:.1f}s"
+
+
+@dataclass(frozen=True)
+class CondState:
+    cond: Condition
+    outcome: Outcome
+    held: float | None  # seconds the condition has held (None when false now)
+    satisfied: bool  # true now AND held for its duration
+
+    @property
+    def ok_now(self) -> bool:
+        return self.outcome.ok
+
+    def text(self) -> str:
+        t = self.outcome.detail
+        c = self.cond
+        if c.duration:
+            if not self.ok_now:
+                t += f"; must hold for {_secs(c.duration)}"
+            elif self.satisfied:
+                t += f"; held for {_secs(self.held or 0)} (>= {_secs(c.duration)})"
+            else:
+                t += f"; held for {_secs(self.held or 0)} of the {_secs(c.duration)} required: not yet"
+        return t
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """One rule on one target at one evaluation."""
+
+    rule: Rule
+    target: Target
+    states: tuple[CondState, ...]
+    holds: bool  # the rule holds, durations included
+    holds_now: bool  # the conditions are true now, durations not counted
+    candidates: tuple[Holder, ...] = ()  # per_user: the user's processes that can be selected
+    candidate_states: dict = field(default_factory=dict)  # per_user: pid -> tuple[CondState] (process-level)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(s.text() for s in self.states)
+
+
+def _combine(match: str, values: list[bool]) -> bool:
+    if not values:
+        return True
+    return any(values) if match == "any" else all(values)
+
+
+def _holder_dict(h: Holder) -> dict:
+    return {"pid": h.pid, "start_time": h.start_time, "name": h.name, "user": h.user,
+            "cmdline": list(h.proc.cmdline) if h.proc else None, "gpus": list(h.gpus),
+            "gpu_memory": h.gpu_memory, "sm_util": h.sm_util}
+
+
+class Engine:
+    """Keeps per-target timing between evaluations. One engine per running guard."""
+
+    def __init__(self, policy: Policy, *, config: Config | None = None, sampler=None,
+                 record: Callable[[dict], None] | None = None,
+                 notifier: Callable[..., list[dict]] | None = None, out=None):
+        self.policy = policy
+        self.config = config or Config()
+        self.sampler = sampler
+        self.record = record if record is not None else _state.append_hit
+        self.notifier = notifier or _notify.send
+        self.out = out  # a text stream for one line per hit (the daemon's stderr); None: quiet
+        self.host = socket.gethostname()
+        self._since: dict[tuple, float] = {}
+        self._pending: dict[tuple, tuple[float, Target]] = {}
+        self._acted: dict[tuple, float] = {}
+        self.counts: Counter = Counter()
+        self._snap: Snapshot | None = None
+
+    # ---- policy and mode changes ----
+
+    def set_policy(self, policy: Policy) -> None:
+        """Swap in a new policy; timing is kept only for rules that did not change."""
+        old = {r.name: r for r in self.policy.rules}
+        keep = {r.name for r in policy.rules if old.get(r.name) == r}
+        for d in (self._since, self._pending, self._acted):
+            for k in [k for k in d if k[0] not in keep]:
+                del d[k]
+        self.policy = policy
+
+    def mode_changed(self) -> None:
+        """A mode switch re-arms actions (a dry-run 'would kill' must not delay a real kill)."""
+        self._acted.clear()
+        self._pending.clear()
+
+    def reset(self) -> None:
+        self._since.clear()
+        self._pending.clear()
+        self._acted.clear()
+
+    # ---- assessment (no side effects but timing) ----
+
+    def _cond_state(self, rule: Rule, i: int, cond: Condition, target: Target, snap: Snapshot,
+                    facts: Facts, now: float, seen: set) -> CondState:
+        out = evaluate(cond, target, snap, facts)
+        key = (rule.name, i, target.key)
+        if not out.ok:
+            self._since.pop(key, None)
+            return CondState(cond, out, None, False)
+        seen.add(key)
+        since = self._since.setdefault(key, now)
+        held = max(0.0, now - since)
+        return CondState(cond, out, held, cond.duration is None or held >= cond.duration)
+
+    def assess(self, rule: Rule, snap: Snapshot, facts: Facts | None = None,
+               seen: set | None = None) -> list[Assessment]:
+        facts = facts or Facts.of(snap)
+        seen = seen if seen is not None else set()
+        now = snap.at
+        out: list[Assessment] = []
+        if not rule.per_user:
+            for h in snap.holders:
+                if h.proc is None:
+                    continue  # not visible here: no identity to act on (reported by status/audit)
+                t = Target.process(h)
+                states = tuple(self._cond_state(rule, i, c, t, snap, facts, now, seen)
+                               for i, c in enumerate(rule.conditions))
+                out.append(Assessment(rule, t, states, _combine(rule.match, [s.satisfied for s in states]),
+                                      _combine(rule.match, [s.ok_now for s in states]), (h,)))
+            return out
+        user_conds = [(i, c) for i, c in enumerate(rule.conditions) if c.type in USER_LEVEL]
+        proc_conds = [(i, c) for i, c in enumerate(rule.conditions) if c.type not in USER_LEVEL]
+        for user in sorted(facts.user_holders):
+            t = Target.for_user(user)
+            states = tuple(self._cond_state(rule, i, c, t, snap, facts, now, seen) for i, c in user_conds)
+            cands = []
+            cstates = {}
+            for h in facts.user_holders[user]:
+                if h.proc is None:
+                    continue
+                ht = Target.process(h)
+                ps = tuple(self._cond_state(rule, i, c, ht, snap, facts, now, seen) for i, c in proc_conds)
+                cstates[h.pid] = ps
+                if all(s.satisfied for s in ps):
+                    cands.append(h)
+            holds = _combine(rule.match, [s.satisfied for s in states]) and bool(cands)
+            holds_now = _combine(rule.match, [s.ok_now for s in states]) and any(
+                all(s.ok_now for s in cstates[h.pid]) for h in facts.user_holders[user] if h.pid in cstates)
+            out.append(Assessment(rule, t, states, holds, holds_now, tuple(cands), cstates))
+        return out
+
+    def order(self, rule: Rule, candidates) -> list[Holder]:
+        if rule.select == "largest":
+            return sorted(candidates, key=lambda h: (-(h.gpu_memory if h.gpu_memory is not None else -1),
+                                                     -(h.start_time or 0)))
+        return sorted(candidates, key=lambda h: -(h.start_time or 0))
+
+    def _user_still_over(self, rule: Rule, target: Target, snap: Snapshot, excluded: set[int]) -> bool:
+        facts = Facts.of(snap, frozenset(excluded))
+        conds = [c for c in rule.conditions if c.type in USER_LEVEL]
+        return _combine(rule.match, [evaluate(c, target, snap, facts).ok for c in conds])
+
+    # ---- evaluation with actions ----
+
+    def evaluate(self, snap: Snapshot, mode: str) -> list[dict]:
+        """Evaluate every enabled rule on ``snap``; act per ``mode`` ('dry-run' or 'enforce').
+        Returns the hits (each also passed to ``record``)."""
+        if mode not in ("dry-run", "enforce"):
+            return []
+        now = snap.at
+        self._snap = snap
+        facts = Facts.of(snap)
+        hits: list[dict] = []
+        seen: set = set()
+        present: set = set()
+        for rule in self.policy.rules:
+            if not rule.enabled:
+                continue
+            for a in self.assess(rule, snap, facts, seen):
+                key = (rule.name, a.target.key)
+                present.add(key)
+                hits.extend(self._step(rule, a, key, snap, mode, now))
+        for k in [k for k in self._since if k not in seen]:
+            del self._since[k]
+        for key in [k for k in self._pending if k not in present]:
+            started, target = self._pending.pop(key)
+            rule = self.policy.rule(key[0])
+            if rule is not None:
+                hits.append(self._emit(rule, target, mode, "warn", "cleared",
+                                       f"{target.label} is gone; the warning is cleared, nothing done", now))
+        for k in [k for k in self._acted if k not in present]:
+            del self._acted[k]
+        self.counts["evaluations"] += 1
+        return hits
+
+    def _step(self, rule: Rule, a: Assessment, key: tuple, snap: Snapshot, mode: str, now: float) -> list[dict]:
+        if not a.holds:
+            self._acted.pop(key, None)
+            if key in self._pending:
+                del self._pending[key]
+                return [self._emit(rule, a.target, mode, "warn", "cleared",
+                                   f"rule no longer holds for {a.target.label} after the warning: nothing "
+                                   f"done ({a.reason})", now)]
+            return []
+        last = self._acted.get(key)
+        if last is not None and now - last < rule.repeat:
+            return []
+        hits: list[dict] = []
+        if rule.grace_period:
+            pending = self._pending.get(key)
+            if pending is None:
+                self._pending[key] = (now, a.target)
+                msg = (f"rule holds for {a.target.label}: will {rule.action} in {_secs(rule.grace_period)} "
+                       f"if it still holds then ({a.reason})")
+                hit = self._emit(rule, a.target, mode, "warn", "grace-started", msg, now, notify_now=True)
+                return [hit]
+            if now - pending[0] < rule.grace_period:
+                return []
+            del self._pending[key]
+        self._acted[key] = now
+        hits.extend(self._act(rule, a, snap, mode, now))
+        return hits
+
+    def _act(self, rule: Rule, a: Assessment, snap: Snapshot, mode: str, now: float) -> list[dict]:
+        if rule.action in ("log", "notify") or not rule.per_user:
+            victims = [a.target.holder] if a.target.holder is not None else []
+            if rule.action in ("log", "notify"):
+                return [self._emit(rule, a.target, mode, rule.action,
+                                   "logged" if rule.action == "log" else "notified",
+                                   f"rule holds for {a.target.label}: {a.reason}", now,
+                                   notify_now=True)]
+            return [self._do(rule, a.target, h, a.reason, mode, now) for h in victims]
+        # per_user kill/reap: one process at a time until the user is back under the limit
+        hits = []
+        excluded: set[int] = set()
+        for h in self.order(rule, a.candidates):
+            if not self._user_still_over(rule, a.target, snap, excluded):
+                break
+            why = (f"{a.reason}; selected pid {h.pid} as the {rule.select} of user {a.target.user}'s "
+                   f"{len(a.candidates)} process(es) ({fmt_bytes(h.gpu_memory)})")
+            hit = self._do(rule, a.target, h, why, mode, now)
+            hits.append(hit)
+            if hit["ok"]:
+                excluded.add(h.pid)  # dry-run: counted as gone, to show what enforce would do next
+        if hits and not self._user_still_over(rule, a.target, snap, excluded):
+            for hit in hits:
+                hit.setdefault("details", {})["user_back_under_limit"] = True
+        return hits
+
+    def _do(self, rule: Rule, target: Target, h: Holder, why: str, mode: str, now: float) -> dict:
+        dry = mode != "enforce"
+        timeout = rule.timeout if rule.timeout is not None else self.config.kill_timeout
+        if rule.action == "kill":
+            res = actions.kill_process(h.pid, expected_start=h.start_time, face="guard", force=rule.force,
+                                       timeout=timeout, dry_run=dry, sampler=self.sampler,
+                                       config=self.config, reason=rule.name)
+        else:  # reap: the holder's whole orphan tree, from its root
+            root_pid, root_start = h.pid, h.start_time
+            snap = self._snap
+            if h.verdict.kind == ORPHAN and snap is not None:
+                root = next((r for r in snap.roots if h.pid in r.holders), None)
+                if root is not None:
+                    root_pid, root_start = root.pid, root.proc.start_time
+            res = actions.reap_tree(root_pid, expected_start=root_start, face="guard", grace=timeout,
+                                    dry_run=dry, sampler=self.sampler, config=self.config, reason=rule.name)
+        ptarget = Target.process(h)
+        hit = self._emit(rule, ptarget if rule.per_user else target, mode, rule.action, res.outcome,
+                         res.message, now, ok=res.ok, reason=why, result=res, notify_now=True, holder=h)
+        return hit
+
+    def _emit(self, rule: Rule, target: Target, mode: str, action: str, outcome: str, message: str,
+              now: float, *, ok: bool = True, reason: str | None = None, result=None,
+              notify_now: bool = False, holder: Holder | None = None) -> dict:
+        h = holder or target.holder
+        hit = {
+            "time": now, "rule": rule.name, "pid": h.pid if h else None,
+            "target": h.name if h else f"user {target.user}", "user": target.user if h is None else h.user,
+            "dry_run": mode != "enforce", "action": action, "outcome": outcome, "message": message,
+            "ok": ok, "mode": mode, "scope": rule.scope, "start_time": h.start_time if h else None,
+            "gpus": list(h.gpus) if h else [], "reason": reason,
+        }
+        if result is not None:
+            hit["details"] = {"exit_code": result.exit_code, "memory_released": result.memory_released}
+        if notify_now and rule.notify:
+            subject = (f"[gputop guard] {self.host}: rule '{rule.name}' {action} {outcome}"
+                       f"{' (dry-run)' if hit['dry_run'] else ''}: "
+                       f"{target.label if h is None else Target.process(h).label}")
+            payload = {"host": self.host, "rule": rule.name, "description": rule.description, **{
+                k: hit[k] for k in ("time", "pid", "target", "user", "dry_run", "action", "outcome",
+                                    "message", "reason", "gpus")}}
+            if h is not None:
+                payload["process"] = _holder_dict(h)
+            hit["notify"] = self.notifier(rule.notify, subject, payload, self.config)
+        self.counts["hits"] += 1
+        self.counts[f"{action}:{outcome}"] += 1
+        self.record(hit)
+        if self.out is not None:
+            tag = "DRY-RUN " if hit["dry_run"] and action in ("kill", "reap") else ""
+            line = f"gputop guard: {tag}[{rule.name}] {action} {outcome}: {message}"
+            for n in hit.get("notify") or []:
+                line += f"\n  notify {n['target']}: {n['outcome']}"
+            try:
+                self.out.write(line + "\n")
+                self.out.flush()
+            except OSError:
+                pass
+        return hit
+
+
+# ---- --test-policies -------------------------------------------------------------------------
+
+def _action_text(rule: Rule, config: Config) -> str:
+    if rule.action == "kill":
+        t = rule.timeout if rule.timeout is not None else config.kill_timeout
+        return (f"kill (SIGTERM, then SIGKILL after {_secs(t)})" if rule.force else "kill (SIGTERM only)")
+    if rule.action == "reap":
+        return "reap (the holder's whole orphan tree)"
+    return rule.action
+
+
+def explain(policy: Policy, snap: Snapshot, config: Config | None = None) -> list[dict]:
+    """What the policy would do on ``snap`` and why, per rule and per target (one sample: no history)."""
+    config = config or Config()
+    eng = Engine(policy, config=config, record=lambda h: None)
+    facts = Facts.of(snap)
+    out = []
+    for rule in policy.rules:
+        entry = {"rule": rule.name, "action": _action_text(rule, config), "match": rule.match,
+                 "scope": rule.scope, "enabled": rule.enabled, "targets": []}
+        if not rule.enabled:
+            entry["note"] = "disabled (enabled: false)"
+        for a in eng.assess(rule, snap, facts):
+            waiting = [s for s in a.states if s.ok_now and not s.satisfied]
+            if rule.per_user:
+                for ps in a.candidate_states.values():
+                    waiting += [s for s in ps if s.ok_now and not s.satisfied]
+            if not a.holds_now:
+                verdict = "no action"
+                decision = "none"
+            else:
+                what = _action_text(rule, config)
+                victims = ""
+                if rule.per_user and rule.action in ("kill", "reap"):
+                    excluded: set[int] = set()
+                    chosen = []
+                    for h in eng.order(rule, a.candidates or [h for h in facts.user_holders.get(
+                            a.target.user, ()) if h.proc is not None]):
+                        if not eng._user_still_over(rule, a.target, snap, excluded):
+                            break
+                        chosen.append(h)
+                        excluded.add(h.pid)
+                    victims = " -> " + ", then ".join(
+                        f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)})" for h in chosen) + \
+                        f" ({rule.select} first, until back under the limit)"
+                grace = (f"warn{' and notify ' + ', '.join(rule.notify) if rule.notify else ''}, wait "
+                         f"{_secs(rule.grace_period)}, re-check, then " if rule.grace_period else "")
+                if waiting:
+                    need = ", ".join(f"{s.cond.type} for {_secs(s.cond.duration)}" for s in waiting)
+                    verdict = (f"not yet: conditions are true now but must hold continuously ({need}); "
+                               f"once they have: {grace}{what}{victims}")
+                    decision = "pending-duration"
+                else:
+                    verdict = f"would {grace}{what}{victims}"
+                    decision = "would-act"
+            conds = [s.text() for s in a.states]
+            if rule.per_user:
+                for pid, ps in a.candidate_states.items():
+                    conds += [f"pid {pid}: {s.text()}" for s in ps]
+            entry["targets"].append({"target": a.target.label, "pid": a.target.pid, "user": a.target.user,
+                                     "decision": decision, "verdict": verdict, "conditions": conds})
+        out.append(entry)
+    return out
+
+
+def render_explanation(items: list[dict], mode: str) -> str:
+    lines = [f"guard mode: {mode} (--test-policies evaluates one sample and changes nothing)"]
+    for e in items:
+        lines.append("")
+        lines.append(f"rule '{e['rule']}': action {e['action']}, match {e['match']}, scope {e['scope']}"
+                     + (f" [{e['note']}]" if e.get("note") else ""))
+        if not e["targets"]:
+            lines.append("  no targets (no GPU-holding process visible here)")
+        for t in e["targets"]:
+            lines.append(f"  {t['target']}: {t['verdict']}")
+            for c in t["conditions"]:
+                lines.append(f"    - {c}")
+    return "\n".join(lines)
+
+
+def print_hit(hit: dict, stream=None) -> None:
+    stream = stream or sys.stderr
+    stream.write(f"{hit['rule']}: {hit['action']} {hit['outcome']}: {hit['message']}\n")
