@@ -398,6 +398,8 @@ def _kill(ctx: _Ctx, pid: int, sig: signal.Signals, expected_start, force, timeo
                     "a process that is not a GPU holder", EXIT_REFUSED)
 
     verdict = ctx.verdict(pid)
+    if holder is not None and (holder.proc is None or holder.verdict.kind == UNKNOWN):
+        verdict = holder.verdict  # the GPU side cannot tie this PID to what we see here: unknown wins
     details["verdict"] = {"kind": verdict.kind, "reason": verdict.reason}
     if verdict.kind == UNKNOWN:
         details["rule"] = "unknown"
@@ -435,6 +437,11 @@ def _kill(ctx: _Ctx, pid: int, sig: signal.Signals, expected_start, force, timeo
             return done(False, "not-found", f"pid {pid} exited before it could be signalled", EXIT_NOT_FOUND)
         if sig.name in _NON_LETHAL:
             return done(True, "signalled", f"sent {sig.name} to pid {pid} ({info.name})", EXIT_OK)
+        now = read_proc(pid)
+        if sig != signal.SIGKILL and now is not None and now.state in ("T", "t"):
+            # A stopped process keeps the signal pending until it runs again; let it run to handle it.
+            signals.append(_sig_event(signal.SIGCONT, [pid]))
+            handle.send(signal.SIGCONT)
         alive = _wait_gone([handle], timeout)
         outcome = "killed" if sig == signal.SIGKILL else "terminated"
         if alive and force and sig != signal.SIGKILL:
@@ -444,7 +451,8 @@ def _kill(ctx: _Ctx, pid: int, sig: signal.Signals, expected_start, force, timeo
             outcome = "killed"
         if alive:
             if force or sig == signal.SIGKILL:
-                msg = (f"pid {pid} ({info.name}) is still alive after SIGKILL (state {read_proc(pid).state if read_proc(pid) else '?'}; "
+                now = read_proc(pid)
+                msg = (f"pid {pid} ({info.name}) is still alive after SIGKILL (state {now.state if now else '?'}; "
                        "a process in uninterruptible I/O dies when the I/O ends)")
             else:
                 msg = (f"pid {pid} ({info.name}) is still alive {timeout:g}s after {sig.name}; "

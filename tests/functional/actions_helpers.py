@@ -1,0 +1,87 @@
+"""Helpers for the kill/reap/reset/audit tests: a safe config, TERM-ignoring holders, audit records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from gputop import auditlog
+
+# Processes that ignore SIGTERM print "ready" once the handler is installed, so no test races it.
+IGNORE_TERM = ("import signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+               "print('ready', flush=True); time.sleep(600)  # {marker}")
+
+
+def write_config(path: Path, monkeypatch, protect=(), nohup_protects=False, **extra) -> Path:
+    """A config for the tests: no default protect patterns (the test runner may itself run under tmux
+    or nohup, which would make every holder protected), plus what the test asks for."""
+    import yaml
+
+    data = {"protect": list(protect), "nohup_protects": nohup_protects, **extra}
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("GPUTOP_CONFIG", str(path))
+    return path
+
+
+def spawn_ignoring_term(procs, marker: str = "ignore-term") -> subprocess.Popen:
+    p = procs.spawn([sys.executable, "-c", IGNORE_TERM.format(marker=marker)], stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"ready"
+    return p
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def records(**match) -> list[dict]:
+    """Audit records whose top-level fields (or target.pid via pid=) match."""
+    out = []
+    for r in auditlog.read():
+        if "pid" in match and (r.get("target") or {}).get("pid") != match["pid"]:
+            continue
+        if any(r.get(k) != v for k, v in match.items() if k != "pid"):
+            continue
+        out.append(r)
+    return out
+
+
+def check_common(rec: dict, *, action: str, outcome: str, face: str = "cli") -> None:
+    """The fields every audit line carries."""
+    assert rec["action"] == action
+    assert rec["outcome"] == outcome
+    assert rec["face"] == face
+    assert rec["host"] == os.uname().nodename
+    assert rec["actor"]["uid"] == os.geteuid()
+    assert isinstance(rec["at"], float) and abs(rec["at"] - time.time()) < 120
+    assert rec["time"].startswith(time.strftime("%Y-", time.gmtime(rec["at"])))
+    assert isinstance(rec["signals"], list)
+    assert rec["message"]
+
+
+def ident(pid: int) -> dict:
+    """What the audit line should say about a process: capture it before acting."""
+    p = psutil.Process(pid)
+    return {"pid": pid, "start": p.create_time(), "user": p.username(), "cmdline": p.cmdline()}
+
+
+def check_target(rec: dict, who: dict, gpus=None) -> None:
+    t = rec["target"]
+    assert t["pid"] == who["pid"]
+    assert abs(t["start_time"] - who["start"]) < 0.05
+    assert t["user"] == who["user"]
+    assert t["cmdline"] == who["cmdline"]
+    if gpus is not None:
+        assert t["gpus"] == gpus
+
+
+def load_json(out: str):
+    return json.loads(out)
