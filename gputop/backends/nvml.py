@@ -283,7 +283,7 @@ class NvmlBackend(Backend):
     # ---- processes ----
     def _list_v1(self, kind: str, h) -> list[tuple[int, int | None]]:
         nv = self._nv
-        fn = nv._nvmlGetFunctionPointer(f"nvmlDevice{kind}RunningProcesses")
+        fn = nv._nvmlGetFunctionPointer(f"nvmlDeviceGet{kind}RunningProcesses")
         count = ctypes.c_uint(0)
         ret = fn(h, ctypes.byref(count), None)
         if ret == nv.NVML_SUCCESS:
