@@ -146,7 +146,7 @@ class DrmTree:
                   start_ticks, 100_000_000, 2560]
         fields += [0] * 30
         self._w(d / "stat", f"{pid} ({comm}) " + " ".join(map(str, fields)) + "\n")
-        self._w(d / "cmdline", "\0".join(argv) + "\0")
+        self._w(d / "cmdline", "".join(a + "\0" for a in argv))  # a kernel thread's is empty
         self._w(d / "status", f"Name:\t{comm}\nState:\tS (sleeping)\nPid:\t{pid}\nPPid:\t{ppid}\n"
                               f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
                               f"SigQ:\t0/63457\nSigPnd:\t0000000000000000\nSigBlk:\t0000000000000000\n"
