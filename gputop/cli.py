@@ -21,6 +21,8 @@ environment:
   GPUTOP_SCENARIO   scenario file for the simulated backend (same as --scenario)
   GPUTOP_CONFIG     config file (default: <XDG config>/gputop/config.yaml)
   GPUTOP_STATE_DIR  state directory: audit log, guard state (default: <XDG state>/gputop)
+  GPUTOP_PROC_ROOT  read processes and DRM fdinfo from this /proc (testing; default /proc)
+  GPUTOP_SYS_ROOT   read DRM devices from this /sys (testing; default /sys)
   GPUTOP_REMOTE_CMD the gputop command on --remote/--hosts hosts (same as --remote-gputop)
   GPUTOP_SSH        the local ssh command (default: ssh)
 """
