@@ -9,6 +9,8 @@ COMMANDS: list[str] = [
     "reap",
     "reset",
     "log",
+    "serve",
+    "mcp",
     "guard",
     "audit",
 ]

@@ -1,0 +1,383 @@
+"""``gputop serve``: a local HTTP API and a Prometheus endpoint (Starlette on uvicorn).
+
+Reads come from the latest snapshot, which one background thread refreshes (sampling never runs on the
+event loop). Writes need a bearer token kept in a file only its owner can read (0600); they go through
+gputop.actions with face "api", which re-checks identity and safety and writes the audit log. Without a
+token file the service is read-only and every write answers 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gputop import __version__, faces
+from gputop.config import state_dir
+from gputop.errors import GputopError, RefusedError, UsageError
+from gputop.faces import HTTP_STATUS, LiveSnapshot
+
+TOKEN_FILE = "api-token"
+FACE = "api"
+
+
+# ---- the token -------------------------------------------------------------------------------
+
+def default_token_path() -> Path:
+    return state_dir() / TOKEN_FILE
+
+
+def read_token(path: Path) -> str | None:
+    """The token, or None when the file does not exist. Refuses a file others can read or write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise RefusedError(f"cannot open token file {path}: {e.strerror} (a symlink is refused)") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedError(f"token file {path} is not a regular file")
+        if st.st_mode & 0o077:
+            raise RefusedError(f"token file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others can read it; "
+                               f"run 'chmod 600 {path}' (or delete it and start with --create-token)")
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            raise RefusedError(f"token file {path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
+        token = os.read(fd, 4096).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
+    if len(token) < 16:
+        raise RefusedError(f"token file {path} holds no usable token (at least 16 characters); "
+                           "delete it and start with --create-token")
+    return token
+
+
+def create_token(path: Path) -> str:
+    """Write a new random token to ``path``, created 0600 (never over an existing file)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_urlsafe(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        raise UsageError(f"token file {path} already exists; it is used as it is") from None
+    try:
+        os.write(fd, (token + "\n").encode())
+    finally:
+        os.close(fd)
+    return token
+
+
+# ---- Prometheus ------------------------------------------------------------------------------
+
+class GuardHitCounter:
+    """Per-rule counts of the guard's hit log, read incrementally (new lines only, rotation-aware)."""
+
+    def __init__(self):
+        self.counts: dict[tuple[str, str], int] = {}
+        self._ino = None
+        self._offset = 0
+        self._rest = b""
+
+    def update(self) -> None:
+        from gputop.guard import state
+
+        p = state.hits_path()
+        try:
+            st = p.stat()
+        except OSError:
+            return
+        if st.st_ino != self._ino or st.st_size < self._offset:  # new or rotated file
+            self._ino, self._offset, self._rest = st.st_ino, 0, b""
+        if st.st_size == self._offset:
+            return
+        try:
+            with open(p, "rb") as f:
+                f.seek(self._offset)
+                data = f.read(st.st_size - self._offset)
+        except OSError:
+            return
+        self._offset += len(data)
+        lines = (self._rest + data).split(b"\n")
+        self._rest = lines.pop()
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                key = (str(rec.get("rule") or "?"), str(rec.get("action") or "?"))
+                self.counts[key] = self.counts.get(key, 0) + 1
+
+
+class FindingCounter:
+    """Counts each audit finding once, when it first appears (rule, severity, pid, start time)."""
+
+    def __init__(self):
+        self.seen: set[tuple] = set()
+        self.counts: dict[tuple[str, str], int] = {}
+        self.current: dict[tuple[str, str], int] = {}
+
+    def __call__(self, snap, findings) -> None:
+        now_keys: set[tuple] = set()
+        current: dict[tuple[str, str], int] = {}
+        for f in findings:
+            d = faces.finding_to_dict(f)
+            rule, sev, pid = str(d.get("rule")), str(d.get("severity")), d.get("pid")
+            h = snap.holder(pid) if isinstance(pid, int) else None
+            key = (rule, sev, pid, h.start_time if h else None)
+            now_keys.add(key)
+            current[(rule, sev)] = current.get((rule, sev), 0) + 1
+            if key not in self.seen:
+                self.counts[(rule, sev)] = self.counts.get((rule, sev), 0) + 1
+        self.seen = now_keys  # a finding that goes away and comes back counts again
+        self.current = current
+
+
+def _num(v):
+    return None if v is None else float(v)
+
+
+class SnapshotCollector:
+    """Renders every metric from the latest snapshot, so an exited process's series simply disappear."""
+
+    def __init__(self, live: LiveSnapshot, findings: FindingCounter, hits: GuardHitCounter):
+        self.live = live
+        self.findings = findings
+        self.hits = hits
+
+    def describe(self):
+        return []  # do not collect at registration time
+
+    def collect(self):
+        snap = self.live.latest()
+        up = GaugeMetricFamily("gputop_up", "1 while the last sample succeeded", value=0 if self.live.error else 1)
+        yield up
+        yield GaugeMetricFamily("gputop_snapshot_timestamp_seconds", "When the latest snapshot was taken",
+                                value=snap.at)
+        gl = ["gpu"]
+        info = GaugeMetricFamily("gputop_gpu_info", "GPU identity (value 1)",
+                                 labels=["gpu", "name", "uuid", "backend", "pci_bus_id"])
+        fams = {
+            "util": GaugeMetricFamily("gputop_gpu_utilization_percent", "GPU utilisation", labels=gl),
+            "mem": GaugeMetricFamily("gputop_gpu_memory_used_bytes", "GPU memory in use", labels=gl),
+            "memt": GaugeMetricFamily("gputop_gpu_memory_total_bytes", "GPU memory size", labels=gl),
+            "temp": GaugeMetricFamily("gputop_gpu_temperature_celsius", "GPU temperature", labels=gl),
+            "power": GaugeMetricFamily("gputop_gpu_power_watts", "GPU power draw", labels=gl),
+            "plim": GaugeMetricFamily("gputop_gpu_power_limit_watts", "GPU power limit", labels=gl),
+            "lost": GaugeMetricFamily("gputop_gpu_lost", "1 when the GPU is lost or unreachable", labels=gl),
+        }
+        for d in snap.devices:
+            g = [str(d.index)]
+            info.add_metric([str(d.index), d.name or "", d.uuid or "", d.backend or "", d.pci_bus_id or ""], 1)
+            fams["lost"].add_metric(g, 1 if d.lost else 0)
+            # An unknown value is left out, never exported as 0.
+            for key, v in (("util", d.util_gpu), ("mem", d.memory_used), ("memt", d.memory_total),
+                           ("temp", d.temperature), ("power", d.power_w), ("plim", d.power_limit_w)):
+                if v is not None and not d.lost:
+                    fams[key].add_metric(g, float(v))
+        yield info
+        yield from fams.values()
+
+        pl = ["pid", "gpu", "name", "user", "ctx", "verdict"]
+        pmem = GaugeMetricFamily("gputop_process_gpu_memory_bytes", "GPU memory held by a process on one GPU",
+                                 labels=pl)
+        psm = GaugeMetricFamily("gputop_process_sm_utilization_percent", "A process's SM utilisation on one GPU",
+                                labels=pl)
+        for h in snap.holders:
+            for u in h.uses:
+                labels = [str(h.pid), str(u.gpu), h.name, h.user or "", u.ctx, h.verdict.kind]
+                if u.used_memory is not None:
+                    pmem.add_metric(labels, float(u.used_memory))
+                if u.sm_util is not None:
+                    psm.add_metric(labels, float(u.sm_util))
+        yield pmem
+        yield psm
+        yield GaugeMetricFamily("gputop_holders", "Processes holding a GPU", value=len(snap.holders))
+        yield GaugeMetricFamily("gputop_orphan_trees", "Orphan trees holding a GPU", value=len(snap.roots))
+
+        fc = CounterMetricFamily("gputop_audit_findings", "Rogue-audit findings, counted when first seen",
+                                 labels=["rule", "severity"])
+        for (rule, sev), n in sorted(self.findings.counts.items()):
+            fc.add_metric([rule, sev], n)
+        yield fc
+        fg = GaugeMetricFamily("gputop_audit_findings_current", "Rogue-audit findings in the latest snapshot",
+                               labels=["rule", "severity"])
+        for (rule, sev), n in sorted(self.findings.current.items()):
+            fg.add_metric([rule, sev], n)
+        yield fg
+
+        self.hits.update()
+        hc = CounterMetricFamily("gputop_guard_hits", "Guard rule hits recorded in the hit log",
+                                 labels=["rule", "action"])
+        for (rule, action), n in sorted(self.hits.counts.items()):
+            hc.add_metric([rule, action], n)
+        yield hc
+        try:
+            from gputop.guard import state
+
+            mode = state.get_mode()
+            gm = GaugeMetricFamily("gputop_guard_mode", "The guard mode (1 for the current one)", labels=["mode"])
+            for m in state.MODES:
+                gm.add_metric([m], 1 if m == mode else 0)
+            yield gm
+        except Exception:
+            pass
+
+
+# ---- the app ---------------------------------------------------------------------------------
+
+def _error(status: int, message: str, **extra) -> JSONResponse:
+    return JSONResponse({"ok": False, "error": message, **extra}, status_code=status)
+
+
+def create_app(live: LiveSnapshot, token_path: Path | None) -> Starlette:
+    """``token_path`` None: read-only service. Otherwise writes need ``Authorization: Bearer <token>``."""
+    findings = FindingCounter()
+    live.add_listener(findings)
+    # The snapshot taken before the listener was added counts too.
+    if live._latest is not None:
+        findings(live._latest, live._findings)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(live, findings, GuardHitCounter()))
+
+    async def status(request: Request):
+        snap = live.latest()
+        return JSONResponse(snap.to_dict())
+
+    async def processes(request: Request):
+        q = request.query_params
+        try:
+            payload = faces.processes_payload(live.latest(), name=q.get("name"), user=q.get("user"),
+                                              gpu=q.get("gpu"), memory_gt=q.get("memory_gt"))
+        except UsageError as e:
+            return _error(400, str(e))
+        return JSONResponse(payload)
+
+    async def rogue(request: Request):
+        return JSONResponse(faces.rogue_payload(live))
+
+    async def guard(request: Request):
+        return JSONResponse(await run_in_threadpool(faces.guard_status))
+
+    async def metrics(request: Request):
+        data = await run_in_threadpool(generate_latest, registry)
+        return Response(data, media_type=CONTENT_TYPE_LATEST)
+
+    async def root(request: Request):
+        return JSONResponse({"service": "gputop", "version": __version__, "read_only": token_path is None,
+                             "endpoints": ["/v1/status", "/v1/processes", "/v1/audit/rogue", "/v1/guard/status",
+                                           "/metrics", "POST /v1/kill", "POST /v1/reap", "POST /v1/reset",
+                                           "POST /v1/guard/mode"]})
+
+    def authorize(request: Request, action: str) -> JSONResponse | None:
+        if token_path is None:
+            msg = ("this gputop serve is read-only: start it with a token file (gputop serve --create-token) "
+                   "to allow writes")
+            faces.refusal_record(action, FACE, msg, rule="read-only")
+            return _error(403, msg)
+        try:
+            token = read_token(token_path)
+        except GputopError as e:
+            faces.refusal_record(action, FACE, str(e), rule="token-file")
+            return _error(403, f"writes are disabled: {e}")
+        if token is None:
+            msg = f"writes are disabled: the token file {token_path} is gone"
+            faces.refusal_record(action, FACE, msg, rule="token-file")
+            return _error(403, msg)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            msg = f"missing or wrong bearer token: send 'Authorization: Bearer <contents of {token_path}>'"
+            faces.refusal_record(action, FACE, msg, rule="token", client=request.client.host if request.client else None)
+            return JSONResponse({"ok": False, "error": msg}, status_code=401,
+                                headers={"WWW-Authenticate": 'Bearer realm="gputop"'})
+        return None
+
+    async def body(request: Request) -> dict:
+        raw = await request.body()
+        if not raw.strip():
+            return {}
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
+            raise UsageError(f"the request body is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise UsageError("the request body must be a JSON object")
+        return data
+
+    def write(action: str, fn):
+        async def endpoint(request: Request):
+            denied = authorize(request, action)
+            if denied is not None:
+                return denied
+            try:
+                data = await body(request)
+                return await run_in_threadpool(fn, data)
+            except GputopError as e:
+                faces.refusal_record(action, FACE, str(e), rule="bad-request")
+                return _error(HTTP_STATUS.get(e.exit_code, 400), str(e))
+        return endpoint
+
+    _KILL_KEYS = {"pid", "start_time", "force", "signal", "dry_run", "reason"}
+
+    def kill(data: dict):
+        _only(data, _KILL_KEYS)
+        res = faces.do_kill(live, FACE, pid=data.get("pid"), start_time=data.get("start_time"),
+                            force=bool(data.get("force", False)), signal_name=data.get("signal", "TERM"),
+                            dry_run=bool(data.get("dry_run", False)), reason=data.get("reason"))
+        return JSONResponse(res.to_dict(), status_code=HTTP_STATUS.get(res.exit_code, 500))
+
+    def reap(data: dict):
+        _only(data, {"roots", "dry_run", "grace", "reason"})
+        grace = data.get("grace", live.config.kill_timeout)
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
+            raise UsageError("grace must be a number of seconds")
+        results = faces.do_reap(live, FACE, roots=data.get("roots"), dry_run=bool(data.get("dry_run", False)),
+                                grace=float(grace), reason=data.get("reason"))
+        ok = all(r["ok"] for r in results)
+        code = 200 if ok else max((HTTP_STATUS.get(r["exit_code"], 500) for r in results if not r["ok"]))
+        return JSONResponse({"ok": ok, "results": results, "count": len(results)}, status_code=code)
+
+    def reset(data: dict):
+        _only(data, {"index", "gpu", "force", "reason"})
+        res = faces.do_reset(live, FACE, index=data.get("index", data.get("gpu")),
+                             force=bool(data.get("force", False)), reason=data.get("reason"))
+        return JSONResponse(res.to_dict(), status_code=HTTP_STATUS.get(res.exit_code, 500))
+
+    def guard_mode(data: dict):
+        _only(data, {"mode"})
+        return JSONResponse(faces.do_guard_mode(FACE, data.get("mode")))
+
+    routes = [
+        Route("/", root),
+        Route("/v1/status", status),
+        Route("/v1/processes", processes),
+        Route("/v1/audit/rogue", rogue),
+        Route("/v1/guard/status", guard),
+        Route("/metrics", metrics),
+        Route("/v1/kill", write("kill", kill), methods=["POST"]),
+        Route("/v1/reap", write("reap", reap), methods=["POST"]),
+        Route("/v1/reset", write("reset", reset), methods=["POST"]),
+        Route("/v1/guard/mode", write("guard-mode", guard_mode), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.live = live
+    return app
+
+
+def _only(data: dict, allowed: set[str]) -> None:
+    extra = sorted(set(data) - allowed)
+    if extra:
+        raise UsageError(f"unknown field(s) {', '.join(extra)}: allowed are {', '.join(sorted(allowed))}")

@@ -1,0 +1,56 @@
+"""Start real `gputop serve` / `gputop mcp` processes for the service tests."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+
+from tests.conftest import _default_sighup
+
+
+class Served:
+    """A running `gputop serve` on a free port; ``url`` is its base URL."""
+
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 20.0):
+        e = dict(os.environ)
+        e.update(env or {})
+        self.proc = subprocess.Popen([sys.executable, "-m", "gputop", "serve", "--port", "0", *args],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=e, preexec_fn=_default_sighup)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.url = None
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+                return
+        self.stop()
+        raise RuntimeError(f"gputop serve did not start (rc={self.proc.returncode}): {''.join(self.stderr)}")
+
+    def _pump(self):
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            self.lines.put(line)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
