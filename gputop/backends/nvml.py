@@ -149,7 +149,8 @@ class NvmlBackend(Backend):
         self._static: dict[int, dict[str, Any]] = {}  # name, uuid, pci bus id: they do not change
         self._last_seen: dict[int, int] = {}  # device -> newest process-utilisation sample seen (us)
         self._proc_version: dict[str, int] = {"Compute": 0, "Graphics": 0}  # index into PROC_VERSIONS
-        self._mem_v2: bool | None = None
+        self._mem_v2: bool | None = None  # None: not tried yet; False: fall back for good
+        self._temp_v: bool | None = None
         self._warnings: list[str] = []
         self._initialised = False
         self._init()
@@ -238,6 +239,24 @@ class NvmlBackend(Backend):
         m = self._field(errors, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
         return (int(m.total), int(m.used)) if m is not None else (None, None)
 
+    def _temperature(self, h, errors: list[str]) -> float | None:
+        # nvmlDeviceGetTemperature is deprecated (to go in CUDA 14); older drivers lack the V call.
+        nv = self._nv
+        if self._temp_v is not False and hasattr(nv, "nvmlDeviceGetTemperatureV"):
+            try:
+                t = nv.nvmlDeviceGetTemperatureV(h, nv.NVML_TEMPERATURE_GPU)
+                self._temp_v = True
+                return t
+            except nv.NVMLError as e:
+                code = getattr(e, "value", None)
+                if code == ERR_GPU_IS_LOST:
+                    raise _Lost("temperature") from None
+                if code not in (ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH):
+                    errors.append(f"temperature: {error_name(code)}")
+                    return None
+                self._temp_v = False
+        return self._field(errors, "temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+
     def sample(self, index: int) -> DeviceSample:
         with self._lock:
             errors: list[str] = []
@@ -257,7 +276,7 @@ class NvmlBackend(Backend):
         nv, f = self._nv, self._field
         total, used = self._memory(h, errors)
         util = f(errors, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
-        temp = f(errors, "temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        temp = self._temperature(h, errors)
         power = f(errors, "power", lambda: nv.nvmlDeviceGetPowerUsage(h))
         limit_errors: list[str] = []
         limit = f(limit_errors, "power limit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h))

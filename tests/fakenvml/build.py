@@ -22,7 +22,7 @@ SOURCE = HERE / "fakenvml.c"
 LIBNAME = "libnvidia-ml.so.1"
 
 # variant -> extra compiler flags. no_v3: the _v3 process-list symbols are absent (an older driver);
-# v1: neither _v3 nor _v2 (only the unversioned calls).
+# v1: an old driver: no _v3/_v2 process calls, no nvmlDeviceGetMemoryInfo_v2 or nvmlDeviceGetTemperatureV.
 VARIANTS = {"default": [], "no_v3": ["-DNO_V3"], "v1": ["-DNO_V3", "-DNO_V2"]}
 
 GiB = 1 << 30

@@ -19,8 +19,9 @@
  *
  * Environment: FAKE_NVML_CONFIG (the file; unset -> nvmlInit fails with DRIVER_NOT_LOADED),
  * FAKE_NVML_INIT_ERROR (a code or name: nvmlInit returns it).
- * Build variants: -DNO_V3 leaves out the _v3 process-list symbols, -DNO_V2 the _v2 ones (the
- * unversioned v1 calls are always there).
+ * Build variants: -DNO_V3 leaves out the _v3 process-list symbols; -DNO_V2 the _v2 ones and the other
+ * newer calls (nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetTemperatureV), like an old driver. The
+ * unversioned calls are always there.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -571,6 +572,7 @@ static nvmlReturn_t mem_v1(nvmlDevice_t h, nvmlMemory_t *m) {
 }
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *m) { LOCKED(mem_v1(h, m)); }
 
+#ifndef NO_V2
 static nvmlReturn_t mem_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) {
     unsigned long long total, reserved, used;
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
@@ -584,6 +586,7 @@ static nvmlReturn_t mem_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) {
     return NVML_SUCCESS;
 }
 API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) { LOCKED(mem_v2(h, m)); }
+#endif
 
 static nvmlReturn_t bar1(nvmlDevice_t h, nvmlBAR1Memory_t *m) {
     struct gpu *g;
@@ -619,6 +622,21 @@ static nvmlReturn_t temperature(nvmlDevice_t h, int sensor, unsigned int *t) {
     return get_num(h, F_TEMP, t);
 }
 API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t h, int sensor, unsigned int *t) { LOCKED(temperature(h, sensor, t)); }
+
+#ifndef NO_V2 /* an older driver has neither this nor nvmlDeviceGetMemoryInfo_v2 */
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_v1_t;
+#define NVML_TEMPERATURE_V1 ((unsigned int)(sizeof(nvmlTemperature_v1_t) | (1u << 24)))
+static nvmlReturn_t temperature_v(nvmlDevice_t h, nvmlTemperature_v1_t *t) {
+    if (!t) return NVML_ERROR_INVALID_ARGUMENT;
+    if (t->version != NVML_TEMPERATURE_V1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned int v;
+    nvmlReturn_t r = temperature(h, t->sensorType, &v);
+    if (r) return r;
+    t->temperature = (int)v;
+    return NVML_SUCCESS;
+}
+API nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t h, nvmlTemperature_v1_t *t) { LOCKED(temperature_v(h, t)); }
+#endif
 
 API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t h, unsigned int *mw) { LOCKED(get_num(h, F_POWER, mw)); }
 API nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t h, unsigned int *mw) { LOCKED(get_num(h, F_POWER_LIMIT, mw)); }

@@ -199,8 +199,10 @@ def test_versioned_process_calls_fall_back(nvml, procs, variant):
             v3 = "FunctionNotFound"
         first = {p.pid: [p.ctx, p.used_memory, p.sm_util] for p in b.processes(0)}
         second = {p.pid: [p.ctx, p.used_memory, p.sm_util] for p in b.processes(0)}
+        d = b.sample(0)
         print(json.dumps({"v3": v3, "first": first, "second": second, "warnings": b.warnings(),
-                          "versions": b._proc_version}))
+                          "versions": b._proc_version, "device": [d.memory_used, d.temperature, d.errors],
+                          "new_calls": [b._mem_v2, b._temp_v]}))
     """, env)
     assert out["v3"] == "FunctionNotFound"
     expected = {str(a.pid): ["C", 5 * GiB, 33.0], str(g.pid): ["C+G", None, None]}
@@ -208,6 +210,8 @@ def test_versioned_process_calls_fall_back(nvml, procs, variant):
     want = 1 if variant == "no_v3" else 2
     assert out["versions"] == {"Compute": want, "Graphics": want}  # remembered, not re-probed each tick
     assert out["warnings"] == []
+    assert out["device"] == [5 * GiB, 40.0, []]  # memory v1 and the old temperature call still read
+    assert out["new_calls"] == ([True, True] if variant == "no_v3" else [False, False])
 
 
 def test_no_driver_status_exits_0_and_says_why(nvml):
