@@ -194,7 +194,7 @@ def engine_utilisation(prev: _Counters | None, cur: FdinfoClient, now: float) ->
     if prev is not None:
         for new, old in ((engines, prev.engines), (cycles, prev.cycles), (total, prev.total_cycles)):
             for e, v in old.items():
-                if e in new and new[e] < v:
+                if new.get(e, -1) < v:  # lower, or not printed this time: stay with the larger value
                     new[e] = v
     state = _Counters(now, engines, cycles, total)
     if prev is None:

@@ -221,3 +221,12 @@ def test_sysfs_cards_and_metrics(tree):
     assert (x.temperature, x.power_w, x.power_limit_w, x.clock_sm_mhz) == (45.0, None, 190.0, 2400)
     assert x.energy_uj == 1_000_000_000
     assert find_cards(str(tree.root / "nowhere"), {"amdgpu"}) == []
+
+
+def test_engine_missing_from_a_sample_keeps_its_value():
+    # amdgpu prints only engines with time; one vanishing for a sample must not restart its count at 0.
+    _, st = engine_utilisation(None, parse_fdinfo(amdgpu_old(13, "1 MiB", gfx=4_000_000_000)), 0.0)
+    util, st = engine_utilisation(st, parse_fdinfo(amdgpu_old(13, "1 MiB")), 1.0)
+    assert util == {"gfx": 0.0} and st.engines["gfx"] == 4_000_000_000
+    util, _ = engine_utilisation(st, parse_fdinfo(amdgpu_old(13, "1 MiB", gfx=4_500_000_000)), 2.0)
+    assert util["gfx"] == pytest.approx(50.0)  # 0.5e9 ns over 1 s, not 4.5e9
