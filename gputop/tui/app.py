@@ -1,0 +1,657 @@
+"""The gputop Textual app: device panes, the process tree, the side panel, and keyboard actions.
+
+Threads: one long-lived thread worker samples (started in on_ready) and posts SnapshotReady messages that
+replace stale ones; actions run in their own thread workers through gputop.actions (face "tui"). No
+handler blocks: a handler only reads the latest snapshot, updates widgets, or starts a worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Iterable
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Static
+
+from gputop.config import Config
+from gputop.orphans import ORPHAN
+from gputop.snapshot import Snapshot
+from gputop.tui import keymap
+from gputop.tui.device_pane import DevicePane
+from gputop.tui.history import DeviceHistory
+from gputop.tui.legend import legend_text
+from gputop.tui.process_tree import ColumnHeader, ProcessTree, header_text
+from gputop.tui.rows import GROUP_GPU, GROUP_ROOT, SORT_ORDER, build, max_depth
+from gputop.tui.side_panel import PanelData, SidePanel
+
+MIN_WIDTH, MIN_HEIGHT = 60, 15
+SIDE_PANEL_MIN_WIDTH = 120  # below this the side panel starts hidden (b shows it)
+
+
+def css_path() -> Path:
+    """The stylesheet: shipped in the package (gputop/styles), which in the source tree links to styles/."""
+    here = Path(__file__).resolve().parent
+    for p in (here.parent / "styles" / "gputop.tcss", here.parent.parent / "styles" / "gputop.tcss"):
+        if p.is_file():
+            return p
+    raise FileNotFoundError("gputop.tcss not found: reinstall gputop (pip install gputop)")
+
+
+class LockedSampler:
+    """One sampler shared by the sampling thread and the action threads, one call at a time."""
+
+    def __init__(self, sampler):
+        self._s = sampler
+        self._lock = threading.Lock()
+
+    def sample(self) -> Snapshot:
+        with self._lock:
+            return self._s.sample()
+
+    def reset(self, index: int) -> str:
+        with self._lock:
+            return self._s.reset(index)
+
+    def close(self) -> None:
+        with self._lock:
+            self._s.close()
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+class SnapshotReady(Message):
+    """A new snapshot (plus side-panel data); replaces any older one still queued."""
+
+    def __init__(self, snapshot: Snapshot, panel: PanelData):
+        super().__init__()
+        self.snapshot = snapshot
+        self.panel = panel
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, SnapshotReady)
+
+
+class SampleFailed(Message):
+    def __init__(self, error: str):
+        super().__init__()
+        self.error = error
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, SampleFailed)
+
+
+def _panel_data(snapshot: Snapshot, config: Config) -> PanelData:
+    """Guard state and audit findings, read off the UI thread; engines that are not installed say so."""
+    guard_ok, mode, gerr, hits = False, None, None, ()
+    try:
+        from gputop.guard import state as guard_state
+    except Exception:
+        guard_state = None
+    if guard_state is not None:
+        guard_ok = True
+        try:
+            mode = guard_state.get_mode()
+            hits = tuple(guard_state.recent_hits(50))
+        except Exception as e:
+            gerr = f"cannot read guard state: {e}"
+    audit_ok, aerr, findings = False, None, ()
+    try:
+        from gputop import rogue
+    except Exception:
+        rogue = None
+    if rogue is not None and hasattr(rogue, "audit"):
+        audit_ok = True
+        try:
+            findings = tuple(rogue.audit(snapshot, config))
+        except Exception as e:
+            aerr = f"audit failed: {e}"
+    return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings)
+
+
+@dataclass(frozen=True)
+class Selection:
+    pid: int | None
+    holder: object | None
+    proc: object | None
+    gpu: int | None
+    root: int | None
+
+
+class GputopApp(App):
+    TITLE = "gputop"
+    AUTO_FOCUS = "ProcessTree"
+    CSS_PATH = str(css_path())
+    BINDINGS = keymap.bindings()
+    ENABLE_COMMAND_PALETTE = True
+
+    def __init__(self, sampler, *, config: Config | None = None, interval: float | None = None,
+                 readonly: bool = False, demo=None, panel_source=_panel_data):
+        super().__init__()
+        self.sampler = LockedSampler(sampler)
+        self.config = config or Config()
+        self.interval = float(interval if interval is not None else self.config.interval or 1.0)
+        self.readonly = readonly
+        self.demo = demo
+        self.panel_source = panel_source
+        self.history = DeviceHistory()
+        self.snapshot: Snapshot | None = None
+        self.panel = PanelData()
+        self.grouping = GROUP_GPU
+        self.sort_key = "gpu-mem"
+        self.sort_reverse = False
+        self.filter_text = ""
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._sample_error: str | None = None
+        self._panel_user_choice: bool | None = None
+
+    # ---- layout ---------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="topbar")
+        yield VerticalScroll(id="devices")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield ColumnHeader(id="colheader")
+                yield ProcessTree(id="tree")
+            yield SidePanel(id="side")
+        yield Static(legend_text(), id="legend")
+        yield Input(placeholder="filter: pid, user, name or command (enter keeps, esc clears)", id="filter")
+        yield Footer()
+        yield Static(id="too-small")
+
+    def on_mount(self) -> None:
+        self.query_one("#filter", Input).display = False
+        self._apply_size()
+        self._update_topbar()
+        self._update_header()
+
+    def on_ready(self) -> None:
+        self._sample_loop()
+
+    def on_resize(self, event) -> None:
+        self._apply_size()
+
+    def _apply_size(self) -> None:
+        w, h = self.size
+        small = w < MIN_WIDTH or h < MIN_HEIGHT
+        self.screen.set_class(small, "-too-small")
+        if small:
+            self.query_one("#too-small", Static).update(
+                f"Terminal too small: {w}x{h}.\n\ngputop needs at least {MIN_WIDTH}x{MIN_HEIGHT} "
+                f"(80x24 is comfortable).\nEnlarge the window, or press q to quit.")
+        if self._panel_user_choice is None:
+            self.query_one("#side", SidePanel).display = w >= SIDE_PANEL_MIN_WIDTH
+        tree = self.query_one(ProcessTree)
+        compact = w < 100 or (self.query_one("#side").display and w < 140)
+        if compact != tree.compact and self.snapshot is not None:
+            self._refresh_tree()
+        else:
+            tree.compact = compact
+        self._update_header()
+
+    # ---- sampling ---------------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="sampler", name="sampler")
+    def _sample_loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                snap = self.sampler.sample()
+                panel = self.panel_source(snap, self.config)
+                self.post_message(SnapshotReady(snap, panel))
+            except Exception as e:  # keep sampling: a transient failure must not freeze the screen
+                self.post_message(SampleFailed(f"{type(e).__name__}: {e}"))
+            self._wake.wait(max(0.05, self.interval - (time.monotonic() - started)))
+            self._wake.clear()
+
+    def sample_now(self) -> None:
+        self._wake.set()
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        snap = message.snapshot
+        self.snapshot = snap
+        self.panel = message.panel
+        self._sample_error = None
+        self.history.add(snap)
+        self._update_devices(snap)
+        self._refresh_tree()
+        self.query_one(SidePanel).show(message.panel)
+        self._update_topbar()
+        redraw = getattr(self.screen, "redraw", None)  # the plot screen follows the history
+        if callable(redraw):
+            redraw()
+
+    def on_sample_failed(self, message: SampleFailed) -> None:
+        if self._sample_error != message.error:
+            self.notify(f"sampling failed: {message.error}", severity="error", timeout=8)
+        self._sample_error = message.error
+        self._update_topbar()
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    # ---- rendering --------------------------------------------------------------------------------
+
+    def _update_devices(self, snap: Snapshot) -> None:
+        box = self.query_one("#devices", VerticalScroll)
+        panes = {p.index: p for p in box.query(DevicePane)}
+        wanted = [d.index for d in snap.devices]
+        for idx, pane in panes.items():
+            if idx not in wanted:
+                pane.remove()
+        new = [DevicePane(d.index, self.history, id=f"gpu-{d.index}") for d in snap.devices
+               if d.index not in panes]
+        if new:
+            box.mount_all(new)
+        # Two lines per GPU when they fit in about half the screen, else one line each.
+        budget = max(4, (self.size.height - 10) // 2)
+        lines = 2 if 2 * len(snap.devices) <= budget else 1
+        for d in snap.devices:
+            pane = panes.get(d.index) or next(p for p in new if p.index == d.index)
+            pane.set_lines(lines)
+            pane.show(d)
+        if not snap.devices:
+            if not box.query("#no-gpu"):
+                box.mount(Static(Text("no GPU: " + "; ".join(s.reason for s in snap.backends if not s.available)
+                                      or "no GPU found", style="yellow"), id="no-gpu"))
+        box.styles.height = min(max(2, lines * len(snap.devices)), budget) + 1  # + the border
+
+    def _refresh_tree(self) -> None:
+        if self.snapshot is None:
+            return
+        tree = self.query_one(ProcessTree)
+        groups = build(self.snapshot, grouping=self.grouping, sort=self.sort_key, reverse=self.sort_reverse,
+                       filter_text=self.filter_text)
+        w = self.size.width
+        compact = w < 100 or (self.query_one("#side").display and w < 140)
+        live = {h.pid for h in self.snapshot.holders}
+        tree.tagged &= live
+        tree.reconcile(groups, max(1, max_depth(groups) - 1), compact)
+        self._update_header()
+
+    def _update_header(self) -> None:
+        tree = self.query_one(ProcessTree)
+        from gputop.tui.process_tree import GUIDE
+
+        pad = max(0, (tree._max_depth - 1) * GUIDE)
+        self.query_one(ColumnHeader).update(header_text(pad, tree.compact, self.sort_key, self.sort_reverse))
+
+    def _update_topbar(self) -> None:
+        s = self.snapshot
+        t = Text()
+        t.append(" gputop ", style="bold reverse")
+        if s is None:
+            t.append("  waiting for the first sample…")
+        else:
+            t.append(f" {s.host}  {len(s.devices)} GPU  {len(s.holders)} holders  ")
+            if s.roots:
+                t.append(f"{len(s.roots)} orphan tree{'s' if len(s.roots) != 1 else ''}", style="bold red")
+            else:
+                t.append("no orphans")
+            t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
+        if self.panel.guard_available:
+            mode = self.panel.guard_mode or "off"
+            t.append("  guard ")
+            t.append(mode, style={"enforce": "bold red", "dry-run": "bold yellow"}.get(mode, ""))
+        t.append(f"  by {'GPU' if self.grouping == GROUP_GPU else 'orphan root'}")
+        if self.filter_text:
+            t.append("  filter ")
+            t.append(Text(repr(self.filter_text), style="bold"))
+        tagged = self.query_one(ProcessTree).tagged
+        if tagged:
+            t.append(f"  {len(tagged)} tagged", style="bold")
+        if self.readonly:
+            t.append("  READ-ONLY", style="bold reverse")
+        if self.demo is not None:
+            t.append("  DEMO", style="bold reverse yellow")
+        if self._sample_error:
+            t.append("  sampling failed", style="bold red")
+        self.query_one("#topbar", Static).update(t)
+
+    # ---- selection --------------------------------------------------------------------------------
+
+    def selection(self) -> Selection:
+        node = self.query_one(ProcessTree).selected
+        if node is None:
+            return Selection(None, None, None, None, None)
+        holder = node.holder
+        if holder is not None and self.snapshot is not None:
+            holder = self.snapshot.holder(holder.pid) or holder
+        return Selection(node.pid, holder, node.proc, node.gpu, node.root)
+
+    # ---- bindings, help, palette ---------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if self.readonly and action in keymap.DESTRUCTIVE:
+            return False  # hidden from the footer and not runnable
+        return True
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for k in keymap.KEYS:
+            if self.readonly and k.destructive:
+                continue
+            if k.action == "quit":
+                continue  # the built-in "Quit" command is already there
+            yield SystemCommand(f"{k.description} ({k.display})", k.help, partial(self.run_action, k.action))
+
+    def action_help(self) -> None:
+        from gputop.tui.help import HelpScreen
+
+        self.push_screen(HelpScreen(self.readonly))
+
+    def action_panel(self) -> None:
+        side = self.query_one("#side", SidePanel)
+        side.display = not side.display
+        self._panel_user_choice = side.display
+        self._refresh_tree()
+
+    def action_refresh(self) -> None:
+        self.sample_now()
+
+    # ---- view actions ----------------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.value = self.filter_text
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self.filter_text = event.value.strip()
+            self._refresh_tree()
+            self._update_topbar()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            event.input.display = False
+            self.query_one(ProcessTree).focus()
+
+    def on_key(self, event) -> None:
+        box = self.query_one("#filter", Input)
+        if event.key == "escape" and box.has_focus:
+            box.value = ""
+            self.filter_text = ""
+            box.display = False
+            self.query_one(ProcessTree).focus()
+            self._refresh_tree()
+            self._update_topbar()
+            event.stop()
+
+    def action_toggle_tag(self) -> None:
+        sel = self.selection()
+        tree = self.query_one(ProcessTree)
+        if sel.holder is None:
+            self.notify("Only GPU holders can be tagged (select a process row).", severity="warning")
+            return
+        if sel.pid in tree.tagged:
+            tree.tagged.discard(sel.pid)
+        else:
+            tree.tagged.add(sel.pid)
+        tree.relabel()
+        self._update_topbar()
+        # move down, as top and nvitop do
+        tree.action_cursor_down()
+
+    def action_untag_all(self) -> None:
+        tree = self.query_one(ProcessTree)
+        tree.tagged.clear()
+        tree.relabel()
+        self._update_topbar()
+
+    def action_grouping(self) -> None:
+        self.grouping = GROUP_ROOT if self.grouping == GROUP_GPU else GROUP_GPU
+        self._refresh_tree()
+        self._update_topbar()
+        self.notify(f"grouped by {'GPU' if self.grouping == GROUP_GPU else 'orphan root'}", timeout=2)
+
+    def action_sort(self) -> None:
+        i = SORT_ORDER.index(self.sort_key)
+        self.sort_key = SORT_ORDER[(i + 1) % len(SORT_ORDER)]
+        self._refresh_tree()
+
+    def action_sort_reverse(self) -> None:
+        self.sort_reverse = not self.sort_reverse
+        self._refresh_tree()
+
+    def action_details(self) -> None:
+        from gputop.tui.details import DetailsScreen
+
+        sel = self.selection()
+        if sel.pid is None:
+            self.notify("Select a process first.", severity="warning")
+            return
+        self.push_screen(DetailsScreen(sel.holder, sel.proc, sel.root))
+
+    def _selected_gpu(self) -> int | None:
+        sel = self.selection()
+        if sel.gpu is not None:
+            return sel.gpu
+        if sel.holder is not None and sel.holder.gpus:
+            return sel.holder.gpus[0]
+        if self.snapshot and self.snapshot.devices:
+            return self.snapshot.devices[0].index
+        return None
+
+    def action_plot(self) -> None:
+        from gputop.tui.plot_screen import PlotScreen
+
+        idx = self._selected_gpu()
+        if idx is None or self.snapshot is None:
+            self.notify("No GPU to plot.", severity="warning")
+            return
+        names = {d.index: d.name or "" for d in self.snapshot.devices}
+        self.push_screen(PlotScreen(self.history, [d.index for d in self.snapshot.devices], idx, names,
+                                    lambda: self.snapshot.at if self.snapshot else time.time()))
+
+    # ---- actions on processes, GPUs and the guard -----------------------------------------------------
+
+    def _refuse_readonly(self) -> bool:
+        if self.readonly:
+            self.notify("read-only: actions are disabled (started with --readonly)", severity="warning")
+            return True
+        return False
+
+    def action_kill(self) -> None:
+        if self._refuse_readonly() or self.snapshot is None:
+            return
+        tree = self.query_one(ProcessTree)
+        holders = [h for h in self.snapshot.holders if h.pid in tree.tagged]
+        if not holders:
+            sel = self.selection()
+            if sel.holder is None:
+                self.notify("Select a GPU-holding process to kill (r reaps a whole orphan tree).",
+                            severity="warning")
+                return
+            holders = [sel.holder]
+        unknown = [h for h in holders if not h.visible]
+        if unknown:
+            self.notify(f"pid {unknown[0].pid} is not visible here: it cannot be signalled.", severity="error")
+            return
+        self._prepare_kill(holders)
+
+    @work(thread=True, group="actions")
+    def _prepare_kill(self, holders: list) -> None:
+        import psutil
+
+        from gputop.tui.dialogs.kill import KillDialog, KillTarget
+
+        targets = []
+        for h in holders:
+            try:
+                kids = len(psutil.Process(h.pid).children(recursive=True))
+            except psutil.Error:
+                kids = None
+            targets.append(KillTarget(h.pid, h.start_time, h.user, h.cmd, h.gpu_memory, h.gpus, kids,
+                                      h.verdict.kind))
+        self.call_from_thread(self.push_screen, KillDialog(targets), partial(self._kill_confirmed, targets))
+
+    def _kill_confirmed(self, targets: list, choice: str | None) -> None:
+        if choice is None:
+            self.notify("kill cancelled", timeout=2)
+            return
+        self._do_kill(targets, choice)
+
+    @work(thread=True, group="actions")
+    def _do_kill(self, targets: list, signal_name: str) -> None:
+        try:
+            from gputop import actions
+        except Exception as e:
+            self.call_from_thread(self.notify, f"kill unavailable: {e}", severity="error", timeout=10)
+            return
+        for t in targets:
+            try:
+                r = actions.kill_process(t.pid, expected_start=t.start_time, face="tui",
+                                         signal_name=signal_name, timeout=self.config.kill_timeout,
+                                         sampler=self.sampler, config=self.config)
+                self._report(r)
+            except Exception as e:  # an action must never be swallowed, even a crashing one
+                self.call_from_thread(self.notify, f"kill {t.pid} failed: {type(e).__name__}: {e}",
+                                      severity="error", timeout=10)
+        self.call_from_thread(self._after_action, {t.pid for t in targets})
+
+    def _report(self, result) -> None:
+        sev = "information" if result.ok else "error"
+        title = f"{result.action} {'done' if result.ok else 'FAILED'}"
+        self.call_from_thread(self.notify, result.message, title=title, severity=sev,
+                              timeout=6 if result.ok else 15)
+
+    def _after_action(self, pids: set[int] = frozenset()) -> None:
+        tree = self.query_one(ProcessTree)
+        tree.tagged -= set(pids)
+        tree.relabel()
+        self._update_topbar()
+        self.sample_now()
+
+    def action_reap(self) -> None:
+        if self._refuse_readonly() or self.snapshot is None:
+            return
+        sel = self.selection()
+        root = None
+        if sel.holder is not None and sel.holder.verdict.kind == ORPHAN:
+            root = sel.holder.verdict.root
+        elif sel.root is not None:
+            root = sel.root
+        if root is None:
+            if sel.holder is not None:
+                self.notify(f"pid {sel.pid} is not an orphan ({sel.holder.verdict.kind}): nothing to reap. "
+                            "k kills one process.", severity="warning")
+            else:
+                self.notify("Select an orphaned process (marked O) or its tree to reap.", severity="warning")
+            return
+        self._prepare_reap(self.snapshot, root)
+
+    @work(thread=True, group="actions")
+    def _prepare_reap(self, snapshot: Snapshot, root: int) -> None:
+        from gputop.tui.dialogs.reap import ReapDialog
+
+        try:
+            from gputop import actions
+
+            trees = [t for t in actions.orphan_trees(snapshot) if t.root.pid == root]
+        except Exception as e:
+            self.call_from_thread(self.notify, f"reap unavailable: {type(e).__name__}: {e}", severity="error",
+                                  timeout=10)
+            return
+        if not trees:
+            self.call_from_thread(self.notify, f"orphan tree {root} is gone or changed; nothing to reap.",
+                                  severity="warning")
+            self.sample_now()
+            return
+        self.call_from_thread(self.push_screen, ReapDialog(trees[0]), partial(self._reap_confirmed, trees[0]))
+
+    def _reap_confirmed(self, tree, choice: str | None) -> None:
+        if choice is None:
+            self.notify("reap cancelled", timeout=2)
+            return
+        self._do_reap(tree)
+
+    @work(thread=True, group="actions")
+    def _do_reap(self, tree) -> None:
+        from gputop import actions
+
+        try:
+            r = actions.reap_tree(tree.root.pid, expected_start=tree.root.start_time, face="tui",
+                                  sampler=self.sampler, config=self.config)
+            self._report(r)
+        except Exception as e:
+            self.call_from_thread(self.notify, f"reap {tree.root.pid} failed: {type(e).__name__}: {e}",
+                                  severity="error", timeout=15)
+        self.call_from_thread(self._after_action, set(tree.holders))
+
+    def action_reset(self) -> None:
+        if self._refuse_readonly() or self.snapshot is None:
+            return
+        from gputop.tui.dialogs.reset import ResetDialog
+
+        idx = self._selected_gpu()
+        if idx is None:
+            self.notify("No GPU to reset.", severity="warning")
+            return
+        dev = self.snapshot.device(idx)
+        self.push_screen(ResetDialog(idx, dev.name if dev else None, self.snapshot.holders_on(idx)),
+                         partial(self._reset_confirmed, idx))
+
+    def _reset_confirmed(self, index: int, choice: str | None) -> None:
+        if choice is None:
+            self.notify("reset cancelled", timeout=2)
+            return
+        self._do_reset(index)
+
+    @work(thread=True, group="actions")
+    def _do_reset(self, index: int) -> None:
+        try:
+            from gputop import actions
+
+            r = actions.reset_gpu(index, face="tui", sampler=self.sampler, config=self.config)
+            self._report(r)
+        except Exception as e:
+            self.call_from_thread(self.notify, f"reset GPU {index} failed: {type(e).__name__}: {e}",
+                                  severity="error", timeout=15)
+        self.call_from_thread(self._after_action, set())
+
+    def action_guard(self) -> None:
+        if self._refuse_readonly():
+            return
+        try:
+            from gputop.guard import state as guard_state
+        except Exception:
+            self.notify("The guard engine is not installed in this gputop.", severity="error")
+            return
+        from gputop.tui.dialogs.guard_toggle import GuardToggleDialog
+
+        modes = guard_state.MODES
+        current = self.panel.guard_mode if self.panel.guard_mode in modes else "off"
+        target = modes[(modes.index(current) + 1) % len(modes)]
+        self.push_screen(GuardToggleDialog(current, target), partial(self._guard_confirmed, target))
+
+    def _guard_confirmed(self, target: str, choice: str | None) -> None:
+        if choice is None:
+            self.notify("guard mode unchanged", timeout=2)
+            return
+        self._do_guard(target)
+
+    @work(thread=True, group="actions")
+    def _do_guard(self, target: str) -> None:
+        try:
+            from gputop.guard import state as guard_state
+
+            previous = guard_state.set_mode(target, "tui")
+            self.call_from_thread(self.notify, f"guard mode {previous} → {target}", title="guard")
+        except Exception as e:
+            self.call_from_thread(self.notify, f"cannot switch the guard mode: {e}", severity="error",
+                                  timeout=15)
+        self.call_from_thread(self._after_action, set())

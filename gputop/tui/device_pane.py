@@ -1,0 +1,122 @@
+"""One pane per GPU: name, utilisation, memory, temperature, power, fan, clocks and two history strips.
+
+The strips are drawn on a fixed 0-100 scale from the history ring buffer (a string of block characters,
+well under a millisecond), never with an auto-scaling sparkline or a plotting library.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from gputop.backends.base import DeviceSample
+from gputop.tui.history import DeviceHistory, strip
+from gputop.units import fmt_bytes
+
+
+def _na(v, fmt: str) -> str:
+    return "N/A" if v is None else fmt.format(v)
+
+
+def _level_style(v: float | None) -> str:
+    if v is None:
+        return "dim"
+    if v >= 90:
+        return "bold red"
+    if v >= 60:
+        return "yellow"
+    return "green"
+
+
+def line_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
+    """One line, for many GPUs on a small terminal: index, short name, both strips, memory, temp, power."""
+    head = Text(f"{d.index:>2} ", style="bold")
+    head.append(Text((d.name or "unknown")[:14].ljust(14)))
+    if d.lost:
+        return head + Text("  LOST: " + ("; ".join(d.errors) or "unreachable"), style="bold red")
+    util = d.util_gpu
+    mem_pct = 100.0 * d.memory_used / d.memory_total if d.memory_used is not None and d.memory_total else None
+    util_txt = _na(util, "{:.0f}%").rjust(4)
+    mem_txt = f"{fmt_bytes(d.memory_used)}/{fmt_bytes(d.memory_total)}".rjust(13)
+    tail = f" {_na(d.temperature, '{:.0f}°C'):>5} {_na(d.power_w, '{:.0f}W'):>5}"
+    fixed = head.cell_len + 1 + len(util_txt) + 1 + 1 + len(mem_txt) + len(tail) + 2
+    strip_w = max(3, (width - fixed) // 2) if width else 10
+    pts = history.last(d.index, strip_w)
+    out = head
+    out.append(" ")
+    out.append(strip([p.util for p in pts], strip_w), style=_level_style(util))
+    out.append(util_txt, style=_level_style(util))
+    out.append("  ")
+    out.append(strip([p.mem for p in pts], strip_w), style=_level_style(mem_pct))
+    out.append(mem_txt, style=_level_style(mem_pct))
+    out.append(tail)
+    return out
+
+
+def pane_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
+    """Two lines: identity and sensors; then utilisation and memory with their history strips."""
+    name = Text(f"GPU {d.index} ", style="bold")
+    name.append(Text(d.name or "unknown device", style="bold"))
+    if d.lost:
+        name.append("  LOST", style="bold reverse red")
+        reason = "; ".join(d.errors) or "the device fell off the bus or is unreachable"
+        line2 = Text(f"  {reason}", style="red")
+        return Text("\n").join([name, line2])
+    temp = _na(d.temperature, "{:.0f}°C")
+    power = f"{_na(d.power_w, '{:.0f}')}/{_na(d.power_limit_w, '{:.0f}')}W"
+    fan = f"fan {_na(d.fan_pct, '{:.0f}%')}"
+    clocks = f"{_na(d.clock_sm_mhz, '{}')}/{_na(d.clock_mem_mhz, '{}')}MHz"
+    right = f"{temp}  {power}  {fan}  {clocks}"
+    if width and name.cell_len + 2 + len(right) > width:
+        right = f"{temp} {power} {fan}"
+    gap = max(2, width - name.cell_len - len(right)) if width else 2
+    line1 = name + Text(" " * gap) + Text(right)
+
+    util = d.util_gpu
+    mem_pct = 100.0 * d.memory_used / d.memory_total if d.memory_used is not None and d.memory_total else None
+    util_txt = _na(util, "{:.0f}%").rjust(4)
+    mem_txt = f"{fmt_bytes(d.memory_used)}/{fmt_bytes(d.memory_total)}".rjust(13)
+    fixed = len("UTIL ") + 1 + len(util_txt) + 3 + len("MEM ") + 1 + len(mem_txt)
+    strip_w = max(4, (width - fixed) // 2) if width else 20
+    pts = history.last(d.index, strip_w)
+    line2 = Text()
+    line2.append("UTIL ", style="bold")
+    line2.append(strip([p.util for p in pts], strip_w), style=_level_style(util))
+    line2.append(" " + util_txt, style=_level_style(util))
+    line2.append("   ")
+    line2.append("MEM ", style="bold")
+    line2.append(strip([p.mem for p in pts], strip_w), style=_level_style(mem_pct))
+    line2.append(" " + mem_txt, style=_level_style(mem_pct))
+    if d.errors:
+        line1.append(f"  ({len(d.errors)} field(s) N/A)", style="dim")
+    return Text("\n").join([line1, line2])
+
+
+class DevicePane(Widget):
+    """Renders one device from the latest snapshot and the shared history."""
+
+    DEFAULT_CSS = "DevicePane { height: 2; }"
+
+    def __init__(self, index: int, history: DeviceHistory, **kw):
+        super().__init__(**kw)
+        self.index = index
+        self.history = history
+        self.device: DeviceSample | None = None
+        self.lines = 2
+
+    def set_lines(self, lines: int) -> None:
+        if lines != self.lines:
+            self.lines = lines
+            self.styles.height = lines
+            self.refresh()
+
+    def show(self, device: DeviceSample) -> None:
+        self.device = device
+        self.refresh()
+
+    def render(self) -> Text:
+        if self.device is None:
+            return Text(f"GPU {self.index}: waiting for the first sample…", style="dim")
+        if self.lines == 1:
+            return line_text(self.device, self.history, self.size.width)
+        return pane_text(self.device, self.history, self.size.width)

@@ -1,0 +1,55 @@
+"""Kill confirmation: pid, user, command, GPU memory and child count of each target; TERM or KILL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widgets import Button, Static
+
+from gputop.tui.dialogs.base import ConfirmDialog
+from gputop.units import fmt_bytes
+
+
+@dataclass(frozen=True)
+class KillTarget:
+    pid: int
+    start_time: float | None
+    user: str | None
+    cmd: str
+    gpu_memory: int | None
+    gpus: tuple[int, ...]
+    children: int | None  # None: could not be counted
+    verdict: str
+
+
+class KillDialog(ConfirmDialog):
+    """Returns "TERM", "KILL" or None."""
+
+    def __init__(self, targets: list[KillTarget]):
+        super().__init__()
+        self.targets = targets
+        self.DIALOG_TITLE = (f"Kill process {targets[0].pid}?" if len(targets) == 1
+                             else f"Kill {len(targets)} tagged processes?")
+
+    def body(self) -> ComposeResult:
+        for t in self.targets:
+            text = Text()
+            text.append(f"pid {t.pid}", style="bold")
+            text.append(f"  user {t.user or '?'}  GPU {','.join(map(str, t.gpus)) or '-'}  "
+                        f"GPU memory {fmt_bytes(t.gpu_memory)}  ")
+            kids = "? children" if t.children is None else f"{t.children} child process(es)"
+            text.append(kids, style="bold yellow" if t.children else "")
+            text.append(f"  [{t.verdict}]\n")
+            text.append(Text(t.cmd))  # a command line is never markup
+            yield Static(text, classes="target")
+        if any(t.children for t in self.targets):
+            yield Static("Children are not signalled: they may keep running (reap an orphan tree with r).",
+                         classes="dialog-note")
+        yield Static("TERM asks the process to exit (waits, then reports); KILL ends it at once.",
+                     classes="dialog-note")
+
+    def buttons(self) -> ComposeResult:
+        yield Button("TERM", id="TERM", variant="warning")
+        yield Button("KILL", id="KILL", variant="error")

@@ -1,0 +1,60 @@
+"""Every key binding of the main screen, in one place: the footer, ``?`` help and the command palette
+all list these. ``destructive`` bindings are hidden and disabled by ``--readonly``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+
+@dataclass(frozen=True)
+class Key:
+    key: str  # Textual key name(s), comma-separated
+    action: str
+    description: str  # short: the footer
+    help: str  # one line: the help screen and the command palette
+    show: bool = True  # in the footer
+    destructive: bool = False  # an action on processes, GPUs or the guard: off under --readonly
+
+    @property
+    def display(self) -> str:
+        names = {"question_mark": "?", "slash": "/", "space": "space", "escape": "esc"}
+        return "/".join(names.get(k, k) for k in self.key.split(","))
+
+
+KEYS: tuple[Key, ...] = (
+    Key("question_mark", "help", "Help", "Show every key and what the colours mean"),
+    Key("slash", "filter", "Filter", "Filter processes by pid, user, name or command (esc clears)"),
+    Key("space", "toggle_tag", "Tag", "Tag or untag the selected process (k kills every tagged one)"),
+    Key("u", "untag_all", "Untag", "Untag every process", show=False),
+    Key("k", "kill", "Kill", "Kill the selected or tagged processes (choose TERM or KILL)", destructive=True),
+    Key("r", "reap", "Reap", "Reap the orphan tree of the selected process, from its root", destructive=True),
+    Key("R", "reset", "Reset", "Reset the GPU of the selected row (type its index to confirm)",
+        show=False, destructive=True),
+    Key("g", "guard", "Guard", "Switch the guard mode (off, dry-run, enforce)", destructive=True),
+    Key("d", "details", "Details", "Details of the selected process: full chain and verdict reason"),
+    Key("o", "grouping", "Group", "Group the tree per GPU or per orphan root"),
+    Key("s", "sort", "Sort", "Sort by the next column (gpu-mem, sm, cpu, host-mem, time, pid, user)"),
+    Key("S", "sort_reverse", "Reverse", "Reverse the sort order", show=False),
+    Key("p", "plot", "Plot", "Open the detailed plot of the selected row's GPU"),
+    Key("b", "panel", "Panel", "Show or hide the side panel (guard hits, audit findings)", show=False),
+    Key("f5", "refresh", "Refresh", "Sample now", show=False),
+    Key("q", "quit", "Quit", "Quit gputop"),
+)
+
+DESTRUCTIVE = frozenset(k.action for k in KEYS if k.destructive)
+
+
+def bindings() -> list[Binding]:
+    return [Binding(k.key, k.action, k.description, show=k.show, tooltip=k.help) for k in KEYS]
+
+
+# Keys inside the device plot screen.
+PLOT_KEYS: tuple[Key, ...] = (
+    Key("left", "prev_gpu", "Prev GPU", "Previous GPU"),
+    Key("right", "next_gpu", "Next GPU", "Next GPU"),
+    Key("minus", "zoom_out", "Longer", "Show a longer time range"),
+    Key("plus,equals_sign", "zoom_in", "Shorter", "Show a shorter time range"),
+    Key("escape,q,p", "close", "Close", "Close the plot"),
+)

@@ -1,0 +1,123 @@
+"""The detailed device plot (plotext 6): utilisation and memory over a chosen time range, with axes.
+
+Drawn only while this screen is open, on the UI thread (a few ms), from the history ring buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Footer, Static
+
+from gputop.tui.history import DeviceHistory
+from gputop.tui.keymap import PLOT_KEYS
+
+RANGES = (60, 300, 900, 3600)  # seconds
+_PLOTEXT_LOCK = threading.Lock()  # plotext draws on one global figure
+
+
+def plot_text(history: DeviceHistory, index: int, seconds: int, width: int, height: int, now: float,
+              color: bool = True, title: str = "") -> Text:
+    import plotext as plt
+
+    pts = [p for p in history.series(index) if p.at >= now - seconds]
+    if width < 20 or height < 6:
+        return Text("(too small to plot)")
+    with _PLOTEXT_LOCK:
+        f = plt.figure
+        f.clear()
+        f.theme("simple" if color else "colorless")
+        f.plot_size(width, height)
+        xs = [p.at - now for p in pts]
+        util = [(x, p.util) for x, p in zip(xs, pts) if p.util is not None]
+        mem = [(x, p.mem) for x, p in zip(xs, pts) if p.mem is not None]
+        if util:
+            f.draw(f.signal([x for x, _ in util], [y for _, y in util]).label("utilisation %").lines())
+        if mem:
+            f.draw(f.signal([x for x, _ in mem], [y for _, y in mem]).label("memory %").lines())
+        if not util and not mem:
+            f.draw(f.signal([-seconds, 0], [0, 0]).label("no data"))
+        f.ruler("y").lim(0, 100)
+        f.ruler("x").lim(-seconds, 0)
+        f.title(title)
+        f.label("seconds ago", "%")
+        out = f.build().string(colorless=not color)
+        f.clear()
+    return Text.from_ansi(out) if color else Text(out)
+
+
+class PlotView(Widget):
+    def __init__(self, screen: "PlotScreen", **kw):
+        super().__init__(**kw)
+        self.plot_screen = screen
+
+    def render(self) -> Text:
+        s = self.plot_screen
+        return s.render_plot(self.size.width, self.size.height)
+
+
+class PlotScreen(Screen):
+    AUTO_FOCUS = None
+    BINDINGS = [Binding(k.key, k.action, k.description) for k in PLOT_KEYS]
+
+    def __init__(self, history: DeviceHistory, indexes: list[int], index: int, names: dict[int, str],
+                 now_fn):
+        super().__init__()
+        self.history = history
+        self.indexes = indexes or [index]
+        self.index = index
+        self.names = names
+        self.now_fn = now_fn
+        self.range_i = 0
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="plot-title")
+        yield PlotView(self, id="plot")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._retitle()
+
+    def _retitle(self) -> None:
+        self.query_one("#plot-title", Static).update(
+            Text(f" GPU {self.index} · {self.names.get(self.index, '')} · last {RANGES[self.range_i]} s"
+                 f"  (←/→ GPU, +/- range, esc closes)", style="bold"))
+
+    def render_plot(self, width: int, height: int) -> Text:
+        color = not (getattr(self.app, "no_color", False) or os.environ.get("NO_COLOR") is not None)
+        return plot_text(self.history, self.index, RANGES[self.range_i], width, height, self.now_fn(),
+                         color=color, title=f"GPU {self.index}")
+
+    def redraw(self) -> None:
+        self.query_one(PlotView).refresh()
+
+    def _move(self, step: int) -> None:
+        i = self.indexes.index(self.index) if self.index in self.indexes else 0
+        self.index = self.indexes[(i + step) % len(self.indexes)]
+        self._retitle()
+        self.redraw()
+
+    def action_prev_gpu(self) -> None:
+        self._move(-1)
+
+    def action_next_gpu(self) -> None:
+        self._move(1)
+
+    def action_zoom_out(self) -> None:
+        self.range_i = min(len(RANGES) - 1, self.range_i + 1)
+        self._retitle()
+        self.redraw()
+
+    def action_zoom_in(self) -> None:
+        self.range_i = max(0, self.range_i - 1)
+        self._retitle()
+        self.redraw()
+
+    def action_close(self) -> None:
+        self.dismiss(None)

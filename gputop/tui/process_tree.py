@@ -1,0 +1,228 @@
+"""The process tree: GPU holders under their ancestor chains, reconciled in place on every snapshot.
+
+Nodes are kept in a key -> node map and updated, inserted or removed one by one, so the cursor and the
+expansion of every node survive a refresh. Names and command lines are wrapped in Text (never markup).
+"""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import Static, Tree
+from textual.widgets.tree import TreeNode
+
+from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
+from gputop.tui.rows import SORTS, Node
+from gputop.units import fmt_bytes, fmt_duration
+
+GUIDE = 2  # cells per tree level (Textual's minimum)
+EXPANDER = 2  # the "▼ " in front of every label (blank for leaves, so columns line up)
+
+CTX_STYLE = {"C": "cyan", "G": "magenta", "C+G": "yellow"}
+VERDICT_FLAG = {ORPHAN: "O", PROTECTED: "P", UNKNOWN: "?"}
+ORPHAN_STYLE = "bold red"
+ROOT_STYLE = "bold red"
+PROTECTED_STYLE = "dim"
+UNKNOWN_STYLE = "italic yellow"
+
+
+def _cols(compact: bool) -> list[tuple[str, int, str]]:
+    """(title, width, align) of the columns after PID."""
+    cols = [("USER", 6 if compact else 8, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 7, ">"),
+            ("SM%", 4, ">"), ("CPU%", 5, ">")]
+    if not compact:
+        cols.append(("HOST", 6, ">"))
+    cols += [("TIME", 7, ">"), ("COMMAND", 0, "<")]
+    return cols
+
+
+def _cell(text: str, width: int, align: str) -> str:
+    if width <= 0:
+        return text
+    text = text if len(text) <= width else text[: width - 1] + "…"
+    return text.rjust(width) if align == ">" else text.ljust(width)
+
+
+def header_text(depth_pad: int, compact: bool, sort: str, reverse: bool) -> Text:
+    """The column header, aligned with rows at depth 1 under a pad of ``depth_pad`` cells."""
+    arrow = "▲" if (SORTS[sort][1] == reverse) else "▼"
+    sort_title = SORTS[sort][0]
+    out = Text(" " * (GUIDE + EXPANDER) + "  " + "PID".rjust(7) + " " * depth_pad, style="bold")
+    for title, width, align in _cols(compact):
+        t = title + arrow if title == sort_title else title
+        out.append(" ")
+        out.append(_cell(t, width, align), style="bold reverse" if t != title else "bold")
+    return out
+
+
+def row_text(node: Node, depth: int, max_depth: int, tagged: bool, compact: bool) -> Text:
+    """One row: tag and verdict flags, PID, the aligned columns, and the command."""
+    if node.kind == "group":
+        return Text(node.title, style="bold")
+    pad = " " * max(0, (max_depth - depth) * GUIDE)
+    h = node.holder
+    p = node.proc
+    flag = " "
+    style = ""
+    if h is not None:
+        flag = VERDICT_FLAG.get(h.verdict.kind, " ")
+        style = {ORPHAN: ORPHAN_STYLE, PROTECTED: PROTECTED_STYLE, UNKNOWN: UNKNOWN_STYLE}.get(h.verdict.kind, "")
+    elif node.root is not None and node.pid == node.root:
+        flag, style = "R", ROOT_STYLE
+    out = Text(style=style)
+    out.append("*" if tagged else " ", style="bold reverse" if tagged else "")
+    out.append(flag)
+    out.append(str(node.pid).rjust(7))
+    out.append(pad)
+    user = (h.user if h else (p.user if p else None)) or "?"
+    values: dict[str, tuple[str, str]] = {"USER": (user, "")}
+    if h is not None:
+        sm = h.sm_util
+        cpu = h.cpu_percent
+        values.update({
+            "T": (h.ctx, CTX_STYLE.get(h.ctx, "")),
+            "GPU": (",".join(str(g) for g in h.gpus), ""),
+            "GPU-MEM": (fmt_bytes(h.gpu_memory), ""),
+            "SM%": ("N/A" if sm is None else f"{sm:.0f}%", ""),
+            "CPU%": ("N/A" if cpu is None else f"{cpu:.0f}%", ""),
+            "HOST": (fmt_bytes(h.rss), ""),
+            "TIME": (fmt_duration(h.runtime), ""),
+        })
+    elif p is not None:
+        values["HOST"] = (fmt_bytes(p.rss), "dim")
+    for title, width, align in _cols(compact):
+        out.append(" ")
+        if title == "COMMAND":
+            cmd = h.cmd if h is not None else (p.cmd if p is not None else "")
+            out.append(Text(cmd, style="" if h is not None else "dim"))  # never parsed as markup
+            continue
+        text, st = values.get(title, ("", ""))
+        out.append(_cell(text, width, align), style=st)
+    return out
+
+
+class ColumnHeader(Static):
+    """The header over the tree (kept separate so the tree can scroll under it)."""
+
+
+class ProcessTree(Tree[Node]):
+    """A Tree of groups, ancestor chains and holders, reconciled by key."""
+
+    def __init__(self, **kw):
+        super().__init__("processes", **kw)
+        self.show_root = False
+        self.guide_depth = GUIDE
+        self.nodes_by_key: dict[str, TreeNode[Node]] = {}
+        self._labels: dict[str, Text] = {}
+        self._collapsed: set[str] = set()
+        self.cursor_key: str | None = None
+        self.tagged: set[int] = set()
+        self.compact = True
+        self._max_depth = 1
+
+    # Every label gets a 2-cell expander slot, blank on leaves, so that columns line up.
+    def render_label(self, node: TreeNode[Node], base_style: Style, style: Style) -> Text:
+        label = node._label.copy()
+        label.stylize(style)
+        if node._allow_expand:
+            prefix = (self.ICON_NODE_EXPANDED if node.is_expanded else self.ICON_NODE, base_style)
+        else:
+            prefix = (" " * EXPANDER, base_style)
+        return Text.assemble(prefix, label)
+
+    def process_label(self, label) -> Text:  # never parse markup; keep one line
+        if isinstance(label, str):
+            label = Text(label)
+        return label
+
+    @property
+    def selected(self) -> Node | None:
+        node = self.cursor_node
+        return node.data if node is not None else None
+
+    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
+        if event.node.data is not None:
+            self.cursor_key = event.node.data.key
+
+    def on_tree_node_collapsed(self, event: Tree.NodeCollapsed) -> None:
+        if event.node.data is not None:
+            self._collapsed.add(event.node.data.key)
+
+    def on_tree_node_expanded(self, event: Tree.NodeExpanded) -> None:
+        if event.node.data is not None:
+            self._collapsed.discard(event.node.data.key)
+
+    # ---- reconcile ------------------------------------------------------------------------------
+
+    def reconcile(self, groups: list[Node], max_depth: int, compact: bool) -> None:
+        relabel = max_depth != self._max_depth or compact != self.compact
+        self._max_depth, self.compact = max_depth, compact
+        if relabel:
+            self._labels.clear()
+        self._reconcile_children(self.root, groups, 0)
+        # Put the cursor back on the same row (by key) if inserts or removals above moved it.
+        if self.cursor_key is not None:
+            node = self.nodes_by_key.get(self.cursor_key)
+            if node is not None and self.cursor_node is not node and node.line >= 0:
+                self.move_cursor(node)
+        if self.cursor_node is None and self.root.children:
+            self.move_cursor(self.root.children[0])
+
+    def relabel(self) -> None:
+        """Re-render every label (tags or width changed)."""
+        self._labels.clear()
+        for key, node in self.nodes_by_key.items():
+            self._set_label(node, node.data, self._depth(node))
+
+    @staticmethod
+    def _depth(node: TreeNode) -> int:
+        d = -1
+        while node.parent is not None:
+            d += 1
+            node = node.parent
+        return d
+
+    def _set_label(self, tnode: TreeNode[Node], node: Node, depth: int) -> None:
+        text = row_text(node, depth, self._max_depth, node.pid in self.tagged and node.kind == "holder",
+                        self.compact)
+        if self._labels.get(node.key) != text:
+            self._labels[node.key] = text
+            tnode.set_label(text)
+
+    def _forget(self, tnode: TreeNode[Node]) -> None:
+        stack = [tnode]
+        while stack:
+            n = stack.pop()
+            if n.data is not None:
+                self.nodes_by_key.pop(n.data.key, None)
+                self._labels.pop(n.data.key, None)
+            stack.extend(n.children)
+
+    def _reconcile_children(self, parent: TreeNode[Node], wanted: list[Node], depth: int) -> None:
+        wanted_keys = {w.key for w in wanted}
+        for child in list(parent.children):
+            if child.data is None or child.data.key not in wanted_keys:
+                self._forget(child)
+                child.remove()
+        present = [c.data.key for c in parent.children]
+        in_order = [w.key for w in wanted if w.key in set(present)]
+        if present != in_order:  # the sort order changed: re-add (expansion is kept by key)
+            for child in list(parent.children):
+                self._forget(child)
+                child.remove()
+        existing = {c.data.key: c for c in parent.children}
+        for i, w in enumerate(wanted):
+            tnode = existing.get(w.key)
+            if tnode is None:
+                text = row_text(w, depth, self._max_depth, w.pid in self.tagged and w.kind == "holder",
+                                self.compact)
+                tnode = parent.add(text, data=w, before=i, expand=w.key not in self._collapsed,
+                                   allow_expand=bool(w.children))
+                self.nodes_by_key[w.key] = tnode
+                self._labels[w.key] = text
+            else:
+                tnode.data = w
+                self._set_label(tnode, w, depth)
+                if tnode.allow_expand != bool(w.children):
+                    tnode.allow_expand = bool(w.children)
+            self._reconcile_children(tnode, w.children, depth + 1)

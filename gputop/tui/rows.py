@@ -1,0 +1,192 @@
+"""The process tree as plain data (no Textual): groups, ancestor chains and holders, sorted and filtered.
+
+The widget reconciles its nodes against this model by key, so the model is cheap to rebuild on every
+snapshot while expansion and the cursor survive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
+from gputop.procs import ProcInfo
+from gputop.snapshot import Holder, Snapshot
+from gputop.units import fmt_bytes
+
+GROUP_GPU = "gpu"
+GROUP_ROOT = "root"
+GROUPINGS = (GROUP_GPU, GROUP_ROOT)
+
+# name -> (title, key function over a holder, descending by default)
+SORTS: dict[str, tuple[str, bool]] = {
+    "gpu-mem": ("GPU-MEM", True),
+    "sm": ("SM%", True),
+    "cpu": ("CPU%", True),
+    "host-mem": ("HOST", True),
+    "time": ("TIME", True),
+    "pid": ("PID", False),
+    "user": ("USER", False),
+}
+SORT_ORDER = tuple(SORTS)
+
+MAX_ANCESTORS = 3  # ancestors shown above a holder that is not an orphan (details show the full chain)
+
+
+def sort_value(h: Holder, key: str):
+    if key == "gpu-mem":
+        return h.gpu_memory if h.gpu_memory is not None else -1
+    if key == "sm":
+        return h.sm_util if h.sm_util is not None else -1.0
+    if key == "cpu":
+        return h.cpu_percent if h.cpu_percent is not None else -1.0
+    if key == "host-mem":
+        return h.rss if h.rss is not None else -1
+    if key == "time":
+        return h.runtime if h.runtime is not None else -1.0
+    if key == "user":
+        return h.user or "~"
+    return h.pid
+
+
+@dataclass
+class Node:
+    key: str
+    kind: str  # "group" | "ancestor" | "holder"
+    pid: int | None = None
+    holder: Holder | None = None
+    proc: ProcInfo | None = None
+    gpu: int | None = None  # the group's GPU (per-GPU grouping), for plot and reset
+    root: int | None = None  # the orphan root this row belongs to, if any
+    title: str = ""  # group title
+    children: list["Node"] = field(default_factory=list)
+    _rank: object = None  # sort key of the best holder below
+
+
+def matches(h: Holder, text: str) -> bool:
+    """Case-insensitive match on pid, user, name and command of the holder or any process in its chain."""
+    if not text:
+        return True
+    t = text.lower()
+    if t == str(h.pid):
+        return True
+    for p in ((h.proc,) if h.proc else ()) + h.chain:
+        if t == str(p.pid) or t in p.name.lower() or t in p.cmd.lower() or (p.user and t in p.user.lower()):
+            return True
+    return not h.proc and t in h.cmd.lower()
+
+
+def shown_chain(h: Holder) -> list[ProcInfo]:
+    """The ancestors drawn above a holder, topmost first.
+
+    An orphan: up to its orphan root (the tree that reaping removes). Otherwise: the ancestors in the
+    holder's own session (up to its session leader), at most MAX_ANCESTORS, never PID 1.
+    """
+    out: list[ProcInfo] = []
+    if h.proc is None:
+        return out
+    root = h.verdict.root if h.verdict.kind in (ORPHAN, PROTECTED, UNKNOWN) else None
+    for p in h.chain:
+        if p.pid <= 1:
+            break
+        if root is None and (len(out) >= MAX_ANCESTORS or p.sid != h.proc.sid):
+            break  # only the holder's own session: its shell, launcher, workers
+        out.append(p)
+        if root is not None and p.pid == root:
+            break
+    if root is not None and h.pid == root:
+        return []
+    return list(reversed(out))
+
+
+def _insert(parent: Node, group: str, h: Holder, gpu: int | None) -> None:
+    cur = parent
+    root = h.verdict.root if h.verdict.kind == ORPHAN else None
+    for p in shown_chain(h):
+        key = f"{group}/{p.pid}"
+        child = next((c for c in cur.children if c.key == key), None)
+        if child is None:
+            child = Node(key, "ancestor", pid=p.pid, proc=p, gpu=gpu, root=root)
+            cur.children.append(child)
+        cur = child
+    key = f"{group}/{h.pid}"
+    existing = next((c for c in cur.children if c.key == key), None)
+    if existing is not None:  # the holder is also an ancestor row of another holder: make it a holder row
+        existing.kind, existing.holder = "holder", h
+        return
+    cur.children.append(Node(key, "holder", pid=h.pid, holder=h, proc=h.proc, gpu=gpu, root=root))
+
+
+def _rank(node: Node, sort: str, reverse: bool):
+    vals = []
+    if node.holder is not None:
+        vals.append(sort_value(node.holder, sort))
+    for c in node.children:
+        r = _rank(c, sort, reverse)
+        if r is not None:
+            vals.append(r)
+    desc = SORTS[sort][1] != reverse
+    node._rank = (max(vals) if desc else min(vals)) if vals else None
+    if node.children:
+        node.children.sort(key=lambda c: (c._rank is None, c.pid or 0))
+        node.children.sort(key=lambda c: c._rank if c._rank is not None else 0, reverse=desc)
+        # unknown ranks last, whichever the direction
+        node.children.sort(key=lambda c: c._rank is None)
+    return node._rank
+
+
+def _group_title(head: str, holders: list[Holder]) -> str:
+    mems = [h.gpu_memory for h in holders]
+    mem = "" if not holders else (" · N/A" if any(m is None for m in mems) else f" · {fmt_bytes(sum(mems))}")
+    n = len(holders)
+    return f"{head} · {n} holder{'s' if n != 1 else ''}{mem}"
+
+
+def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem", reverse: bool = False,
+          filter_text: str = "") -> list[Node]:
+    """The groups of the tree, each with its chains and holders, sorted and filtered."""
+    holders = [h for h in snapshot.holders if matches(h, filter_text)]
+    groups: list[Node] = []
+    if grouping == GROUP_GPU:
+        for d in snapshot.devices:
+            g = Node(f"gpu{d.index}", "group", gpu=d.index)
+            on = [h for h in holders if d.index in h.gpus]
+            for h in on:
+                _insert(g, g.key, h, d.index)
+            g.title = _group_title(f"GPU {d.index} {d.name or ''}".rstrip() + (" (lost)" if d.lost else ""), on)
+            groups.append(g)
+    else:
+        by_root = {r.pid: r for r in snapshot.roots}
+        for r in snapshot.roots:
+            g = Node(f"root{r.pid}", "group", pid=r.pid, proc=r.proc, root=r.pid)
+            g.gpu = r.gpus[0] if r.gpus else None
+            on = [h for h in holders if h.verdict.kind == ORPHAN and h.verdict.root == r.pid]
+            for h in on:
+                _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
+            g.title = _group_title(f"orphan tree {r.pid} ({r.proc.name})", on)
+            groups.append(g)
+        rest = Node("rest", "group")
+        on = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
+        for h in on:
+            _insert(rest, rest.key, h, h.gpus[0] if h.gpus else None)
+        rest.title = _group_title("not orphaned", on)
+        groups.append(rest)
+    for g in groups:
+        for c in g.children:
+            _rank(c, sort, reverse)
+        desc = SORTS[sort][1] != reverse
+        g.children.sort(key=lambda c: c._rank if c._rank is not None else 0, reverse=desc)
+        g.children.sort(key=lambda c: c._rank is None)
+    return groups
+
+
+def walk(nodes: list[Node]):
+    for n in nodes:
+        yield n
+        yield from walk(n.children)
+
+
+def max_depth(nodes: list[Node], depth: int = 0) -> int:
+    best = depth
+    for n in nodes:
+        best = max(best, max_depth(n.children, depth + 1))
+    return best

@@ -1,0 +1,101 @@
+"""The side panel: guard-rule hits (time, rule, pid, action) and audit findings (severity, pid, reason).
+
+The data arrives with each snapshot (read or computed off the UI thread); until an engine is installed,
+its section says in one line what will appear there.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+GUARD_PENDING = "Guard rule hits (time, rule, pid, action) will appear here once the guard engine is installed."
+AUDIT_PENDING = "Audit findings (severity, pid, reason) will appear here once the rogue-process audit is installed."
+
+SEVERITY_STYLE = {"critical": "bold reverse red", "high": "bold red", "medium": "yellow", "low": "cyan",
+                  "info": "dim"}
+
+
+@dataclass(frozen=True)
+class PanelData:
+    guard_available: bool = False
+    guard_mode: str | None = None
+    guard_error: str | None = None
+    hits: tuple[dict, ...] = ()
+    audit_available: bool = False
+    audit_error: str | None = None
+    findings: tuple = field(default=())
+
+
+def _hhmmss(t) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(float(t)).strftime("%H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "--:--:--"
+
+
+def guard_text(d: PanelData) -> Text:
+    t = Text()
+    t.append("GUARD", style="bold underline")
+    if not d.guard_available:
+        t.append("\n")
+        t.append(GUARD_PENDING, style="dim")
+        return t
+    mode = d.guard_mode or "off"
+    t.append("  mode ")
+    t.append(mode, style={"enforce": "bold reverse red", "dry-run": "bold yellow"}.get(mode, "bold"))
+    if d.guard_error:
+        t.append("\n")
+        t.append(Text(d.guard_error, style="red"))
+    if not d.hits:
+        t.append("\n")
+        t.append("no rule hits yet", style="dim")
+    for h in d.hits:
+        t.append("\n")
+        t.append(_hhmmss(h.get("time")) + " ", style="dim")
+        t.append(Text(str(h.get("rule") or "?"), style="bold"))
+        t.append(f" {h.get('pid') if h.get('pid') is not None else '-'} ")
+        action = str(h.get("action") or "")
+        if h.get("dry_run"):
+            action = f"would {action}" if action else "would act"
+        outcome = h.get("outcome")
+        t.append(Text(action + (f" ({outcome})" if outcome and not h.get("dry_run") else ""),
+                      style="yellow" if h.get("dry_run") else "red"))
+    return t
+
+
+def audit_text(d: PanelData) -> Text:
+    t = Text()
+    t.append("AUDIT", style="bold underline")
+    if not d.audit_available:
+        t.append("\n")
+        t.append(AUDIT_PENDING, style="dim")
+        return t
+    if d.audit_error:
+        t.append("\n")
+        t.append(Text(d.audit_error, style="red"))
+    if not d.findings:
+        t.append("\n")
+        t.append("no findings", style="dim")
+    for f in d.findings:
+        sev = str(getattr(f, "severity", "?"))
+        t.append("\n")
+        t.append(sev.upper()[:4].ljust(4), style=SEVERITY_STYLE.get(sev.lower(), "bold"))
+        pid = getattr(f, "pid", None)
+        t.append(f" {pid if pid is not None else '-':>7} ")
+        t.append(Text(str(getattr(f, "reason", "") or getattr(f, "rule", ""))))
+    return t
+
+
+class SidePanel(VerticalScroll):
+    def compose(self):
+        yield Static(guard_text(PanelData()), id="guard-hits")
+        yield Static(audit_text(PanelData()), id="audit-findings")
+
+    def show(self, data: PanelData) -> None:
+        self.query_one("#guard-hits", Static).update(guard_text(data))
+        self.query_one("#audit-findings", Static).update(audit_text(data))
