@@ -117,3 +117,15 @@ def test_hosts_all_ok_exit_zero(remote):
     r = run_gputop("status", "--hosts", "gpunode", "--json", env=remote["env"])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["hosts"][0]["ok"] is True
+
+
+def test_remote_kill_kills_on_the_remote_side(remote):
+    worker, bystander = remote["worker"], remote["bystander"]
+    r = run_gputop("--remote", "gpunode", "kill", "--pid", str(worker.pid), "--json", env=remote["env"])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert wait_gone(worker.pid)
+    assert bystander.poll() is None, "the bystander was killed"
+    # The remote side refuses what it must refuse, and its exit code comes back (5: refused by a safety rule).
+    r = run_gputop("--remote", "gpunode", "kill", "--pid", "1", env=remote["env"])
+    assert r.returncode in (3, 5), (r.stdout, r.stderr)
+    assert bystander.poll() is None

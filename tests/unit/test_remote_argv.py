@@ -1,0 +1,96 @@
+"""--remote argument splitting, ssh command lines, and failure classification (no ssh needed)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from gputop import remote
+from gputop.errors import UsageError
+
+
+def test_split_finds_remote_among_global_options():
+    inv = remote.split_remote_argv(["--backend", "simulated", "--remote", "node01", "status", "--json"])
+    assert inv.host == "node01"
+    assert inv.args == ["--backend", "simulated", "status", "--json"]
+    inv = remote.split_remote_argv(["--remote=me@node02", "--remote-gputop", "/opt/gputop", "--interval", "2"])
+    assert (inv.host, inv.remote_cmd, inv.args) == ("me@node02", "/opt/gputop", ["--interval", "2"])
+    assert remote.split_remote_argv(["status", "--remote", "x"]) is None  # after the subcommand: not ours
+    assert remote.split_remote_argv(["status"]) is None
+
+
+@pytest.mark.parametrize("argv", [["--remote"], ["--remote", "-oProxyCommand=sh"], ["--remote-gputop", "x"],
+                                  ["--remote", "a b"]])
+def test_split_rejects_bad_input(argv):
+    with pytest.raises(UsageError):
+        remote.split_remote_argv(argv)
+
+
+def test_tui_detection():
+    assert remote._subcommand([]) is None
+    assert remote._subcommand(["--interval", "2", "--readonly"]) is None
+    assert remote._subcommand(["--scenario", "s.yaml", "kill", "--pid", "3"]) == "kill"
+
+
+def test_ssh_argv_quotes_arguments_and_keeps_host_key_checking(monkeypatch):
+    monkeypatch.delenv(remote.ENV_SSH, raising=False)
+    monkeypatch.delenv(remote.ENV_REMOTE_CMD, raising=False)
+    argv = remote.build_ssh_argv("node01", ["kill", "--name", "a b; rm -rf ~"], batch=True, connect_timeout=2.5)
+    assert argv[0] == "ssh" and "-T" in argv
+    assert argv[argv.index("--") + 1] == "node01"
+    assert ["-o", "BatchMode=yes"] == argv[argv.index("BatchMode=yes") - 1:argv.index("BatchMode=yes") + 1]
+    assert "ConnectTimeout=3" in argv
+    assert not any("StrictHostKeyChecking" in a for a in argv)
+    assert shlex.split(argv[-1]) == ["gputop", "kill", "--name", "a b; rm -rf ~"]
+    tui = remote.build_ssh_argv("node01", [], tty=True)
+    assert "-t" in tui and "-T" not in tui
+
+
+def test_remote_command_override(monkeypatch):
+    monkeypatch.setenv(remote.ENV_REMOTE_CMD, "env GPUTOP_BACKEND=simulated /opt/venv/bin/gputop")
+    monkeypatch.setenv(remote.ENV_SSH, "ssh -F /tmp/cfg")
+    argv = remote.build_ssh_argv("h", ["status"])
+    assert argv[:3] == ["ssh", "-F", "/tmp/cfg"]
+    assert argv[-1] == "env GPUTOP_BACKEND=simulated /opt/venv/bin/gputop status"
+    assert remote.build_ssh_argv("h", ["status"], remote_cmd="/x/gputop")[-1] == "/x/gputop status"
+
+
+@pytest.mark.parametrize("rc,err,kind", [
+    (255, "ssh: connect to host 10.0.0.9 port 22: Connection refused", remote.UNREACHABLE),
+    (255, "ssh: Could not resolve hostname nowhere: Name or service not known", remote.UNREACHABLE),
+    (255, "ssh: connect to host 10.0.0.9 port 22: Connection timed out", remote.UNREACHABLE),
+    (255, "root@127.0.0.1: Permission denied (publickey).", remote.AUTH_FAILED),
+    (255, "No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.\n"
+          "Host key verification failed.", remote.HOST_KEY_UNKNOWN),
+    (255, "@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\nHost key verification failed.",
+     remote.HOST_KEY_CHANGED),
+    (127, "bash: line 1: gputop: command not found", remote.GPUTOP_MISSING),
+    (127, "sh: 1: /opt/gputop: not found", remote.GPUTOP_MISSING),
+    (1, "gputop: something broke", remote.REMOTE_ERROR),
+])
+def test_classify_failure(rc, err, kind):
+    assert remote.classify_failure(rc, err) == kind
+
+
+def test_parse_hosts(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# nodes\nnode01\nnode02, node03  # rack 2\n\nnode01\n")
+    assert remote.parse_hosts("a,b", str(f)) == ["a", "b", "node01", "node02", "node03"]
+    with pytest.raises(UsageError):
+        remote.parse_hosts(None, str(tmp_path / "missing"))
+    with pytest.raises(UsageError):
+        remote.parse_hosts(" , ", None)
+
+
+def test_merged_rows_carry_the_host():
+    ok = remote.HostResult("n1", status={"host": "n1", "gpu": {"gpus": [{"index": 0}]},
+                                         "holders": [{"pid": 5}], "roots": [], "warnings": ["w"]})
+    bad = remote.HostResult("n2", kind=remote.UNREACHABLE, message="Connection refused")
+    m = remote.merged_dict([ok, bad])
+    assert m["gpus"] == [{"host": "n1", "index": 0}]
+    assert m["holders"] == [{"host": "n1", "pid": 5}]
+    assert m["warnings"] == [{"host": "n1", "message": "w"}]
+    assert m["hosts"][1]["error"] == {"kind": "unreachable", "message": "Connection refused"}
+    text = remote.render_merged([ok, bad])
+    assert "1/2 host(s) answered" in text and "n2: unreachable: Connection refused" in text
