@@ -14,8 +14,8 @@
  *         display=0|1  errors=FIELD:CODE,FIELD:CODE (force an NVML error code for one field)
  *   proc  gpu=N  pid=PID  mem=BYTES|na  type=C|G|C+G  sm=PCT|none  ghost=0|1
  * A numeric gpu field that is absent reads as NVML_ERROR_NOT_SUPPORTED. A holder whose PID has exited
- * (or is a zombie) is not listed, as the driver frees a dead process's contexts, unless ghost=1 (a PID
- * from another PID namespace, or memory the driver still holds).
+ * (or is a zombie) is not listed (within 0.1 s), as the driver frees a dead process's contexts, unless
+ * ghost=1 (a PID from another PID namespace, or memory the driver still holds).
  *
  * Environment: FAKE_NVML_CONFIG (the file; unset -> nvmlInit fails with DRIVER_NOT_LOADED),
  * FAKE_NVML_INIT_ERROR (a code or name: nvmlInit returns it).
@@ -304,8 +304,28 @@ static int pid_alive(unsigned int pid) {
     return rp[2] != 'Z' && rp[2] != 'X';
 }
 
+/* The driver drops a dead process's contexts at once; the fake notices within LIVE_TTL_NS. The cache
+ * keeps the fake's own cost (a /proc read per holder per call) out of what benchmarks measure. */
+#define LIVE_TTL_NS 100000000LL
+#define LIVE_SLOTS 16384
+static struct { unsigned int pid; int alive; long long at; } live_cache[LIVE_SLOTS];
+
+static long long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static int holder_live(const struct proc *p) {
-    return p->ghost || pid_alive(p->pid);
+    if (p->ghost) return 1;
+    long long now = mono_ns();
+    unsigned int slot = p->pid % LIVE_SLOTS;
+    if (live_cache[slot].pid == p->pid && now - live_cache[slot].at < LIVE_TTL_NS) return live_cache[slot].alive;
+    int alive = pid_alive(p->pid);
+    live_cache[slot].pid = p->pid;
+    live_cache[slot].alive = alive;
+    live_cache[slot].at = now;
+    return alive;
 }
 
 /* ---- entry/exit helpers ---- */
