@@ -55,7 +55,8 @@ def render(snap: Snapshot, chains: bool = False) -> str:
                 rows.append([str(d.index), d.name or "?", "LOST", "", "", "", "", d.backend])
                 continue
             mem = f"{fmt_bytes(d.memory_used)} / {fmt_bytes(d.memory_total)}"
-            power = f"{fmt_opt(d.power_w, '{:.0f}')}/{fmt_opt(d.power_limit_w, '{:.0f}')}W"
+            power = ("N/A" if d.power_w is None and d.power_limit_w is None else
+                     f"{fmt_opt(d.power_w, '{:.0f}W')}/{fmt_opt(d.power_limit_w, '{:.0f}W')}")
             rows.append([str(d.index), d.name or "N/A", _pct(d.util_gpu), mem,
                          fmt_opt(d.temperature, "{:.0f}C"), power, _pct(d.fan_pct), d.backend])
         out.append(table(rows, ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "FAN", "BACKEND"],
