@@ -111,11 +111,66 @@ def _status_field(status: bytes, key: bytes) -> bytes | None:
     return vals[0] if vals else None
 
 
-def _read_linux(pid: int, proc_root: str) -> ProcInfo | None:
+class StaticCache:
+    """Command line and owner of processes seen in earlier samples, keyed by identity (pid, start).
+
+    A long-lived sampler passes one to its ProcTables, so that a refresh reads only /proc/<pid>/stat
+    for a process it already knows: identity, parent, session, state, CPU and the nohup mark are read
+    fresh every time, while the command line and the uid (two more files, ~2/3 of the I/O) are re-read
+    once they are older than ``ttl`` seconds. Actions never use it: they re-read everything.
+    """
+
+    def __init__(self, ttl: float = 5.0, clock=None):
+        import time
+
+        self.ttl = ttl
+        self.clock = clock or time.monotonic
+        self._entries: dict[tuple[int, int], tuple[float, tuple[str, ...], int | None]] = {}
+        self._used: set[tuple[int, int]] = set()
+        # pid -> (the stat line last read, the ProcInfo made from it, its key): an idle process has a
+        # byte-identical stat line from one refresh to the next, and then parses to the same ProcInfo.
+        self._last: dict[int, tuple[bytes, ProcInfo, tuple[int, int]]] = {}
+
+    def get(self, key: tuple[int, int]) -> tuple[tuple[str, ...], int | None] | None:
+        e = self._entries.get(key)
+        if e is None or self.clock() - e[0] >= self.ttl:
+            return None
+        self._used.add(key)
+        return e[1], e[2]
+
+    def put(self, key: tuple[int, int], cmdline: tuple[str, ...], uid: int | None) -> None:
+        self._entries[key] = (self.clock(), cmdline, uid)
+        self._used.add(key)
+
+    def unchanged(self, pid: int, stat: bytes) -> ProcInfo | None:
+        """The ProcInfo made last time, if the stat line is the same bytes and the entry is fresh."""
+        last = self._last.get(pid)
+        if last is None or last[0] != stat or self.get(last[2]) is None:
+            return None
+        return last[1]
+
+    def remember(self, pid: int, stat: bytes, info: ProcInfo, key: tuple[int, int]) -> None:
+        self._last[pid] = (stat, info, key)
+
+    def prune(self) -> None:
+        """Forget processes not looked at since the last prune (they exited or stopped mattering)."""
+        self._entries = {k: v for k, v in self._entries.items() if k in self._used}
+        self._last = {p: v for p, v in self._last.items() if v[2] in self._used}
+        self._used = set()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None) -> ProcInfo | None:
     base = f"{proc_root}/{pid}"
     stat = _read(f"{base}/stat")
     if not stat:
         return None
+    if static is not None:
+        same = static.unchanged(pid, stat)
+        if same is not None:
+            return same
     try:
         lpar = stat.index(b"(")
         rpar = stat.rindex(b")")
@@ -124,38 +179,51 @@ def _read_linux(pid: int, proc_root: str) -> ProcInfo | None:
         state = f[0].decode()
         ppid, sid, flags = int(f[1]), int(f[3]), int(f[6])
         cpu = (int(f[11]) + int(f[12])) / _CLK_TCK
-        start = round(_boot_time(proc_root) + int(f[19]) / _CLK_TCK, 2)
+        start_ticks = int(f[19])
+        start = round(_boot_time(proc_root) + start_ticks / _CLK_TCK, 2)
         rss = int(f[21]) * _PAGE_SIZE
+        # Field 33, sigignore: the low 31 signals, which include SIGHUP (bit 0), the mark of nohup.
+        sighup = bool(int(f[30]) & 1) if len(f) > 30 else None
     except (ValueError, IndexError):
         return None
-    raw_cmd = _read(f"{base}/cmdline") or b""
-    cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0") if a)
+    key = (pid, start_ticks)
+    cached = static.get(key) if static is not None else None
+    if cached is not None:
+        cmdline, uid = cached
+    else:
+        raw_cmd = _read(f"{base}/cmdline") or b""
+        cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0") if a)
+        uid = None
+        status = _read(f"{base}/status")
+        if status:
+            uid = _status_field(status, b"\nUid:")
+            if uid is not None:
+                uid = int(uid)
+            if sighup is None:
+                sigign = _status_field(status, b"\nSigIgn:")
+                if sigign is not None:
+                    sighup = bool(int(sigign, 16) & 1)
+        if uid is None:
+            try:
+                uid = os.stat(base).st_uid
+            except OSError:
+                pass
+        if static is not None:
+            static.put(key, cmdline, uid)
     name = comm
     if len(comm) >= 15 and cmdline:  # comm is truncated to 15 bytes
         exe_name = os.path.basename(cmdline[0])
         if exe_name.startswith(comm):
             name = exe_name
-    uid = None
-    sighup = None
-    status = _read(f"{base}/status")
-    if status:
-        uid = _status_field(status, b"\nUid:")
-        if uid is not None:
-            uid = int(uid)
-        sigign = _status_field(status, b"\nSigIgn:")
-        if sigign is not None:
-            sighup = bool(int(sigign, 16) & 1)
-    if uid is None:
-        try:
-            uid = os.stat(base).st_uid
-        except OSError:
-            pass
-    return ProcInfo(
+    info = ProcInfo(
         pid=pid, ppid=ppid, name=name, cmdline=cmdline, start_time=start, uid=uid,
         user=_user_name(uid) if uid is not None else None, sid=sid, state=state,
         sighup_ignored=sighup, kthread=bool(flags & PF_KTHREAD) or ppid == 2 or pid == 2,
         rss=rss, cpu_time=cpu,
     )
+    if static is not None:
+        static.remember(pid, stat, info, key)
+    return info
 
 
 _PSUTIL_STATE = {
@@ -201,12 +269,15 @@ def _read_psutil(pid: int) -> ProcInfo | None:
         return None
 
 
-def read_proc(pid: int, proc_root: str = "/proc") -> ProcInfo | None:
-    """Read one process now; None if it does not exist (or cannot be seen)."""
+def read_proc(pid: int, proc_root: str = "/proc", static: StaticCache | None = None) -> ProcInfo | None:
+    """Read one process now; None if it does not exist (or cannot be seen).
+
+    ``static``: reuse the command line and uid read in an earlier sample (see StaticCache).
+    """
     if pid <= 0:
         return None
     if IS_LINUX:
-        return _read_linux(pid, proc_root)
+        return _read_linux(pid, proc_root, static)
     return _read_psutil(pid)
 
 
@@ -243,12 +314,13 @@ class ProcTable:
     proc_root: str = "/proc"
     _cache: dict[int, ProcInfo | None] = field(default_factory=dict)
     _children: dict[int, list[int]] | None = None
+    static: StaticCache | None = None  # optional: carried across samples by a long-lived Sampler
 
     def get(self, pid: int) -> ProcInfo | None:
         try:
             return self._cache[pid]
         except KeyError:
-            info = read_proc(pid, self.proc_root)
+            info = read_proc(pid, self.proc_root, self.static)
             self._cache[pid] = info
             return info
 

@@ -21,7 +21,7 @@ from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
 from gputop.config import Config
 from gputop.errors import NotFoundError
 from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
-from gputop.procs import ProcInfo, ProcTable
+from gputop.procs import ProcInfo, ProcTable, StaticCache
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
 
@@ -154,6 +154,7 @@ class Sampler:
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.time,
         platform: str = PLATFORM,
+        static_ttl: float = 5.0,
     ):
         self.backends = backends
         self.statuses = list(statuses or [BackendStatus(b.name, True) for b in backends])
@@ -163,6 +164,9 @@ class Sampler:
         self.platform = platform
         self._protect = compile_protect(self.config.protect)
         self._cpu_prev: dict[tuple[int, float], tuple[float, float]] = {}
+        # Command lines and uids of known processes, re-read every static_ttl seconds (0: every sample),
+        # so that a refresh reads one /proc file per known process instead of three.
+        self._static = StaticCache(static_ttl) if static_ttl > 0 else None
         self.host = socket.gethostname()
 
     @classmethod
@@ -230,7 +234,7 @@ class Sampler:
             except Exception:
                 pass
 
-        table = ProcTable(self.proc_root)
+        table = ProcTable(self.proc_root, static=self._static)
         holders: list[Holder] = []
         cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
         for pid in sorted(uses):
@@ -258,6 +262,8 @@ class Sampler:
             holders.append(Holder(pid, tuple(uses[pid]), info, chain, verdict, cpu,
                                   max(0.0, now - info.start_time)))
         self._cpu_prev = cpu_seen
+        if self._static is not None:
+            self._static.prune()
         return Snapshot(
             at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),

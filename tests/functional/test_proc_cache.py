@@ -1,0 +1,113 @@
+"""StaticCache: what a long-lived Sampler reuses between refreshes, on real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from gputop.procs import StaticCache, read_proc
+from gputop.snapshot import Sampler
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _comparable(p):
+    d = dict(vars(p))
+    for volatile in ("cpu_time", "rss", "state"):
+        d.pop(volatile)
+    return d
+
+
+def test_cached_read_matches_a_full_read_for_every_process():
+    cache = StaticCache(ttl=60)
+    pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    checked = 0
+    for pid in pids:
+        full = read_proc(pid)
+        first = read_proc(pid, static=cache)
+        again = read_proc(pid, static=cache)  # from the cache
+        if full is None or first is None or again is None:
+            continue  # exited meanwhile
+        assert _comparable(first) == _comparable(full), pid
+        assert _comparable(again) == _comparable(full), pid
+        checked += 1
+    assert checked > 10
+
+
+def test_sighup_mark_comes_from_stat_and_matches_status(procs):
+    plain = procs.spawn(["sleep", "60"])
+    nohup = procs.spawn(["nohup", "sleep", "60"])
+    deadline = time.time() + 5
+    while time.time() < deadline and (read_proc(nohup.pid) or read_proc(plain.pid)).name != "sleep":
+        time.sleep(0.02)
+    for p, expected in ((plain, False), (nohup, True)):
+        with open(f"/proc/{p.pid}/status") as f:
+            sigign = next(line for line in f if line.startswith("SigIgn:")).split()[1]
+        assert bool(int(sigign, 16) & 1) is expected
+        assert read_proc(p.pid).sighup_ignored is expected
+        assert read_proc(p.pid, static=StaticCache()).sighup_ignored is expected
+
+
+def test_idle_process_is_reused_and_a_busy_one_reparsed(procs):
+    idle = procs.spawn(["sleep", "60"])
+    busy = procs.spawn(["sh", "-c", "while :; do :; done"])
+    time.sleep(0.1)
+    cache = StaticCache(ttl=60)
+    a, b = read_proc(idle.pid, static=cache), read_proc(busy.pid, static=cache)
+    time.sleep(0.1)
+    assert read_proc(idle.pid, static=cache) is a  # byte-identical stat line: the same ProcInfo
+    b2 = read_proc(busy.pid, static=cache)
+    assert b2 is not b and b2.cpu_time > b.cpu_time  # CPU time moved: read fresh
+
+
+def test_command_line_is_reread_after_ttl_and_identity_change_is_never_cached(procs):
+    clock = FakeClock()
+    cache = StaticCache(ttl=5, clock=clock)
+    # The same PID and start time before and after exec: only the command line changes.
+    p = procs.spawn(["sh", "-c", "read x; exec sleep 60"], stdin=-1)
+    first = read_proc(p.pid, static=cache)
+    assert first.cmdline[:2] == ("sh", "-c")
+    p.stdin.write(b"go\n")
+    p.stdin.flush()
+    deadline = time.time() + 5
+    while read_proc(p.pid).cmdline[:1] != ("sleep",):
+        assert time.time() < deadline
+        time.sleep(0.02)
+    clock.t += 4.9
+    assert read_proc(p.pid, static=cache).cmdline[:2] == ("sh", "-c")  # within the ttl: cached
+    clock.t += 0.2
+    fresh = read_proc(p.pid, static=cache)
+    assert fresh.cmdline == ("sleep", "60") and fresh.start_time == first.start_time
+
+
+def test_prune_forgets_processes_not_seen(procs):
+    p = procs.spawn(["sleep", "60"])
+    cache = StaticCache(ttl=60)
+    read_proc(p.pid, static=cache)
+    cache.prune()
+    assert len(cache) == 1  # seen since the last prune
+    cache.prune()
+    assert len(cache) == 0  # not looked at in the last round
+
+
+def test_sampler_keeps_verdicts_with_and_without_the_cache(procs, scenario):
+    job = procs.orphan("sleep 61", "sleep 61")
+    mine = procs.spawn(["sleep", "62"])
+    path = scenario([{"pid": job, "gpu": 0, "memory": "1GiB"}, {"pid": mine.pid, "gpu": 1, "memory": "1GiB"}])
+    from gputop.backends.simulated import SimulatedBackend
+
+    warm = Sampler([SimulatedBackend(path)])
+    cold = Sampler([SimulatedBackend(path)], static_ttl=0)
+    for _ in range(3):
+        w, c = warm.sample(), cold.sample()
+        assert [(h.pid, h.verdict, h.user, h.cmd, [x.pid for x in h.chain]) for h in w.holders] == \
+               [(h.pid, h.verdict, h.user, h.cmd, [x.pid for x in h.chain]) for h in c.holders]
+        assert {h.pid: h.verdict.kind for h in w.holders} == {job: "orphan", mine.pid: "not-orphan"}
+    os.kill(job, signal.SIGKILL)
