@@ -566,6 +566,8 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
     rules: list[Rule] = []
     if "rules" not in data:
         issues.append(Issue(data.line, None, "missing field 'rules'"))
+    elif rules_raw is None:
+        issues.append(Issue(_line(data, "rules"), None, "empty rules: 'rules:' has no rules under it"))
     elif not isinstance(rules_raw, list):
         issues.append(Issue(_line(data, "rules"), None, f"'rules' must be a list, got {_type_name(rules_raw)}"))
     elif not rules_raw:
