@@ -390,8 +390,7 @@ class NvmlBackend(Backend):
         if not 0 <= index < self._count:
             raise ResetError(f"nvml: no GPU {index} (NVML sees {self._count})", kind="failed")
         if hasattr(os, "geteuid") and os.geteuid() != 0:
-            raise ResetError(f"nvml: resetting GPU {index} needs root: run 'sudo gputop reset {index}'",
-                             kind="permission")
+            raise ResetError(f"nvml: resetting GPU {index} needs root", kind="permission")
         with self._lock:
             try:
                 h = self._handle(index)
@@ -405,13 +404,13 @@ class NvmlBackend(Backend):
                 self._check_display(index, h)
                 holders = [p.pid for p in self.processes(index)]
                 if holders:
-                    raise ResetError(f"nvml: GPU {index} is in use by pid(s) {', '.join(map(str, holders))}; "
-                                     "end them first (gputop kill / reap)", kind="busy")
+                    raise ResetError(f"nvml: GPU {index} is in use by pid(s) {', '.join(map(str, holders))}",
+                                     kind="busy")
                 target = self._reset_target(index, h)
             smi = shutil.which("nvidia-smi")
             if smi is None:
-                raise ResetError("nvml: nvidia-smi not found on PATH; NVML has no reset call, and gputop "
-                                 "resets NVIDIA GPUs with 'nvidia-smi --gpu-reset'", kind="missing-tool")
+                raise ResetError("nvml: nvidia-smi not found on PATH (NVML has no reset call; gputop resets "
+                                 "NVIDIA GPUs with 'nvidia-smi --gpu-reset')", kind="missing-tool")
             # Our own NVML handle counts as a user of the GPU: shut it down for the reset.
             self.close()
             try:
@@ -438,8 +437,7 @@ class NvmlBackend(Backend):
             except nv.NVMLError:
                 continue  # unknown: nvidia-smi will refuse if it must
             if on == nv.NVML_FEATURE_ENABLED:
-                raise ResetError(f"nvml: GPU {index} drives a display (display {what}); stop the display "
-                                 "server on it before a reset", kind="display")
+                raise ResetError(f"nvml: GPU {index} drives a display (display {what})", kind="display")
 
     def _reset_target(self, index: int, h) -> str:
         # nvidia-smi's -i numbering can differ from NVML's (CUDA_VISIBLE_DEVICES does not apply, but

@@ -455,3 +455,27 @@ def test_nvitop_runs_against_the_same_fake(nvml, procs):
     assert "H100 80GB HBM3" in r.stdout and "L40S" in r.stdout
     assert str(a.pid) in r.stdout and str(g.pid) in r.stdout
     assert "3072MiB" in r.stdout
+
+
+def test_cli_reset_refusals_leave_every_process_alone(nvml, procs):
+    """`gputop reset --gpu N` end to end on the fake: a display GPU and a missing nvidia-smi are refused."""
+    if os.geteuid() != 0:
+        pytest.skip("the display and nvidia-smi checks come after the root check")
+    path = os.pathsep.join(p for p in (str(Path(sys.executable).parent), "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+                           if os.path.isdir(p))
+    if shutil.which("nvidia-smi", path=path):
+        pytest.skip("this machine has nvidia-smi: the test would reset a real GPU")
+    bystander = procs.sleeper("bystander")
+    env = nvml([{"name": "Display GPU", "display": True}, {"name": "Compute GPU"}],
+               [{"pid": bystander.pid, "gpu": 1, "memory": GiB}])
+    env = _env({**env, "PATH": path})
+    r = run_gputop("reset", "--gpu", "0", env=env)
+    assert r.returncode == 5, (r.stdout, r.stderr)  # refused
+    assert "drives a display" in r.stdout + r.stderr
+    write_fake_nvml_config(nvml.path, [{"name": "Compute GPU"}, {"name": "Compute GPU"}],
+                           [{"pid": bystander.pid, "gpu": 1, "memory": GiB}])
+    r = run_gputop("reset", "--gpu", "0", "--json", env=env)
+    assert r.returncode == 6, (r.stdout, r.stderr)  # unavailable: the vendor tool is missing
+    out = json.loads(r.stdout)
+    assert out["ok"] is False and "nvidia-smi not found" in out["message"]
+    assert bystander.poll() is None
