@@ -136,11 +136,13 @@ def test_device_fields_are_read_and_converted(nvml):
 
 def test_unsupported_and_failing_fields_are_unknown_not_zero(nvml, procs):
     p = procs.sleeper("job")
-    env = nvml([{"fan": None, "power": None, "errors": {"temp": "UNKNOWN"}}],
+    env = nvml([{"fan": None, "power": None, "errors": {"temp": "UNKNOWN", "clock_sm": "FUNCTION_NOT_FOUND"}}],
                [{"pid": p.pid, "memory": GiB, "sm": 10}])
     d = read_all(env)["devices"][0]
     assert d["fan_pct"] is None and d["power_w"] is None and d["temperature"] is None
-    assert sorted(d["errors"]) == ["fan: NotSupported", "power: NotSupported", "temperature: Unknown"]
+    assert d["clock_sm_mhz"] is None and d["clock_mem_mhz"] == 2619
+    assert sorted(d["errors"]) == ["fan: NotSupported", "power: NotSupported", "sm clock: FunctionNotFound",
+                                   "temperature: Unknown"]
     assert d["lost"] is False and d["memory_used"] == GiB and d["util_gpu"] == 10.0  # the rest still reads
 
 
