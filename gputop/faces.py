@@ -40,6 +40,7 @@ class LiveSnapshot:
         self._latest: Snapshot | None = None
         self._findings: list = []
         self._findings_error: str | None = None
+        self._history = None  # rogue.History: "since when" for rules that need repeated samples
         self._listeners: list = []
         self.error: str | None = None
         self._stop = threading.Event()
@@ -52,7 +53,14 @@ class LiveSnapshot:
     def refresh(self) -> Snapshot:
         with self.lock:
             snap = self.sampler.sample()
-        findings, ferr = audit_findings(snap, self.config)
+        if self._history is None:
+            try:
+                from gputop.rogue import History
+
+                self._history = History()
+            except ImportError:
+                pass
+        findings, ferr = audit_findings(snap, self.config, self._history)
         self._latest, self._findings, self._findings_error = snap, findings, ferr
         self.error = None
         for fn in self._listeners:
@@ -93,13 +101,13 @@ class LiveSnapshot:
 
 # ---- reading ---------------------------------------------------------------------------------
 
-def audit_findings(snap: Snapshot, config: Config) -> tuple[list, str | None]:
+def audit_findings(snap: Snapshot, config: Config, history=None) -> tuple[list, str | None]:
     try:
         from gputop.rogue import audit
     except ImportError:
         return [], "the rogue audit is not available in this build"
     try:
-        return list(audit(snap, config)), None
+        return list(audit(snap, config, history=history)), None
     except Exception as e:
         return [], f"the rogue audit failed: {e}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 
 import httpx
 import psutil
@@ -99,11 +100,26 @@ def test_rogue_and_guard_status(server, demo):
     r = httpx.get(server.url + "/v1/audit/rogue")
     assert r.status_code == 200
     body = r.json()
-    assert "findings" in body
-    if body["error"] is None:  # the rogue audit is built in
-        assert demo.pid("miner") in {f.get("pid") for f in body["findings"]}
+    assert body["error"] is None
+    miner = [f for f in body["findings"] if f["pid"] == demo.pid("miner")]
+    assert miner and miner[0]["severity"] == "high"
     g = httpx.get(server.url + "/v1/guard/status")
     assert g.status_code == 200 and g.json()["mode"] == "off"
+    # Guard hits: counted per rule from the daemon's hit log, only new lines each scrape.
+    from gputop.guard import state
+
+    state.append_hit({"rule": "no-miners", "pid": demo.pid("miner"), "action": "kill", "outcome": "dry-run"})
+    assert series(metrics(server.url), "gputop_guard_hits_total", rule="no-miners", action="kill") == [1]
+    state.append_hit({"rule": "no-miners", "pid": demo.pid("miner"), "action": "kill", "outcome": "dry-run"})
+    state.append_hit({"rule": "max-memory", "pid": demo.pid("worker0"), "action": "notify"})
+    m = metrics(server.url)
+    assert series(m, "gputop_guard_hits_total", rule="no-miners") == [2]
+    assert series(m, "gputop_guard_hits_total", rule="max-memory", action="notify") == [1]
+    assert httpx.get(server.url + "/v1/guard/status").json()["recent_hits"][0]["rule"] == "max-memory"
+    # A finding that stays is counted once, however often the service samples.
+    before = series(m, "gputop_audit_findings_total", severity="high")
+    time.sleep(1.0)
+    assert series(metrics(server.url), "gputop_audit_findings_total", severity="high") == before
 
 
 def test_metrics_values_and_dead_series_removed(server, demo, token_file):
@@ -121,6 +137,10 @@ def test_metrics_values_and_dead_series_removed(server, demo, token_file):
                   verdict="protected") == [9 * GiB]
     assert series(m, "gputop_orphan_trees") == [1]
     assert series(m, "gputop_guard_mode", mode="off") == [1]
+    # The miner-named process is a rogue-audit finding: counted once per rule and severity.
+    rules = {dict(ls)["rule"] for (n, ls), v in m.items() if n == "gputop_audit_findings_total" and v >= 1}
+    assert rules and all(series(m, "gputop_audit_findings_total", rule=r) for r in rules)
+    assert series(m, "gputop_audit_findings_current", severity="high")
     # The unknown fan of an H100 is left out, never exported as 0; there is no fan metric at all.
     assert not series(m, "gputop_gpu_fan_percent")
 
