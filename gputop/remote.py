@@ -124,9 +124,7 @@ def split_remote_argv(argv: list[str]) -> RemoteInvocation | None:
             rest.append(argv[i + 1])
             i += 1
         i += 1
-    if host is None:
-        if cmd is not None:
-            raise UsageError("--remote-gputop only makes sense with --remote HOST")
+    if host is None:  # no --remote: argparse reads the original argv (--remote-gputop serves --hosts)
         return None
     return RemoteInvocation(check_host(host), rest, cmd)
 
@@ -264,12 +262,12 @@ def query_host(host: str, *, timeout: float = 10.0, remote_cmd: str | None = Non
 
 
 def query_hosts(hosts: list[str], *, timeout: float = 10.0, remote_cmd: str | None = None,
-                max_workers: int = 32) -> list[HostResult]:
+                args: tuple[str, ...] = ("status", "--json"), max_workers: int = 32) -> list[HostResult]:
     """All hosts in parallel; results in the order the hosts were given."""
     if not hosts:
         return []
     with ThreadPoolExecutor(max_workers=min(max_workers, len(hosts))) as pool:
-        futs = [pool.submit(query_host, h, timeout=timeout, remote_cmd=remote_cmd) for h in hosts]
+        futs = [pool.submit(query_host, h, timeout=timeout, remote_cmd=remote_cmd, args=args) for h in hosts]
         return [f.result() for f in futs]
 
 
@@ -367,7 +365,11 @@ def run_status_hosts(args) -> int:
     if args.timeout is None or args.timeout <= 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     hosts = parse_hosts(args.hosts, args.hosts_file)
-    results = query_hosts(hosts, timeout=args.timeout, remote_cmd=getattr(args, "remote_gputop", None))
+    remote_args = ["status", "--json"]
+    if getattr(args, "backend", None):
+        remote_args += ["--backend", args.backend]
+    results = query_hosts(hosts, timeout=args.timeout, remote_cmd=getattr(args, "remote_gputop", None),
+                          args=tuple(remote_args))
     if args.json:
         print_json(merged_dict(results))
     else:

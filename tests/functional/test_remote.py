@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -104,8 +109,7 @@ def test_hosts_table_and_hosts_file(remote, tmp_path):
 
 def test_hosts_gputop_missing_and_timeout(remote, sshd):
     env = dict(remote["env"])
-    env["GPUTOP_REMOTE_CMD"] = "/nonexistent/bin/gputop"
-    r = run_gputop("status", "--hosts", "gpunode", "--json", env=env)
+    r = run_gputop("--remote-gputop", "/nonexistent/bin/gputop", "status", "--hosts", "gpunode", "--json", env=env)
     assert json.loads(r.stdout)["hosts"][0]["error"]["kind"] == "gputop missing"
     env["GPUTOP_REMOTE_CMD"] = f"sleep 8; {remote['cmd']}"
     r = run_gputop("status", "--hosts", "gpunode,deadhost", "--timeout", "2", "--json", env=env)
@@ -129,3 +133,31 @@ def test_remote_kill_kills_on_the_remote_side(remote):
     r = run_gputop("--remote", "gpunode", "kill", "--pid", "1", env=remote["env"])
     assert r.returncode in (3, 5), (r.stdout, r.stderr)
     assert bystander.poll() is None
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (needed for a real terminal)")
+def test_remote_tui_gets_a_terminal(remote, tmp_path):
+    """`gputop --remote HOST` with no subcommand runs the TUI there, through `ssh -t`, in a real terminal."""
+    sock = str(tmp_path / "tmux.sock")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in remote["env"].items())
+    cmd = f"env {env} {shlex.quote(sys.executable)} -m gputop --remote gpunode; echo EXIT=$?; sleep 30"
+    tmux = ["tmux", "-S", sock, "-f", "/dev/null"]
+    subprocess.run(tmux + ["new-session", "-d", "-x", "160", "-y", "45", cmd], check=True)
+    try:
+        deadline = time.time() + 30
+        screen = ""
+        while time.time() < deadline:
+            screen = subprocess.run(tmux + ["capture-pane", "-p"], capture_output=True, text=True).stdout
+            if str(remote["worker"].pid) in screen:
+                break
+            time.sleep(0.3)
+        assert str(remote["worker"].pid) in screen, screen
+        subprocess.run(tmux + ["send-keys", "q"], check=True)
+        while time.time() < deadline:
+            screen = subprocess.run(tmux + ["capture-pane", "-p"], capture_output=True, text=True).stdout
+            if "EXIT=" in screen:
+                break
+            time.sleep(0.3)
+        assert "EXIT=0" in screen, screen
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True)
