@@ -178,8 +178,10 @@ def _status(as_json: bool, nhits: int) -> int:
         print("recent hits (newest first):")
         for h in hits:
             tag = " [dry-run]" if h.get("dry_run") else ""
-            print(f"  {_ts(h.get('time'))}  {h.get('rule')}  pid {h.get('pid')} ({h.get('target')}, "
-                  f"{h.get('user')})  {h.get('action')} -> {h.get('outcome')}{tag}: {h.get('message')}")
+            who = (f"pid {h.get('pid')} ({h.get('target')}, {h.get('user')})" if h.get("pid") is not None
+                   else str(h.get("target")))
+            print(f"  {_ts(h.get('time'))}  {h.get('rule')}  {who}  {h.get('action')} -> "
+                  f"{h.get('outcome')}{tag}: {h.get('message')}")
     return 0
 
 

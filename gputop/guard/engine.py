@@ -361,6 +361,12 @@ def _action_text(rule: Rule, config: Config) -> str:
     return rule.action
 
 
+def _refusal_note(h: Holder) -> str:
+    if h.verdict.kind in ("protected", "unknown"):
+        return f"; {h.verdict.kind}: the kill will be refused"
+    return ""
+
+
 def explain(policy: Policy, snap: Snapshot, config: Config | None = None) -> list[dict]:
     """What the policy would do on ``snap`` and why, per rule and per target (one sample: no history)."""
     config = config or Config()
@@ -393,8 +399,8 @@ def explain(policy: Policy, snap: Snapshot, config: Config | None = None) -> lis
                         chosen.append(h)
                         excluded.add(h.pid)
                     victims = " -> " + ", then ".join(
-                        f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)})" for h in chosen) + \
-                        f" ({rule.select} first, until back under the limit)"
+                        f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)}{_refusal_note(h)})"
+                        for h in chosen) + f" ({rule.select} first, until back under the limit)"
                 grace = (f"warn{' and notify ' + ', '.join(rule.notify) if rule.notify else ''}, wait "
                          f"{_secs(rule.grace_period)}, re-check, then " if rule.grace_period else "")
                 if waiting:
@@ -403,7 +409,9 @@ def explain(policy: Policy, snap: Snapshot, config: Config | None = None) -> lis
                                f"once they have: {grace}{what}{victims}")
                     decision = "pending-duration"
                 else:
-                    verdict = f"would {grace}{what}{victims}"
+                    note = _refusal_note(a.target.holder) if a.target.holder is not None and \
+                        rule.action in ("kill", "reap") else ""
+                    verdict = f"would {grace}{what}{victims}{note}"
                     decision = "would-act"
             conds = [s.text() for s in a.states]
             if rule.per_user:

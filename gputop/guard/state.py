@@ -62,6 +62,7 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)  # readable by every face on the node; writable only by the owner
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, default=str)
             f.write("\n")
@@ -186,7 +187,7 @@ def append_hit(hit: dict) -> None:
     with contextlib.suppress(OSError):
         if p.stat().st_size + len(line) > HITS_MAX_BYTES:
             os.replace(p, p.with_name(p.name + ".1"))
-    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)  # one O_APPEND write: concurrent appenders never interleave lines
     finally:

@@ -62,7 +62,7 @@ def test_running_guard_keeps_enforcing_its_last_valid_policy(procs, scenario, tm
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_default_sighup)
     try:
         assert wait_gone(v1.pid, 30), "the guard did not kill the first victim"
-        assert state.status()["daemon"]["alive"]
+        poll(lambda: state.status()["daemon"]["alive"], what="the daemon status file")
         # an invalid policy is written over the file: reported, and the old one stays in force
         policy.write_text(BAD)
         err = poll(lambda: state.status()["last_error"], what="the policy error in the state")
