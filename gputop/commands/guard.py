@@ -186,8 +186,9 @@ def _status(as_json: bool, nhits: int) -> int:
 
 
 def _run_daemon(args) -> int:
-    from gputop.guard.daemon import GuardDaemon
+    from gputop.guard.daemon import GuardDaemon, acquire_lock
 
+    acquire_lock()  # before touching the shared state: a second daemon changes nothing
     config = config_from(args)
     gcfg = _guard_cfg(config)
     if args.run_policy:

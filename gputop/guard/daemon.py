@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable
 
 from gputop import auditlog
-from gputop.config import Config
+from gputop.config import Config, state_dir
+from gputop.errors import RefusedError
 from gputop.guard import state as _state
 from gputop.guard.engine import Engine
 from gputop.guard.policy import Policy, PolicyError, load_policy
@@ -33,6 +34,25 @@ def _file_sig(path: str | None) -> tuple | None:
     except OSError:
         return ("missing",)
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def acquire_lock() -> int:
+    """One daemon per state directory (two would act twice on every hit). Returns the fd to keep open."""
+    d = state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d / "guard-daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # pragma: no cover - not POSIX
+        return fd
+    except OSError:
+        os.close(fd)
+        other = _state.daemon_status()
+        raise RefusedError(f"a guard daemon is already running for {d} (pid {other.get('pid', '?')}); "
+                           "stop it first, or use another GPUTOP_STATE_DIR") from None
+    return fd
 
 
 class _ModeWatch:

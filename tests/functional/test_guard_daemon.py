@@ -147,3 +147,23 @@ def test_mode_commands_status_and_test_policies(procs, scenario):
     modes = [(x["previous"], x["mode"]) for x in auditlog.read() if x.get("action") == "guard-mode"]
     assert modes == [("off", "dry-run"), ("dry-run", "enforce"), ("enforce", "off")]
     assert os.path.exists(state.state_path())
+
+
+def test_a_second_daemon_is_refused(scenario, tmp_path):
+    from gputop.errors import EXIT_REFUSED
+
+    scenario(holders=[], gpus=1)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(KILL_VICTIMS)
+    first = subprocess.Popen([sys.executable, "-m", "gputop", "guard", "run", "--interval", "0.3",
+                              "--policy-file", str(policy)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, preexec_fn=_default_sighup)
+    try:
+        poll(lambda: state.daemon_status().get("alive"), what="the first daemon")
+        r = run_gputop("guard", "run", "--interval", "0.3", "--enforce")
+        assert state.get_mode() == "off"  # the refused daemon changed nothing
+        assert r.returncode == EXIT_REFUSED and "already running" in r.stderr
+        assert f"(pid {first.pid})" in r.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(20) == 0
