@@ -292,10 +292,14 @@ class GputopApp(App):
         s = self.snapshot
         t = Text()
         t.append(" gputop ", style="bold reverse")
+        if self.readonly:
+            t.append(" READ-ONLY", style="bold reverse")
+        if self.demo is not None:
+            t.append(" DEMO", style="bold reverse yellow")
         if s is None:
             t.append("  waiting for the first sample…")
         else:
-            t.append(f" {s.host}  {len(s.devices)} GPU  {len(s.holders)} holders  ")
+            t.append(f" {s.host}  {len(s.devices)} GPU  {len(s.holders)} holder{'s' if len(s.holders) != 1 else ''}  ")
             if s.roots:
                 t.append(f"{len(s.roots)} orphan tree{'s' if len(s.roots) != 1 else ''}", style="bold red")
             else:
@@ -312,10 +316,6 @@ class GputopApp(App):
         tagged = self.query_one(ProcessTree).tagged
         if tagged:
             t.append(f"  {len(tagged)} tagged", style="bold")
-        if self.readonly:
-            t.append("  READ-ONLY", style="bold reverse")
-        if self.demo is not None:
-            t.append("  DEMO", style="bold reverse yellow")
         if self._sample_error:
             t.append("  sampling failed", style="bold red")
         self.query_one("#topbar", Static).update(t)
@@ -330,6 +330,16 @@ class GputopApp(App):
         if holder is not None and self.snapshot is not None:
             holder = self.snapshot.holder(holder.pid) or holder
         return Selection(node.pid, holder, node.proc, node.gpu, node.root)
+
+    def select_key(self, key: str) -> bool:
+        """Put the cursor on the row with this key (e.g. "gpu2/2001"); False if there is none."""
+        tree = self.query_one(ProcessTree)
+        node = tree.nodes_by_key.get(key)
+        if node is None:
+            return False
+        tree.move_cursor(node)
+        tree.cursor_key = key
+        return True
 
     # ---- bindings, help, palette ---------------------------------------------------------------------
 
@@ -491,10 +501,13 @@ class GputopApp(App):
 
         targets = []
         for h in holders:
+            kids = None
             try:
-                kids = len(psutil.Process(h.pid).children(recursive=True))
+                p = psutil.Process(h.pid)
+                if h.start_time is not None and abs(p.create_time() - h.start_time) < 0.05:
+                    kids = len(p.children(recursive=True))  # only for the process the snapshot saw
             except psutil.Error:
-                kids = None
+                pass
             targets.append(KillTarget(h.pid, h.start_time, h.user, h.cmd, h.gpu_memory, h.gpus, kids,
                                       h.verdict.kind))
         self.call_from_thread(self.push_screen, KillDialog(targets), partial(self._kill_confirmed, targets))

@@ -95,7 +95,7 @@ class DetailsScreen(ModalScreen):
             yield Static(f"Process {pid}", classes="dialog-title")
             with VerticalScroll(classes="dialog-body"):
                 yield Static(details_text(self.holder, self.proc, self.root))
-            yield Button("Close", id="cancel", variant="primary")
+            yield Button("Close", id="cancel", variant="primary", compact=True)
 
     def action_close(self) -> None:
         self.dismiss(None)

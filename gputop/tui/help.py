@@ -42,7 +42,7 @@ class HelpScreen(ModalScreen):
             with VerticalScroll(classes="dialog-body"):
                 yield Static(table)
                 yield Static(legend_text(long=True))
-            yield Button("Close", id="cancel", variant="primary")
+            yield Button("Close", id="cancel", variant="primary", compact=True)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -33,7 +33,7 @@ class ConfirmDialog(ModalScreen):
             with VerticalScroll(classes="dialog-body"):
                 yield from self.body()
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Cancel", id="cancel", variant="primary")
+                yield Button("Cancel", id="cancel", variant="primary", compact=True)
                 yield from self.buttons()
 
     def action_cancel(self) -> None:

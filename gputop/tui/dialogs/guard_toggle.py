@@ -33,4 +33,4 @@ class GuardToggleDialog(ConfirmDialog):
         yield Static(text)
 
     def buttons(self) -> ComposeResult:
-        yield Button(f"Switch to {self.target}", id="switch", variant="warning")
+        yield Button(f"Switch to {self.target}", id="switch", variant="warning", compact=True)

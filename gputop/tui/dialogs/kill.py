@@ -51,5 +51,5 @@ class KillDialog(ConfirmDialog):
                      classes="dialog-note")
 
     def buttons(self) -> ComposeResult:
-        yield Button("TERM", id="TERM", variant="warning")
-        yield Button("KILL", id="KILL", variant="error")
+        yield Button("TERM", id="TERM", variant="warning", compact=True)
+        yield Button("KILL", id="KILL", variant="error", compact=True)

@@ -16,11 +16,11 @@ class ReapDialog(ConfirmDialog):
 
     def __init__(self, tree):
         super().__init__()
-        self.tree = tree
+        self.orphan_tree = tree
         self.DIALOG_TITLE = f"Reap the orphan tree of pid {tree.root.pid} ({len(tree.members)} processes)?"
 
     def body(self) -> ComposeResult:
-        t = self.tree
+        t = self.orphan_tree
         head = Text()
         head.append(f"GPU {','.join(map(str, t.gpus)) or '-'}  GPU memory {fmt_bytes(t.gpu_memory)}\n")
         head.append(Text(t.reason, style="italic"))
@@ -43,4 +43,4 @@ class ReapDialog(ConfirmDialog):
                      classes="dialog-note")
 
     def buttons(self) -> ComposeResult:
-        yield Button("Reap tree", id="reap", variant="error")
+        yield Button("Reap tree", id="reap", variant="error", compact=True)

@@ -22,7 +22,8 @@ class ResetDialog(ConfirmDialog):
 
     def body(self) -> ComposeResult:
         if self.holders:
-            text = Text(f"{len(self.holders)} process(es) hold this GPU; the reset is refused while they do:\n",
+            text = Text()
+            text.append(f"{len(self.holders)} process(es) hold this GPU; the reset is refused while they do:\n",
                         style="bold yellow")
             for h in self.holders:
                 text.append(f"{h.pid:>7} {(h.user or '?'):<8} {fmt_bytes(h.gpu_memory):>7}  ")
@@ -36,7 +37,7 @@ class ResetDialog(ConfirmDialog):
         yield Input(placeholder=f"GPU index ({self.index})", id="confirm-index")
 
     def buttons(self) -> ComposeResult:
-        yield Button("Reset GPU", id="reset", variant="error", disabled=True)
+        yield Button("Reset GPU", id="reset", variant="error", disabled=True, compact=True)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.query_one("#reset", Button).disabled = event.value.strip() != str(self.index)

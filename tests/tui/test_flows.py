@@ -1,0 +1,160 @@
+"""Pilot tests, one per flow, on real processes (only the GPU is simulated)."""
+
+from __future__ import annotations
+
+import sys
+
+import psutil
+
+from gputop.tui.process_tree import ProcessTree
+from tests.conftest import wait_gone
+from tests.tui.helpers import audit_records, open_app, run_async, screen_text, wait_row, wait_screen, wait_until
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def _open_kill_dialog(pilot, gpu: int, pid: int) -> None:
+    assert await wait_row(pilot, f"gpu{gpu}/{pid}")
+    assert pilot.app.select_key(f"gpu{gpu}/{pid}")
+    await pilot.press("k")
+    assert await wait_screen(pilot, "KillDialog")
+    assert pilot.app.screen.focused.id == "cancel"  # every dialog starts on Cancel
+
+
+@run_async
+async def test_confirming_a_kill_makes_the_process_die(procs, scenario):
+    victim = procs.sleeper("victimproc")
+    bystander = procs.sleeper("bystander")
+    path = scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"},
+                     {"pid": bystander.pid, "gpu": 1, "memory": "2GiB"}])
+    app = open_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_kill_dialog(pilot, 0, victim.pid)
+        await pilot.press("tab", "enter")  # Cancel -> TERM
+        assert await wait_until(pilot, lambda: victim.poll() is not None, timeout=10)
+        assert await wait_until(pilot, lambda: f"gpu0/{victim.pid}" not in app.query_one(ProcessTree).nodes_by_key)
+        assert await wait_until(pilot, lambda: any("done" in (n.title or "") for n in app._notifications))
+    assert alive(bystander.pid)
+    recs = audit_records("kill")
+    assert any(r.get("face") == "tui" and r.get("ok") for r in recs), recs
+
+
+@run_async
+async def test_cancelling_a_kill_leaves_the_process_alive(procs, scenario):
+    victim = procs.sleeper("victimproc")
+    path = scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"}])
+    app = open_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_kill_dialog(pilot, 0, victim.pid)
+        await pilot.press("escape")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ != "KillDialog")
+        # Enter on the focused Cancel button cancels too.
+        await pilot.press("k")
+        assert await wait_screen(pilot, "KillDialog")
+        await pilot.press("enter")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ != "KillDialog")
+        await pilot.pause(0.5)
+    assert victim.poll() is None and alive(victim.pid)
+    assert audit_records("kill") == []
+
+
+@run_async
+async def test_reap_removes_the_whole_tree(procs, scenario, tmp_path):
+    # A retry loop (the orphan root) restarting a python worker (the GPU holder), as a real orphan.
+    worker = tmp_path / "reapholder"
+    worker.symlink_to(sys.executable)
+    holder = procs.orphan(f"sh -c 'while :; do {worker} -c \"import time; time.sleep(600)\"; "
+                          f"sleep 1; done'", marker=str(worker))
+    root = psutil.Process(holder).ppid()
+    assert root > 1
+    bystander = procs.sleeper("bystander")
+    path = scenario([{"pid": holder, "gpu": 0, "memory": "8GiB"},
+                     {"pid": bystander.pid, "gpu": 1, "memory": "2GiB"}])
+    app = open_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await wait_row(pilot, f"gpu0/{holder}")
+        h = app.snapshot.holder(holder)
+        assert h.verdict.kind == "orphan" and h.verdict.root == root
+        assert app.select_key(f"gpu0/{holder}")
+        await pilot.press("r")
+        assert await wait_screen(pilot, "ReapDialog")
+        dialog = app.screen
+        assert dialog.focused.id == "cancel"
+        assert {root, holder} <= {m.pid for m in dialog.orphan_tree.members}
+        await pilot.press("tab", "enter")
+        assert await wait_until(pilot, lambda: wait_gone(root, 0.01) and wait_gone(holder, 0.01), timeout=15)
+    assert alive(bystander.pid)
+    assert any(r.get("face") == "tui" for r in audit_records("reap"))
+
+
+@run_async
+async def test_readonly_makes_no_action_possible(procs, scenario):
+    victim = procs.sleeper("victimproc")
+    path = scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"}])
+    app = open_app(path, readonly=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await wait_row(pilot, f"gpu0/{victim.pid}")
+        assert app.select_key(f"gpu0/{victim.pid}")
+        for key in ("k", "r", "R", "g"):
+            await pilot.press(key)
+            await pilot.pause(0.2)
+            assert type(app.screen).__name__ == "Screen", key
+        for action in ("kill", "reap", "reset", "guard"):
+            assert app.check_action(action, ()) is False
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert not any(t.startswith(("Kill", "Reap", "Reset", "Guard")) for t in titles), titles
+        shown = {ab.binding.action for ab in app.screen.active_bindings.values() if ab.enabled}
+        assert "help" in shown and not shown & {"kill", "reap", "reset", "guard"}, shown
+        text = screen_text(app)
+        assert "READ-ONLY" in text and "Kill" not in text and "Reap" not in text
+        # Called directly, the actions still refuse.
+        await app.run_action("kill")
+        await pilot.pause(0.3)
+        assert type(app.screen).__name__ == "Screen"
+    assert alive(victim.pid)
+    assert audit_records() == []
+
+
+@run_async
+async def test_guard_toggle_changes_the_mode(scenario, procs):
+    from gputop.guard import state as guard_state
+
+    victim = procs.sleeper("victimproc")
+    path = scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"}])
+    assert guard_state.get_mode() == "off"
+    app = open_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await wait_until(pilot, lambda: app.snapshot is not None and app.panel.guard_available)
+        await pilot.press("g")
+        assert await wait_screen(pilot, "GuardToggleDialog")
+        assert app.screen.target == "dry-run" and app.screen.focused.id == "cancel"
+        await pilot.press("tab", "enter")
+        assert await wait_until(pilot, lambda: guard_state.get_mode() == "dry-run")
+        assert await wait_until(pilot, lambda: app.panel.guard_mode == "dry-run")
+    assert alive(victim.pid)
+
+
+@run_async
+async def test_cursor_and_expansion_survive_refreshes(procs, scenario):
+    a = procs.sleeper("aaa")
+    path = scenario([{"pid": a.pid, "gpu": 0, "memory": "1GiB"}], gpus=2)
+    app = open_app(path, interval=0.1)
+    async with app.run_test(size=(100, 30)) as pilot:
+        assert await wait_row(pilot, f"gpu0/{a.pid}")
+        tree = app.query_one(ProcessTree)
+        assert app.select_key(f"gpu0/{a.pid}")
+        tree.nodes_by_key["gpu1"].collapse()
+        # A new holder that sorts above the selected one (more memory), on both GPUs.
+        b = procs.sleeper("bbb")
+        scenario([{"pid": a.pid, "gpu": 0, "memory": "1GiB"}, {"pid": b.pid, "gpu": 0, "memory": "9GiB"},
+                  {"pid": b.pid, "gpu": 1, "memory": "9GiB"}], gpus=2)
+        assert await wait_row(pilot, f"gpu0/{b.pid}")
+        await pilot.pause(0.3)
+        assert tree.cursor_node.data.key == f"gpu0/{a.pid}"
+        assert not tree.nodes_by_key["gpu1"].is_expanded
+        assert tree.nodes_by_key["gpu0"].is_expanded
