@@ -90,3 +90,58 @@ class PoolServer:
         for c in self.conns:
             c.close()
         self.sock.close()
+
+
+class SmtpSink:
+    """A minimal SMTP server on 127.0.0.1 that stores each message (envelope and data)."""
+
+    def __init__(self):
+        self.messages: list[dict] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn, conn.makefile("rb") as rf:
+                conn.sendall(b"220 sink ESMTP\r\n")
+                msg = {"from": None, "to": [], "data": b""}
+                while True:
+                    line = rf.readline()
+                    if not line:
+                        break
+                    cmd = line.strip().upper()
+                    if cmd.startswith((b"EHLO", b"HELO")):
+                        conn.sendall(b"250 sink\r\n")
+                    elif cmd.startswith(b"MAIL FROM:"):
+                        msg["from"] = line.strip()[10:].decode()
+                        conn.sendall(b"250 OK\r\n")
+                    elif cmd.startswith(b"RCPT TO:"):
+                        msg["to"].append(line.strip()[8:].decode())
+                        conn.sendall(b"250 OK\r\n")
+                    elif cmd == b"DATA":
+                        conn.sendall(b"354 go ahead\r\n")
+                        data = b""
+                        while True:
+                            ln = rf.readline()
+                            if not ln or ln == b".\r\n":
+                                break
+                            data += ln
+                        msg["data"] = data
+                        self.messages.append(dict(msg))
+                        conn.sendall(b"250 OK queued\r\n")
+                    elif cmd == b"QUIT":
+                        conn.sendall(b"221 bye\r\n")
+                        break
+                    else:
+                        conn.sendall(b"250 OK\r\n")
+
+    def close(self):
+        self.sock.close()

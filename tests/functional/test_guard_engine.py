@@ -19,7 +19,7 @@ from gputop.guard.engine import Engine, explain, render_explanation
 from gputop.guard.policy import load_policy, parse_policy
 from gputop.rogue import audit
 from tests.conftest import ROOT, wait_gone
-from tests.functional.guard_helpers import Clock, Webhook, sampler_for
+from tests.functional.guard_helpers import Clock, SmtpSink, Webhook, sampler_for
 
 BRIEF = ROOT / "examples" / "policy.yaml"
 
@@ -302,3 +302,48 @@ def test_test_policies_explains_each_rule_and_target(procs, scenario, clock):
     assert f"wait 30s, re-check, then kill (SIGTERM only) -> pid {new.pid}" in user["verdict"]
     assert "process_name 'sleep' contains_any ['xmrig', 'ethminer', 'cpuminer']: false" in text
     assert all(alive(p) for p in (xmrig, old, new))
+
+
+def test_email_goes_out_over_smtp_when_a_transport_is_configured(procs, scenario, clock):
+    sink = SmtpSink()
+    try:
+        victim = named(procs, "victim")
+        path = scenario(holders=[{"pid": victim.pid, "gpu": 0, "memory": "1GiB", "sm": 40}])
+        pol = parse_policy(textwrap.dedent("""\
+            rules:
+              - name: mail-admin
+                conditions:
+                  - {type: process_name, operator: "==", value: victim}
+                action: notify
+                notify: [admin@company.com]
+        """))
+        cfg = Config(extra={"guard": {"smtp": {"host": "127.0.0.1", "port": sink.port,
+                                               "from": "gputop@node.test"}}})
+        sampler = sampler_for(path, clock, cfg)
+        (hit,) = Engine(pol, config=cfg, sampler=sampler, record=lambda h: None).evaluate(
+            sampler.sample(), "enforce")
+        (res,) = hit["notify"]
+        assert res["ok"] and res["outcome"] == f"sent via SMTP 127.0.0.1:{sink.port}"
+        (msg,) = sink.messages
+        assert msg["from"] == "<gputop@node.test>" and msg["to"] == ["<admin@company.com>"]
+        assert b"Subject: [gputop guard]" in msg["data"] and b"mail-admin" in msg["data"]
+    finally:
+        sink.close()
+
+
+def test_per_user_process_count_limit_kills_newest_until_back_under(procs, scenario, clock):
+    ps = spawn_sleeps(procs, 4)
+    path = scenario(holders=[{"pid": p.pid, "gpu": i % 2, "memory": "1GiB"} for i, p in enumerate(ps)])
+    pol = parse_policy(textwrap.dedent("""\
+        rules:
+          - name: two-jobs-each
+            conditions:
+              - {type: process_count, operator: ">", value: 2, scope: per_user}
+            action: kill
+            timeout: 2s
+    """))
+    sampler = sampler_for(path, clock)
+    hits = Engine(pol, sampler=sampler, record=lambda h: None).evaluate(sampler.sample(), "enforce")
+    assert [h["pid"] for h in hits] == [ps[3].pid, ps[2].pid]
+    assert wait_gone(ps[3].pid) and wait_gone(ps[2].pid)
+    assert alive(ps[0]) and alive(ps[1])
