@@ -94,34 +94,8 @@ def top_up_host(target: int, reserve: int = 0) -> Sleepers:
 
 # ---- GPU holder trees ------------------------------------------------------------------------------
 
-# root (python) -> mid (forked python) -> ``per`` workers (``sleep``): the workers hold the GPU.
-# Holder chain: worker <- mid <- root <- (session leader, alive or gone) ... <- init.
-_TREE = r"""
-import json, os, sys, time
-out, per, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-root = os.getpid()
-r, w = os.pipe()
-mid = os.fork()
-if mid == 0:
-    os.close(r)
-    pids = [os.posix_spawn("/bin/sleep", ["sleep", secs], os.environ) for _ in range(per)]
-    os.write(w, json.dumps({"root": root, "mid": os.getpid(), "workers": pids,
-                            "sid": os.getsid(0), "pgid": os.getpgid(0)}).encode())
-    os.close(w)
-    for p in pids:
-        try: os.waitpid(p, 0)
-        except OSError: pass
-    os._exit(0)
-os.close(w)
-data = b""
-while chunk := os.read(r, 65536):
-    data += chunk
-tmp = out + ".tmp"
-with open(tmp, "w") as f:
-    f.write(data.decode())
-os.replace(tmp, out)
-os.waitpid(mid, 0)
-"""
+# The job script lives in a file, so that its command line is as short as a real job's.
+_TREE = str(Path(__file__).with_name("_tree.py"))
 
 
 @dataclass
@@ -139,9 +113,9 @@ class Tree:
 class HolderForest:
     """``gpus`` trees of ``per_gpu`` GPU-holding workers each; every other tree is a real orphan.
 
-    Non-orphan trees are started with ``setsid`` (their root is a live session leader). Orphan trees are
-    started as ``setsid sh -c 'python tree & exit 0'``: the session leader shell exits at once and the
-    root is reparented to init.
+    Non-orphan trees are started as ``sh -c 'setsid python tree & exit 0'`` (their root is a live session
+    leader, reparented to init). Orphan trees are started as ``setsid sh -c 'python tree & exit 0'``: the
+    session leader shell exits at once and the root is reparented to init.
     """
 
     gpus: int = 8
@@ -163,11 +137,14 @@ class HolderForest:
         for g in range(self.gpus):
             out = os.path.join(self._dir, f"tree{g}.json")
             orphan = g % 2 == 1
-            tree_cmd = [PY, "-c", _TREE, out, str(self.per_gpu), str(MAX_LIFE_S)]
+            tree_cmd = [PY, _TREE, out, str(self.per_gpu), str(MAX_LIFE_S)]
             if orphan:
                 cmd = ["setsid", "sh", "-c", " ".join(_q(a) for a in tree_cmd) + " & exit 0"]
             else:
-                cmd = ["setsid", *tree_cmd]
+                # A detached job that leads its own session (as one started by tmux, screen or a
+                # scheduler): not an orphan. It is reparented to init, so the benchmark's own ancestors
+                # (whatever runs it) stay out of the holders' chains.
+                cmd = ["sh", "-c", "setsid " + " ".join(_q(a) for a in tree_cmd) + " & exit 0"]
             starters.append((g, orphan, out, subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 preexec_fn=_default_sighup)))
@@ -180,8 +157,7 @@ class HolderForest:
                 time.sleep(0.02)
             d = json.loads(Path(out).read_text())
             self.trees.append(Tree(g, orphan, d["root"], d["mid"], d["workers"], d["sid"], d["pgid"]))
-            if orphan:
-                p.wait(10)  # the session leader shell has exited: the tree is a real orphan
+            p.wait(10)  # the starting shell has exited: the tree hangs off init
         return self
 
     def __exit__(self, *exc) -> None:
@@ -191,12 +167,6 @@ class HolderForest:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-        # Non-orphan roots are children of setsid (exec'd), i.e. of this process: reap them.
-        for t in self.trees:
-            try:
-                os.waitpid(t.root, os.WNOHANG)
-            except ChildProcessError:
-                pass
         _reap_children()
         self.trees = []
         if self._dir:

@@ -62,7 +62,6 @@ class Field:
 
     def write(self) -> "Field":
         write_scenario(self.scenario, self.gpus, self.holders)
-        (self.dir / "config.yaml").write_text("{}\n")  # defaults; the user's own config stays out
         if fake_nvml_dir() is not None:
             from tests.fakenvml.build import write_fake_nvml_config  # noqa: PLC0415
 
@@ -77,9 +76,10 @@ class Field:
         env = dict(os.environ)
         for var in ("GPUTOP_SCENARIO", "GPUTOP_BACKEND", "GPUTOP_CONFIG"):
             env.pop(var, None)
-        env.setdefault("XDG_STATE_HOME", str(self.dir / "state"))
+        # A user with no config file: the user's own config and state stay out of the measurements.
+        env["XDG_CONFIG_HOME"] = str(self.dir / "config")
+        env["XDG_STATE_HOME"] = str(self.dir / "state")
         env["GPUTOP_STATE_DIR"] = str(self.dir / "state")
-        env["GPUTOP_CONFIG"] = str(self.dir / "config.yaml")
         if backend == "simulated":
             env["GPUTOP_BACKEND"] = "simulated"
             env["GPUTOP_SCENARIO"] = str(self.scenario)

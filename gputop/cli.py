@@ -38,7 +38,25 @@ def add_common(p: argparse.ArgumentParser, suppress: bool = False) -> None:
     p.add_argument("--config", metavar="FILE", default=d, help="config file ($GPUTOP_CONFIG)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _named_command(argv: list[str] | None) -> str | None:
+    """The subcommand this command line most likely runs; None when unsure (or for help)."""
+    if argv is None:
+        return None
+    for a in argv:
+        if a in COMMANDS:
+            return a
+        if a == "--" or a.startswith(("-h", "--h")):  # top-level help lists every command
+            return None
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser; given ``argv``, only the subcommand it names is imported (start-up time).
+
+    Every other subcommand gets a placeholder that marks ``_lazy``: main() then builds the full parser
+    and parses again, so a wrong guess costs time, never behaviour.
+    """
+    wanted = _named_command(argv)
     parser = argparse.ArgumentParser(
         prog="gputop",
         description="A top-like GPU process manager. With no subcommand, starts the full-screen TUI.",
@@ -58,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the gputop command on the remote host (default: gputop, or $GPUTOP_REMOTE_CMD)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
+        if wanted is not None and name != wanted:
+            sp = sub.add_parser(name, add_help=False)
+            sp.add_argument("_lazy_rest", nargs=argparse.REMAINDER)
+            sp.set_defaults(_lazy=name)
+            continue
         mod = importlib.import_module(f"gputop.commands.{name}")
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,16 +93,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        from gputop.remote import run_remote, split_remote_argv
+        # gputop.remote is imported only when it can matter (start-up time).
+        if any(a.partition("=")[0] in ("--remote", "--remote-gputop") for a in argv):
+            from gputop.remote import run_remote, split_remote_argv
 
-        remote = split_remote_argv(argv)
-        if remote is not None:  # everything else is for the gputop on that host
-            return run_remote(remote)
+            remote = split_remote_argv(argv)
+            if remote is not None:  # everything else is for the gputop on that host
+                return run_remote(remote)
     except GputopError as e:
         print(f"gputop: {e}", file=sys.stderr)
         return e.exit_code
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "_lazy", None):  # the guessed subcommand was not the one parsed
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    elif extra:  # what parse_args() says
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if getattr(args, "_run", None) is None:
             from gputop.tui.launch import run_tui  # imports Textual

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import platformdirs
-import yaml
 
 from gputop.errors import UsageError
 from gputop.orphans import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT
@@ -62,6 +61,8 @@ def load_config(path: str | None = None) -> Config:
         if path or os.environ.get("GPUTOP_CONFIG"):
             raise UsageError(f"config file {p} does not exist: create it or drop --config/GPUTOP_CONFIG")
         return Config()
+    import yaml  # only when there is a file: it costs ~10 ms of start-up
+
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:

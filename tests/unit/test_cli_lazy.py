@@ -1,0 +1,32 @@
+"""The CLI imports only the subcommand it runs (start-up time), and a wrong guess changes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from gputop.cli import _named_command, build_parser
+
+
+def test_named_command_guess():
+    assert _named_command(["status", "--json"]) == "status"
+    assert _named_command(["--backend", "nvml", "kill", "--pid", "3"]) == "kill"
+    assert _named_command(["--help", "status"]) is None  # top-level help lists every command
+    assert _named_command(["--interval", "2"]) is None  # the TUI
+    assert _named_command(None) is None
+
+
+def test_status_does_not_import_other_subcommands():
+    code = ("import sys; from gputop.cli import build_parser; build_parser(['status', '--json']); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('gputop.commands.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["gputop.commands._common", "gputop.commands.status"]
+
+
+def test_an_option_value_named_like_a_command_still_parses_the_real_one(tmp_path):
+    # "kill" is the --scenario value here; the command is status. main() re-parses with every command.
+    parser = build_parser(["--scenario", "kill", "status", "--json"])
+    args, _ = parser.parse_known_args(["--scenario", "kill", "status", "--json"])
+    assert args._lazy == "status"
+    full = build_parser().parse_args(["--scenario", "kill", "status", "--json"])
+    assert full.json and full.scenario == "kill" and full.command == "status"
