@@ -657,15 +657,40 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
     def tracked_alive() -> list[int]:
         return [p for p, h in handles.items() if p not in gone and h.alive()]
 
-    try:
-        # 1. Freeze the whole tree, so that nothing in it can start a new worker; repeat until no new child.
-        first = adopt(members, [])
+    def wait_stopped(pids: list[int], timeout: float = 2.0) -> None:
+        """SIGSTOP is asynchronous: wait until each process is really stopped (or gone)."""
+        deadline = time.monotonic() + timeout
+        left = list(pids)
+        while left and time.monotonic() < deadline:
+            nxt = []
+            for pid in left:
+                now = read_proc(pid)
+                if now is None or now.zombie or now.state in ("T", "t") or not handles[pid].alive():
+                    continue
+                nxt.append(pid)
+            left = nxt
+            if left:
+                time.sleep(0.005)
+
+    def freeze(first: list[int], then: list[int] | None = None) -> None:
+        """Stop ``first``, then repeatedly stop every new descendant of any tracked process, until a scan
+        taken while everything is stopped finds nothing new: a stopped process cannot fork, so nothing
+        can appear after that. New members also get ``then`` (e.g. SIGTERM + SIGCONT)."""
         send_all(signal.SIGSTOP, first)
-        for _ in range(20):
-            new = adopt(_scan_tree(tracked_alive() or [root_pid]), [signal.SIGSTOP])
+        wait_stopped(first)
+        for _ in range(50):
+            new = adopt(_scan_tree(tracked_alive()), [signal.SIGSTOP])
             if not new:
-                break
-            signals.append(_sig_event(signal.SIGSTOP, new))
+                return
+            signals.append({**_sig_event(signal.SIGSTOP, new), "then": [signal.Signals(x).name for x in then or []]})
+            wait_stopped(new)
+            for pid in new:
+                for s in then or []:
+                    _send(pid, s)
+
+    try:
+        # 1. Freeze the whole tree, so that nothing in it can start a new worker.
+        freeze(adopt(members, []))
         if denied:
             # Nothing was killed yet: let the tree run again and say why.
             send_all(signal.SIGCONT, [p for p in handles if p not in denied])
@@ -687,21 +712,19 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        # 4. Freeze what is left and kill it; re-scan until the tree is empty.
+        # 4. Freeze what is left (and anything it started meanwhile), then kill it all.
         killed_any = False
-        for _ in range(50):
-            alive = tracked_alive()
-            new = adopt(_scan_tree(alive), [signal.SIGSTOP])
+        for _ in range(20):
             alive = tracked_alive()
             if not alive:
                 break
-            send_all(signal.SIGSTOP, [p for p in alive if p not in new])
+            freeze(alive)
+            alive = tracked_alive()
             send_all(signal.SIGKILL, alive)
             killed_any = True
             left = _wait_gone([handles[p] for p in alive], 5.0)
-            if left and not _scan_tree([h.pid for h in left]).keys() - set(handles):
-                # Nothing new appeared; what is left ignores SIGKILL for now (uninterruptible I/O).
-                break
+            if left:
+                break  # ignores SIGKILL for now (uninterruptible I/O); reported below
         survivors = tracked_alive()
     finally:
         for h in handles.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 import psutil
 
 from gputop import auditlog
+
+_SEQ = itertools.count()
 
 # Processes that ignore SIGTERM print "ready" once the handler is installed, so no test races it.
 IGNORE_TERM = ("import signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -85,3 +88,39 @@ def check_target(rec: dict, who: dict, gpus=None) -> None:
 
 def load_json(out: str):
     return json.loads(out)
+
+
+def with_marker(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains ``marker``, other than this one."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+            continue
+        if marker in " ".join(p.info["cmdline"] or []):
+            out.append(p.pid)
+    return out
+
+
+def unique(marker: str) -> str:
+    """A marker no other test run (in parallel, or left over) uses."""
+    if "#" in marker:
+        return marker
+    return f"{marker}#{os.getpid()}-{next(_SEQ)}"
+
+
+def orphan_python(procs, marker: str, timeout: float = 10.0) -> int:
+    """A real orphan python process (its session leader sh exited at once); returns its PID."""
+    marker = unique(marker)
+    code = f"import time; time.sleep(600)  # {marker}"
+    procs.spawn(["setsid", "sh", "-c", f"{sys.executable} -c '{code}' & exit 0"]).wait(timeout)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for pid in with_marker(marker):
+            try:
+                if psutil.Process(pid).cmdline()[:2] == [sys.executable, "-c"]:
+                    procs.pids.append(pid)
+                    return pid
+            except psutil.Error:
+                continue
+        time.sleep(0.05)
+    raise TimeoutError(f"orphan {marker!r} did not start")

@@ -1,0 +1,214 @@
+"""gputop reap against real orphaned process trees (setsid sh -c 'job & exit') on simulated GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from gputop import actions
+from gputop.config import load_config
+from gputop.errors import EXIT_REFUSED
+from gputop.snapshot import Sampler
+from tests.conftest import run_gputop, wait_gone
+from tests.functional.actions_helpers import (
+    alive, check_common, ident, orphan_python, records, unique, with_marker, write_config,
+)
+
+PY = sys.executable
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    return write_config(tmp_path / "config.yaml", monkeypatch)
+
+
+def retry_loop(procs, marker: str, supervisor: bool = False) -> tuple[int, int]:
+    """An orphaned bash retry loop: its session leader (sh) has exited. Returns (loop pid, worker pid).
+
+    ``supervisor``: the loop survives SIGTERM (a trap), so it respawns the worker when the worker dies,
+    which is what the SIGSTOP-first reap must defeat.
+    """
+    marker = unique(marker)
+    trap = "trap : TERM; " if supervisor else ""
+    inner = (f'bash -c "{trap}while true; do {PY} -c \'import time; time.sleep(600)  # {marker}-worker\'; '
+             f'done; : {marker}-loop"')
+    procs.spawn(["setsid", "sh", "-c", f"{inner} & exit 0"]).wait(10)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        loops = with_marker(f"{marker}-loop")
+        workers = [p for p in with_marker(f"{marker}-worker") if p not in loops]
+        if loops and workers:
+            procs.pids.extend(loops + workers)
+            return loops[0], workers[0]
+        time.sleep(0.05)
+    raise TimeoutError("retry loop did not start")
+
+
+def test_preview_lists_each_tree_and_signals_nothing(procs, scenario, cfg):
+    loop, worker = retry_loop(procs, "gt-prev")
+    scenario(holders=[{"pid": worker, "gpu": 1, "memory": "6GiB"}])
+    r = run_gputop("reap", "--json")
+    assert r.returncode == 0, r.stderr
+    [tree] = json.loads(r.stdout)["trees"]
+    assert tree["root"]["pid"] == loop and tree["root"]["name"] == "bash"
+    assert [m["pid"] for m in tree["members"]] == [loop, worker]
+    assert tree["holders"] == [worker] and tree["gpus"] == [1] and tree["gpu_memory"] == 6 * 2**30
+    assert "session leader" in tree["reason"] and "init" in tree["reason"] or "subreaper" in tree["reason"]
+    r = run_gputop("reap")
+    assert r.returncode == 0
+    assert f"root {loop} (bash" in r.stdout and f"member {worker:>7}" in r.stdout.replace("  ", " ") or str(worker) in r.stdout
+    assert "why: session leader" in r.stdout and "6.0GiB" in r.stdout and "--apply" in r.stdout
+    assert alive(loop) and alive(worker)
+    assert records() == []
+
+
+@pytest.mark.parametrize("supervisor", [False, True], ids=["plain-loop", "loop-survives-sigterm"])
+def test_apply_reaps_retry_loop_and_no_new_worker_survives(procs, scenario, cfg, supervisor):
+    marker = unique(f"gt-reap-{int(supervisor)}")
+    loop, worker = retry_loop(procs, marker, supervisor=supervisor)
+    innocent = procs.sleeper("gt-innocent")  # same user, not in the tree
+    innocent_orphan = orphan_python(procs, "gt-innocent-orphan")  # an orphan too, but holds no GPU
+    scenario(holders=[{"pid": worker, "gpu": 0, "memory": "2GiB"}])
+    root_ident = ident(loop)
+    t0 = time.monotonic()
+    r = run_gputop("reap", "--apply", "--grace", "1", "--json")
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    [res] = json.loads(r.stdout)["results"]
+    assert res["outcome"] == "reaped" and res["memory_released"] is True
+    assert wait_gone(loop, 5) and wait_gone(worker, 5)
+    time.sleep(0.5)  # a respawned worker would show up here
+    assert with_marker(marker) == []
+    assert alive(innocent.pid) and alive(innocent_orphan)
+    assert elapsed < 20
+    [rec] = records(action="reap")
+    check_common(rec, action="reap", outcome="reaped")
+    assert rec["target"]["pid"] == loop and rec["target"]["cmdline"] == root_ident["cmdline"]
+    assert rec["target"]["gpus"] == [0]
+    sigs = [s["signal"] for s in rec["signals"]]
+    assert sigs[0] == "SIGSTOP" and set(rec["signals"][0]["pids"]) >= {loop, worker}
+    assert sigs.index("SIGTERM") < sigs.index("SIGCONT")
+    if supervisor:
+        # The loop ignored SIGTERM: it had to be killed, and nothing it started outlived it.
+        assert "SIGKILL" in sigs and rec["details"]["sigkill"] is True
+    members = {m["pid"] for m in rec["details"]["members"]}
+    assert {loop, worker} <= members and innocent.pid not in members and innocent_orphan not in members
+
+
+def test_apply_with_root_refuses_a_tree_that_is_not_an_orphan(procs, scenario, cfg):
+    holder = procs.sleeper("gt-attached")  # its session (this test run) is alive
+    scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
+    r = run_gputop("reap", "--apply", "--root", str(holder.pid))
+    assert r.returncode == EXIT_REFUSED and "not the root of an orphan tree" in r.stdout
+    time.sleep(0.2)
+    assert alive(holder.pid)
+    [rec] = records(pid=holder.pid)
+    check_common(rec, action="reap", outcome="refused")
+    assert rec["details"]["rule"] == "not-orphan" and rec["signals"] == []
+    r = run_gputop("reap", "--apply", "--root", "1")
+    assert r.returncode == EXIT_REFUSED and "pid 1" in r.stdout
+
+
+def test_protected_and_unknown_trees_are_never_touched(procs, scenario, tmp_path, monkeypatch):
+    write_config(tmp_path / "c.yaml", monkeypatch, protect=["gt-keepme"])
+    kept = orphan_python(procs, "gt-keepme")
+    ghost = orphan_python(procs, "gt-ghost")
+    scenario(holders=[{"pid": kept, "gpu": 0, "memory": "1GiB"},
+                      {"pid": ghost, "gpu": 1, "memory": "1GiB", "visible": False}])
+    r = run_gputop("reap", "--json")
+    out = json.loads(r.stdout)
+    assert out["trees"] == []
+    assert {s["pid"]: s["verdict"] for s in out["skipped"]} == {kept: "protected"}
+    r = run_gputop("reap", "--apply")
+    assert r.returncode == 0 and "nothing to reap" in r.stdout
+    r = run_gputop("reap", "--apply", "--root", str(kept))
+    assert r.returncode == EXIT_REFUSED and "protected" in r.stdout
+    r = run_gputop("reap", "--apply", "--root", str(ghost))
+    assert r.returncode == EXIT_REFUSED and "unknown" in r.stdout
+    time.sleep(0.2)
+    assert alive(kept) and alive(ghost)
+    assert [x["details"]["rule"] for x in records(action="reap")] == ["protected", "unknown"]
+
+
+def test_identity_change_refused(procs, scenario, cfg):
+    loop, worker = retry_loop(procs, "gt-ident")
+    scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    res = actions.reap_tree(loop, expected_start=ident(loop)["start"] - 50, face="guard", grace=0.5,
+                            reason="rule orphan-reaper")
+    assert res.outcome == "identity-changed" and res.exit_code == EXIT_REFUSED
+    assert alive(loop) and alive(worker)
+    [rec] = records(action="reap")
+    assert rec["face"] == "guard" and rec["reason"] == "rule orphan-reaper"
+
+
+def test_watchdog_reaps_only_after_grace_with_fake_clock(procs, scenario, cfg):
+    loop, worker = retry_loop(procs, "gt-dog")
+    innocent = procs.sleeper("gt-innocent")
+    scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    now = [1000.0]
+    events = []
+    sampler = Sampler.open(config=load_config())
+    try:
+        actions.run_watch(sampler, apply=True, interval=5, grace=12, kill_grace=1, clock=lambda: now[0],
+                          sleep=lambda s: now.__setitem__(0, now[0] + s), on_event=events.append, iterations=3)
+        assert [e["event"] for e in events] == ["pending"] * 3  # ages 0, 5, 10: within the grace
+        assert alive(loop) and alive(worker) and records() == []
+        events.clear()
+        dog = actions.Watchdog(sampler, apply=True, grace=12, kill_grace=1)
+        dog.first_seen[(loop, ident(loop)["start"])] = 0.0  # pretend it has been orphaned since t=0
+        dog.first_seen = {k: 0.0 for k in dog.first_seen}
+        # identity keys use the rounded start time as read from /proc
+        dog.scan(1.0)
+        evs = dog.scan(20.0)
+    finally:
+        sampler.close()
+    assert [e["event"] for e in evs] == ["reaped"]
+    assert wait_gone(loop, 5) and wait_gone(worker, 5) and alive(innocent.pid)
+    [rec] = records(action="reap")
+    assert rec["outcome"] == "reaped" and rec["reason"].startswith("watchdog: orphaned for")
+
+
+def test_watch_cli_logs_without_apply_and_reaps_with_it(procs, scenario, cfg):
+    marker = unique("gt-watch")
+    loop, worker = retry_loop(procs, marker)
+    innocent = procs.sleeper("gt-innocent")
+    scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    r = run_gputop("reap", "--watch", "--interval", "0.2", "--grace", "0.3", "--count", "5")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("would-reap") == 1 and "logging (no --apply)" in r.stdout
+    assert alive(loop) and alive(worker)
+    [dry] = records(action="reap")
+    assert dry["outcome"] == "dry-run" and dry["reason"].startswith("watchdog")
+    r = run_gputop("reap", "--watch", "--apply", "--interval", "0.2", "--grace", "0.3", "--count", "6", "--json")
+    assert r.returncode == 0, r.stderr
+    evs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert evs[0]["event"] == "pending" and evs[0]["root"] == loop
+    assert any(e["event"] == "reaped" and e["result"]["ok"] for e in evs)
+    assert wait_gone(loop, 5) and wait_gone(worker, 5)
+    assert with_marker(marker) == [] and alive(innocent.pid)
+
+
+def test_brief_orphan_is_never_touched(procs, scenario, cfg):
+    loop, worker = retry_loop(procs, "gt-brief")
+    scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    sampler = Sampler.open(config=load_config())
+    try:
+        dog = actions.Watchdog(sampler, apply=True, grace=10, kill_grace=1)
+        assert [e["event"] for e in dog.scan(0.0)] == ["pending"]
+        # The job finishes on its own before the grace is over ...
+        for pid in (loop, worker):
+            os.kill(pid, 9)
+        assert wait_gone(loop, 5) and wait_gone(worker, 5)
+        assert dog.scan(5.0) == [] and dog.first_seen == {}
+        # ... and a new orphan tree that appears later starts its own grace from zero.
+        loop2, worker2 = retry_loop(procs, "gt-brief2")
+        scenario(holders=[{"pid": worker2, "gpu": 0, "memory": "1GiB"}])
+        assert [e["event"] for e in dog.scan(11.0)] == ["pending"]
+        assert alive(loop2) and alive(worker2)
+    finally:
+        sampler.close()
+    assert records() == []
