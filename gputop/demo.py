@@ -20,6 +20,7 @@ A YAML scenario in a temp dir names them on four simulated GPUs; a background th
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import signal
@@ -69,6 +70,17 @@ while true; do
   {run}
   sleep 1
 done
+"""
+
+
+# Starts one process in a new session and exits at once, so that the process is reparented.
+_DETACH = """\
+import json, os, subprocess, sys
+spec = json.loads(sys.argv[1])
+p = subprocess.Popen(spec["argv"], executable=spec["exe"], cwd=spec["cwd"], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(p.pid, flush=True)
+os._exit(0)
 """
 
 
@@ -183,8 +195,13 @@ class Demo:
             return
 
         def handler(signum, frame):
-            self.stop()
             old = self._old_handlers.get(signum)
+            for sig in list(self._old_handlers):  # a second signal (TERM then HUP) must not cut the cleanup
+                try:
+                    signal.signal(sig, signal.SIG_IGN)
+                except (ValueError, OSError):
+                    pass
+            self.stop()
             if callable(old):
                 old(signum, frame)
             else:
@@ -237,6 +254,21 @@ class Demo:
         self._popens.append(p)
         return p
 
+    def _detached(self, argv: list[str], name: str | None = None, executable: str | None = None) -> int:
+        """Start ``argv`` in its own session, reparented to init (or the nearest subreaper) at once, as a
+        job started with ``setsid``: its chain is not gputop's, so a gputop running inside tmux or
+        screen (protected names) does not make the demo's processes protected."""
+        env = self._env()
+        if name:
+            env["GPUTOP_DEMO_NAME"] = name
+        spec = json.dumps({"argv": argv, "exe": executable, "cwd": str(self.dir)})
+        out = subprocess.run([self.python, "-c", _DETACH, spec], env=env, preexec_fn=_default_sighup,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15)
+        try:
+            return int(out.stdout.split()[0])
+        except (IndexError, ValueError):
+            raise RuntimeError(f"demo: could not start {argv[0]}: {out.stderr.strip()[-200:]}") from None
+
     def _record(self, role: str, pid: int) -> DemoProc:
         dp = DemoProc(role, pid, _wait_start_time(pid))
         self.procs[role] = dp
@@ -244,10 +276,10 @@ class Demo:
 
     def _start_processes(self) -> None:
         # A training job started deliberately in its own session (setsid): not an orphan.
-        launcher = self._popen(["torchrun", "launch.py", "--nproc-per-node", "2"], executable=self.python,
-                               start_new_session=True)
-        self._record("launcher", launcher.pid)
-        workers = _wait_children(launcher.pid, 2)
+        # Every demo job is detached this way (see _detached); only the orphan is made differently.
+        launcher = self._detached(["torchrun", "launch.py", "--nproc-per-node", "2"], executable=self.python)
+        self._record("launcher", launcher)
+        workers = _wait_children(launcher, 2)
         for i, pid in enumerate(workers):
             self._record(f"worker{i}", pid)
         # An orphaned tree: the session leader (sh) exits at once; the retry loop goes to init.
@@ -258,15 +290,12 @@ class Demo:
         self._record("retry-root", root)
         self._record("retry-worker", _wait_children(root, 1)[0])
         # A process named like a miner: argv[0] and comm are "xmrig".
-        miner = self._popen(["xmrig", "train.py", "-o", "pool.example.net:3333", "--donate-level", "1"],
-                            name="xmrig", executable=self.python, start_new_session=True)
-        self._record("miner", miner.pid)
-        gfx = self._popen(["glxgears", "train.py", "-info"], name="glxgears", executable=self.python,
-                          start_new_session=True)
-        self._record("graphics", gfx.pid)
-        jup = self._popen(["python", "train.py", "-m", "ipykernel_launcher", "-f",
-                           "/run/user/jupyter/kernel-demo.json"], executable=self.python, start_new_session=True)
-        self._record("jupyter", jup.pid)
+        self._record("miner", self._detached(["xmrig", "train.py", "-o", "pool.example.net:3333",
+                                              "--donate-level", "1"], name="xmrig", executable=self.python))
+        self._record("graphics", self._detached(["glxgears", "train.py", "-info"], name="glxgears",
+                                                executable=self.python))
+        self._record("jupyter", self._detached(["python", "train.py", "-m", "ipykernel_launcher", "-f",
+                                                "/run/user/jupyter/kernel-demo.json"], executable=self.python))
 
     def pid(self, role: str) -> int:
         return self.procs[role].pid
