@@ -162,9 +162,11 @@ class StaticCache:
         return len(self._entries)
 
 
-def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None) -> ProcInfo | None:
+def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
+                stat: bytes | None = None) -> ProcInfo | None:
     base = f"{proc_root}/{pid}"
-    stat = _read(f"{base}/stat")
+    if stat is None:
+        stat = _read(f"{base}/stat")
     if not stat:
         return None
     if static is not None:
@@ -315,12 +317,17 @@ class ProcTable:
     _cache: dict[int, ProcInfo | None] = field(default_factory=dict)
     _children: dict[int, list[int]] | None = None
     static: StaticCache | None = None  # optional: carried across samples by a long-lived Sampler
+    _scan_stat: dict[int, bytes] = field(default_factory=dict)  # stat lines read by scan_all, not parsed yet
 
     def get(self, pid: int) -> ProcInfo | None:
         try:
             return self._cache[pid]
         except KeyError:
-            info = read_proc(pid, self.proc_root, self.static)
+            stat = self._scan_stat.pop(pid, None) if self._scan_stat else None
+            if stat is not None:  # scan_all read its stat line: read the rest now
+                info = _read_linux(pid, self.proc_root, self.static, stat)
+            else:
+                info = read_proc(pid, self.proc_root, self.static)
             self._cache[pid] = info
             return info
 
@@ -328,13 +335,37 @@ class ProcTable:
         return self.get(pid) is not None
 
     def scan_all(self) -> None:
-        """Read every process on the host (needed only to find children)."""
-        pids = psutil.pids() if not IS_LINUX else _linux_pids(self.proc_root)
-        children: dict[int, list[int]] = {}
-        for pid in pids:
-            info = self.get(pid)
-            if info is not None:
-                children.setdefault(info.ppid, []).append(pid)
+        """Read every process on the host (needed only to find children).
+
+        On Linux only /proc/<pid>/stat is read here (for the parent PID); the command line and status of
+        a process are read when get() asks for it, so a reap reads three files only for its tree.
+        """
+        if not IS_LINUX:
+            children: dict[int, list[int]] = {}
+            for pid in psutil.pids():
+                info = self.get(pid)
+                if info is not None:
+                    children.setdefault(info.ppid, []).append(pid)
+            self._children = children
+            return
+        children = {}
+        scan_stat: dict[int, bytes] = {}
+        root = self.proc_root
+        for pid in _linux_pids(root):
+            if pid in self._cache:
+                info = self._cache[pid]
+                if info is not None:
+                    children.setdefault(info.ppid, []).append(pid)
+                continue
+            stat = _read(f"{root}/{pid}/stat")
+            try:
+                ppid = int(stat[stat.rindex(b")") + 2:].split(None, 2)[1])  # type: ignore[index]
+            except (AttributeError, TypeError, ValueError, IndexError):  # gone, unreadable, malformed: as get()
+                self._cache[pid] = None
+                continue
+            scan_stat[pid] = stat
+            children.setdefault(ppid, []).append(pid)
+        self._scan_stat = scan_stat
         self._children = children
 
     def children(self, pid: int) -> list[int]:

@@ -111,3 +111,23 @@ def test_sampler_keeps_verdicts_with_and_without_the_cache(procs, scenario):
                [(h.pid, h.verdict, h.user, h.cmd, [x.pid for x in h.chain]) for h in c.holders]
         assert {h.pid: h.verdict.kind for h in w.holders} == {job: "orphan", mine.pid: "not-orphan"}
     os.kill(job, signal.SIGKILL)
+
+
+def test_scan_all_finds_the_same_children_as_full_reads(procs):
+    from gputop.procs import ProcTable
+
+    parent = procs.spawn(["sh", "-c", "sleep 60 & sleep 60 & wait"])
+    deadline = time.time() + 5
+    table = ProcTable()
+    while True:
+        table = ProcTable()
+        kids = table.children(parent.pid)
+        if len(kids) == 2 or time.time() > deadline:
+            break
+        time.sleep(0.02)
+    assert len(kids) == 2
+    members = table.descendants(parent.pid)
+    assert sorted(m.pid for m in members) == sorted(kids)
+    assert all(m.cmdline == ("sleep", "60") and m.ppid == parent.pid for m in members)  # full reads
+    # Only the processes asked for were read in full; the rest of the host is stat lines.
+    assert len(table._cache) < len(table._scan_stat) + len(table._cache)

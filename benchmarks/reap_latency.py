@@ -1,0 +1,175 @@
+"""Benchmark 4: reap latency for an orphan tree of 100 processes with a retry loop at its root.
+
+The tree is a real orphan: ``setsid sh -c 'sh retry-loop & exit 0'``. The loop restarts the job whenever
+it dies: root sh (the loop) -> python job -> forked python -> 97 ``sleep`` workers, one of which holds a
+(fake) GPU. Two variants: "polite" (everything dies on SIGTERM) and "stubborn" (the whole tree ignores
+SIGTERM, so only SIGKILL after the grace ends it).
+
+gputop.actions.reap_tree runs in a worker process on the fake NVML library (or the simulated backend);
+a poller thread there watches all 100 PIDs every 2 ms. Budget: every process gone within grace + 0.5 s.
+The run also checks that the retry loop did not start a new job afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks.common import (
+    MAX_LIFE_S, PY, ROOT, Sleepers, _default_sighup, _q, host_process_count, median, print_table, verdict,
+)
+from benchmarks.fake_gpus import fake_nvml_dir, make_field
+
+TREE_SCRIPT = str(Path(__file__).with_name("_tree.py"))
+WORKERS = 97  # + loop shell + job + forked job = 100 processes
+SLACK = 0.5
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            s = f.read()
+    except OSError:
+        return False
+    return s[s.rindex(b")") + 2:s.rindex(b")") + 3] not in (b"Z", b"X")
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        s = f.read()
+    return int(s[s.rindex(b")") + 2:].split()[1])
+
+
+def start_tree(stubborn: bool, workdir: Path) -> dict:
+    out = workdir / "tree.json"
+    trap = "trap '' TERM; " if stubborn else ""
+    loop = (f"{trap}while :; do {_q(PY)} {_q(TREE_SCRIPT)} {_q(str(out))} {WORKERS} {MAX_LIFE_S}; "
+            "sleep 0.2; done")
+    starter = subprocess.Popen(["setsid", "sh", "-c", f"sh -c {_q(loop)} & exit 0"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               preexec_fn=_default_sighup)
+    starter.wait(10)
+    deadline = time.time() + 30
+    while not out.exists():
+        if time.time() > deadline:
+            raise RuntimeError("the orphan tree did not start")
+        time.sleep(0.01)
+    d = json.loads(out.read_text())
+    out.unlink()  # a restarted job would write it again
+    d["loop"] = _ppid(d["root"])
+    d["members"] = [d["loop"], d["root"], d["mid"], *d["workers"]]
+    d["out"] = str(out)
+    return d
+
+
+def kill_tree(tree: dict) -> None:
+    import signal
+
+    for pid in tree["members"]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def worker(tree_json: str, grace: float) -> dict:
+    from gputop.actions import reap_tree
+    from gputop.procs import read_proc
+
+    tree = json.loads(tree_json)
+    members = tree["members"]
+    root = read_proc(tree["loop"])
+    gone_at: dict[int, float] = {}
+    stop = threading.Event()
+
+    def poll():
+        left = set(members)
+        while left and not stop.is_set():
+            now = time.perf_counter()
+            for pid in list(left):
+                if not _alive(pid):
+                    gone_at[pid] = now
+                    left.discard(pid)
+            time.sleep(0.002)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t0 = time.perf_counter()
+    t.start()
+    result = reap_tree(root.pid, expected_start=root.start_time, face="cli", grace=grace,
+                       reason="benchmark")
+    t1 = time.perf_counter()
+    t.join(grace + 10)
+    stop.set()
+    time.sleep(0.5)  # would the retry loop have started a new job?
+    respawned = Path(tree["out"]).exists()
+    return {
+        "ok": result.ok, "outcome": result.outcome, "message": result.message,
+        "returned": t1 - t0, "all_gone": (max(gone_at.values()) - t0) if len(gone_at) == len(members) else None,
+        "gone": len(gone_at), "members": len(members), "respawned": respawned,
+        "sigkill": result.details.get("sigkill"), "host": host_process_count(),
+    }
+
+
+def run(runs: int = 3, grace: float = 1.0, host: int = 2000) -> str:
+    backend = "nvml" if fake_nvml_dir() is not None else "simulated"
+    rows, notes, results = [], [], {}
+    with Sleepers(host - host_process_count() - 100):
+        for variant in ("polite", "stubborn"):
+            results[variant] = []
+            for _ in range(runs):
+                with tempfile.TemporaryDirectory(prefix="gputop-bench-reap-") as d:
+                    tree = start_tree(variant == "stubborn", Path(d))
+                    try:
+                        field = make_field(1, [(0, tree["workers"][0])])
+                        out = subprocess.run(
+                            [PY, "-m", "benchmarks.reap_latency", "--worker", json.dumps(tree),
+                             "--grace", str(grace)],
+                            cwd=ROOT, env=field.env(backend), capture_output=True, text=True, timeout=120)
+                        if out.returncode != 0:
+                            raise RuntimeError(f"reap worker failed: {out.stderr[-1500:]}")
+                        results[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                    finally:
+                        kill_tree(tree)
+    for variant, rs in results.items():
+        done = [r["all_gone"] for r in rs if r["all_gone"] is not None]
+        worst = max(done) if len(done) == len(rs) else None
+        ok = worst is not None and worst <= grace + SLACK and all(r["ok"] and not r["respawned"] for r in rs)
+        rows.append([
+            variant, f"{rs[0]['members']}", f"{grace:.1f} s",
+            f"{median(done):.3f} s" if done else "-", f"{worst:.3f} s" if worst is not None else "not all gone",
+            f"{median([r['returned'] for r in rs]):.3f} s", f"{grace + SLACK:.1f} s", verdict(ok),
+            ", ".join(sorted({r['outcome'] + (' (SIGKILL)' if r['sigkill'] else '') for r in rs})),
+            "yes" if any(r["respawned"] for r in rs) else "no",
+        ])
+    notes.append(f"{runs} runs per variant, {rs[0]['host']:,} host processes, backend {backend}; 'all gone' is "
+                 "measured from the reap_tree() call to the last of the 100 PIDs leaving /proc (or turning "
+                 "zombie), polled every 2 ms.")
+    return print_table(
+        "4. Reap latency: orphan tree of 100 processes with a retry loop at the root (budget: grace + 0.5 s)",
+        ["variant", "procs", "grace", "all gone (median)", "all gone (worst)", "reap_tree returned",
+         "budget", "result", "outcome", "loop respawned"], rows, notes)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.reap_latency")
+    ap.add_argument("--worker", metavar="TREE_JSON", help=argparse.SUPPRESS)
+    ap.add_argument("--grace", type=float, default=1.0)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--host", type=int, default=2000)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.grace)))
+        return 0
+    run(args.runs, args.grace, args.host)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
