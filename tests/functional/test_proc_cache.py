@@ -130,4 +130,5 @@ def test_scan_all_finds_the_same_children_as_full_reads(procs):
     assert sorted(m.pid for m in members) == sorted(kids)
     assert all(m.cmdline == ("sleep", "60") and m.ppid == parent.pid for m in members)  # full reads
     # Only the processes asked for were read in full; the rest of the host is stat lines.
-    assert len(table._cache) < len(table._scan_stat) + len(table._cache)
+    assert 1 not in table._cache and 1 in table._scan_stat
+    assert table.get(1) is not None and table.get(1).pid == 1 and 1 not in table._scan_stat
