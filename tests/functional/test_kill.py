@@ -19,8 +19,14 @@ from gputop import actions
 from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_USAGE
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
-    alive, check_common, check_target, ident, records, spawn_ignoring_term, write_config,
+    alive, quick_cleanup, check_common, check_target, ident, records, spawn_ignoring_term, write_config,
 )
+
+
+@pytest.fixture(autouse=True)
+def _fast_cleanup(procs):
+    yield
+    quick_cleanup(procs)
 
 
 @pytest.fixture

@@ -15,10 +15,16 @@ from gputop.errors import EXIT_REFUSED
 from gputop.snapshot import Sampler
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
-    alive, check_common, ident, orphan_python, records, unique, with_marker, write_config,
+    alive, quick_cleanup, check_common, ident, orphan_python, records, unique, with_marker, write_config,
 )
 
 PY = sys.executable
+
+
+@pytest.fixture(autouse=True)
+def _fast_cleanup(procs):
+    yield
+    quick_cleanup(procs)
 
 
 @pytest.fixture
