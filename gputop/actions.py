@@ -11,6 +11,7 @@ Expected failures come back as ``ActionResult(ok=False, ...)``; they do not rais
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import signal
@@ -203,7 +204,14 @@ class _Handle:
         self.fd: int | None = None
         self.proc = None
         if IS_LINUX and hasattr(os, "pidfd_open"):
-            self.fd = os.pidfd_open(info.pid)  # ProcessLookupError if gone
+            try:
+                self.fd = os.pidfd_open(info.pid)  # ProcessLookupError if gone
+            except ProcessLookupError:
+                raise
+            except OSError as e:
+                if e.errno != errno.ENOSYS:  # a kernel before 5.3 has no pidfd: use psutil below
+                    raise
+        if self.fd is not None:
             now = read_proc(info.pid)
             if now is None or now.zombie or not same_start(now.start_time, info.start_time):
                 os.close(self.fd)
@@ -212,7 +220,7 @@ class _Handle:
         else:
             import psutil
 
-            p = psutil.Process(info.pid)  # NoSuchProcess -> ProcessLookupError below via caller
+            p = psutil.Process(info.pid)  # NoSuchProcess: the caller reports "not-found"
             if not same_start(round(p.create_time(), 2), info.start_time):
                 raise LookupError("identity changed")
             self.proc = p
@@ -726,6 +734,14 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
             if left:
                 break  # ignores SIGKILL for now (uninterruptible I/O); reported below
         survivors = tracked_alive()
+    except BaseException:
+        # Interrupted (Ctrl-C, a bug): never leave a tree stopped. Whatever has SIGTERM pending acts on it.
+        for pid in [p for p, h in handles.items() if p not in gone]:
+            try:
+                handles[pid].send(signal.SIGCONT)
+            except OSError:
+                pass
+        raise
     finally:
         for h in handles.values():
             h.close()
