@@ -25,11 +25,11 @@ from textual.widgets import Footer, Input, Static
 from gputop.config import Config
 from gputop.orphans import ORPHAN
 from gputop.snapshot import Snapshot
-from gputop.tui import keymap
+from gputop.tui import keymap, process_tree
 from gputop.tui.device_pane import DevicePane
 from gputop.tui.history import DeviceHistory
 from gputop.tui.legend import legend_text
-from gputop.tui.process_tree import ColumnHeader, ProcessTree, header_text
+from gputop.tui.process_tree import ColumnHeader, ProcessTree, header_text, use_palette
 from gputop.tui.rows import GROUP_GPU, GROUP_ROOT, SORT_ORDER, build, max_depth
 from gputop.tui.side_panel import PanelData, SidePanel
 
@@ -137,6 +137,7 @@ class GputopApp(App):
     def __init__(self, sampler, *, config: Config | None = None, interval: float | None = None,
                  readonly: bool = False, demo=None, panel_source=_panel_data):
         super().__init__()
+        use_palette(self.no_color)  # App reads NO_COLOR in __init__
         self.sampler = LockedSampler(sampler)
         self.config = config or Config()
         self.interval = float(interval if interval is not None else self.config.interval or 1.0)
@@ -146,6 +147,7 @@ class GputopApp(App):
         self.history = DeviceHistory()
         self.snapshot: Snapshot | None = None
         self.panel = PanelData()
+        self.panel_shown = PanelData()
         self.grouping = GROUP_GPU
         self.sort_key = "gpu-mem"
         self.sort_reverse = False
@@ -226,7 +228,9 @@ class GputopApp(App):
         self.history.add(snap)
         self._update_devices(snap)
         self._refresh_tree()
-        self.query_one(SidePanel).show(message.panel)
+        if message.panel != self.panel_shown:  # its height can change: lay out only when it does
+            self.panel_shown = message.panel
+            self.query_one(SidePanel).show(message.panel)
         self._update_topbar()
         redraw = getattr(self.screen, "redraw", None)  # the plot screen follows the history
         if callable(redraw):
@@ -266,7 +270,9 @@ class GputopApp(App):
             if not box.query("#no-gpu"):
                 box.mount(Static(Text("no GPU: " + "; ".join(s.reason for s in snap.backends if not s.available)
                                       or "no GPU found", style="yellow"), id="no-gpu"))
-        box.styles.height = min(max(2, lines * len(snap.devices)), budget) + 1  # + the border
+        height = min(max(2, lines * len(snap.devices)), budget) + 1  # + the border
+        if box.styles.height is None or box.styles.height.value != height:
+            box.styles.height = height
 
     def _refresh_tree(self) -> None:
         if self.snapshot is None:
@@ -286,7 +292,11 @@ class GputopApp(App):
         from gputop.tui.process_tree import GUIDE
 
         pad = max(0, (tree._max_depth - 1) * GUIDE)
-        self.query_one(ColumnHeader).update(header_text(pad, tree.compact, self.sort_key, self.sort_reverse))
+        text = header_text(pad, tree.compact, self.sort_key, self.sort_reverse)
+        header = self.query_one(ColumnHeader)
+        if text != getattr(header, "shown", None):
+            header.shown = text
+            header.update(text, layout=False)
 
     def _update_topbar(self) -> None:
         s = self.snapshot
@@ -301,7 +311,8 @@ class GputopApp(App):
         else:
             t.append(f" {s.host}  {len(s.devices)} GPU  {len(s.holders)} holder{'s' if len(s.holders) != 1 else ''}  ")
             if s.roots:
-                t.append(f"{len(s.roots)} orphan tree{'s' if len(s.roots) != 1 else ''}", style="bold red")
+                t.append(f"{len(s.roots)} orphan tree{'s' if len(s.roots) != 1 else ''}",
+                         style=process_tree.ORPHAN_STYLE)
             else:
                 t.append("no orphans")
             t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
@@ -318,7 +329,10 @@ class GputopApp(App):
             t.append(f"  {len(tagged)} tagged", style="bold")
         if self._sample_error:
             t.append("  sampling failed", style="bold red")
-        self.query_one("#topbar", Static).update(t)
+        bar = self.query_one("#topbar", Static)
+        if t != getattr(bar, "shown", None):
+            bar.shown = t
+            bar.update(t, layout=False)
 
     # ---- selection --------------------------------------------------------------------------------
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gputop.tui.process_tree import CTX_STYLE, ORPHAN_STYLE, PROTECTED_STYLE, UNKNOWN_STYLE
+from gputop.tui import process_tree as pt
 
 
 def legend_text(long: bool = False) -> Text:
     t = Text()
+    CTX_STYLE, ORPHAN_STYLE, PROTECTED_STYLE, UNKNOWN_STYLE = (pt.CTX_STYLE, pt.ORPHAN_STYLE, pt.PROTECTED_STYLE,
+                                                              pt.UNKNOWN_STYLE)
     if long:
         t.append("\nColours and marks\n", style="bold underline")
     t.append("C", style=CTX_STYLE["C"])
@@ -20,7 +22,7 @@ def legend_text(long: bool = False) -> Text:
     t.append("  │  " if not long else "\n")
     t.append("O orphan", style=ORPHAN_STYLE)
     t.append("  ")
-    t.append("R orphan root", style=ORPHAN_STYLE)
+    t.append("R orphan root", style=pt.ROOT_STYLE)
     t.append("  ")
     t.append("P protected", style=PROTECTED_STYLE)
     t.append("  ")

@@ -18,12 +18,27 @@ from gputop.units import fmt_bytes, fmt_duration
 GUIDE = 2  # cells per tree level (Textual's minimum)
 EXPANDER = 2  # the "▼ " in front of every label (blank for leaves, so columns line up)
 
-CTX_STYLE = {"C": "cyan", "G": "magenta", "C+G": "yellow"}
 VERDICT_FLAG = {ORPHAN: "O", PROTECTED: "P", UNKNOWN: "?"}
-ORPHAN_STYLE = "bold red"
-ROOT_STYLE = "bold red"
-PROTECTED_STYLE = "dim"
-UNKNOWN_STYLE = "italic yellow"
+_COLOR = {"ctx": {"C": "cyan", "G": "magenta", "C+G": "yellow"}, "orphan": "bold red", "root": "bold red",
+          "protected": "dim", "unknown": "italic yellow"}
+# NO_COLOR: Textual turns colours to grey, so orphans stand out by reverse video instead.
+_MONO = {"ctx": {"C": "", "G": "underline", "C+G": "bold"}, "orphan": "bold reverse",
+         "root": "bold underline", "protected": "dim", "unknown": "italic"}
+CTX_STYLE: dict[str, str] = {}
+ORPHAN_STYLE = ROOT_STYLE = PROTECTED_STYLE = UNKNOWN_STYLE = ""
+
+
+def use_palette(no_color: bool) -> None:
+    """Pick the row styles: colours, or (NO_COLOR) text attributes that read without colour."""
+    global ORPHAN_STYLE, ROOT_STYLE, PROTECTED_STYLE, UNKNOWN_STYLE
+    pal = _MONO if no_color else _COLOR
+    CTX_STYLE.clear()
+    CTX_STYLE.update(pal["ctx"])
+    ORPHAN_STYLE, ROOT_STYLE = pal["orphan"], pal["root"]
+    PROTECTED_STYLE, UNKNOWN_STYLE = pal["protected"], pal["unknown"]
+
+
+use_palette(False)
 
 
 def _cols(compact: bool) -> list[tuple[str, int, str]]:
@@ -55,50 +70,56 @@ def header_text(depth_pad: int, compact: bool, sort: str, reverse: bool) -> Text
     return out
 
 
-def row_text(node: Node, depth: int, max_depth: int, tagged: bool, compact: bool) -> Text:
-    """One row: tag and verdict flags, PID, the aligned columns, and the command."""
+def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: bool) -> tuple:
+    """What a row shows, as plain values: cheap to compute and compare on every refresh."""
     if node.kind == "group":
-        return Text(node.title, style="bold")
-    pad = " " * max(0, (max_depth - depth) * GUIDE)
+        return ("group", node.title)
     h = node.holder
     p = node.proc
-    flag = " "
-    style = ""
+    flag, style = " ", ""
     if h is not None:
         flag = VERDICT_FLAG.get(h.verdict.kind, " ")
         style = {ORPHAN: ORPHAN_STYLE, PROTECTED: PROTECTED_STYLE, UNKNOWN: UNKNOWN_STYLE}.get(h.verdict.kind, "")
     elif node.root is not None and node.pid == node.root:
         flag, style = "R", ROOT_STYLE
-    out = Text(style=style)
-    out.append("*" if tagged else " ", style="bold reverse" if tagged else "")
-    out.append(flag)
-    out.append(str(node.pid).rjust(7))
-    out.append(pad)
     user = (h.user if h else (p.user if p else None)) or "?"
-    values: dict[str, tuple[str, str]] = {"USER": (user, "")}
     if h is not None:
-        sm = h.sm_util
-        cpu = h.cpu_percent
-        values.update({
-            "T": (h.ctx, CTX_STYLE.get(h.ctx, "")),
-            "GPU": (",".join(str(g) for g in h.gpus), ""),
-            "GPU-MEM": (fmt_bytes(h.gpu_memory), ""),
-            "SM%": ("N/A" if sm is None else f"{sm:.0f}%", ""),
-            "CPU%": ("N/A" if cpu is None else f"{cpu:.0f}%", ""),
-            "HOST": (fmt_bytes(h.rss), ""),
-            "TIME": (fmt_duration(h.runtime), ""),
-        })
-    elif p is not None:
-        values["HOST"] = (fmt_bytes(p.rss), "dim")
-    for title, width, align in _cols(compact):
-        out.append(" ")
-        if title == "COMMAND":
-            cmd = h.cmd if h is not None else (p.cmd if p is not None else "")
-            out.append(Text(cmd, style="" if h is not None else "dim"))  # never parsed as markup
-            continue
-        text, st = values.get(title, ("", ""))
-        out.append(_cell(text, width, align), style=st)
+        sm, cpu = h.sm_util, h.cpu_percent
+        values = {
+            "USER": user, "T": h.ctx, "GPU": ",".join(str(g) for g in h.gpus),
+            "GPU-MEM": fmt_bytes(h.gpu_memory), "SM%": "N/A" if sm is None else f"{sm:.0f}%",
+            "CPU%": "N/A" if cpu is None else f"{cpu:.0f}%", "HOST": fmt_bytes(h.rss),
+            "TIME": fmt_duration(h.runtime),
+        }
+        cmd = h.cmd
+    else:
+        values = {"USER": user, "HOST": fmt_bytes(p.rss) if p is not None else ""}
+        cmd = p.cmd if p is not None else ""
+    head = ("*" if tagged else " ") + flag + str(node.pid).rjust(7) + " " * max(0, (max_depth - depth) * GUIDE)
+    cells = tuple(_cell(values.get(title, ""), width, align) for title, width, align in _cols(compact)[:-1])
+    return ("row", style, tagged, head, cells, h.ctx if h is not None else None, cmd, h is not None)
+
+
+def text_from_cells(cells: tuple) -> Text:
+    if cells[0] == "group":
+        return Text(cells[1], style="bold")
+    _, style, tagged, head, values, ctx, cmd, is_holder = cells
+    plain = head + " " + " ".join(values) + " "
+    out = Text(plain, style=style)
+    if tagged:
+        out.stylize("bold reverse", 0, 1)
+    if ctx is not None:  # the T column: the second value
+        start = len(head) + 1 + len(values[0]) + 1
+        out.stylize(CTX_STYLE.get(ctx, ""), start, start + len(values[1]))
+    elif len(values) > 6:  # an ancestor's host memory is secondary
+        out.stylize("dim", len(head) + 1, len(plain))
+    out.append(Text(cmd, style="" if is_holder else "dim"))  # a command line is never parsed as markup
     return out
+
+
+def row_text(node: Node, depth: int, max_depth: int, tagged: bool, compact: bool) -> Text:
+    """One row: tag and verdict flags, PID, the aligned columns, and the command."""
+    return text_from_cells(row_cells(node, depth, max_depth, tagged, compact))
 
 
 class ColumnHeader(Static):
@@ -113,12 +134,13 @@ class ProcessTree(Tree[Node]):
         self.show_root = False
         self.guide_depth = GUIDE
         self.nodes_by_key: dict[str, TreeNode[Node]] = {}
-        self._labels: dict[str, Text] = {}
+        self._labels: dict[str, tuple] = {}  # key -> the cells its label shows
         self._collapsed: set[str] = set()
         self.cursor_key: str | None = None
         self.tagged: set[int] = set()
         self.compact = True
         self._max_depth = 1
+        self._dirty = False
 
     # Every label gets a 2-cell expander slot, blank on leaves, so that columns line up.
     def render_label(self, node: TreeNode[Node], base_style: Style, style: Style) -> Text:
@@ -159,7 +181,10 @@ class ProcessTree(Tree[Node]):
         self._max_depth, self.compact = max_depth, compact
         if relabel:
             self._labels.clear()
+        self._dirty = False
         self._reconcile_children(self.root, groups, 0)
+        if self._dirty:
+            self.refresh()
         # Put the cursor back on the same row (by key) if inserts or removals above moved it.
         if self.cursor_key is not None:
             node = self.nodes_by_key.get(self.cursor_key)
@@ -171,8 +196,11 @@ class ProcessTree(Tree[Node]):
     def relabel(self) -> None:
         """Re-render every label (tags or width changed)."""
         self._labels.clear()
+        self._dirty = False
         for key, node in self.nodes_by_key.items():
             self._set_label(node, node.data, self._depth(node))
+        if self._dirty:
+            self.refresh()
 
     @staticmethod
     def _depth(node: TreeNode) -> int:
@@ -183,11 +211,16 @@ class ProcessTree(Tree[Node]):
         return d
 
     def _set_label(self, tnode: TreeNode[Node], node: Node, depth: int) -> None:
-        text = row_text(node, depth, self._max_depth, node.pid in self.tagged and node.kind == "holder",
-                        self.compact)
-        if self._labels.get(node.key) != text:
-            self._labels[node.key] = text
-            tnode.set_label(text)
+        cells = row_cells(node, depth, self._max_depth, node.pid in self.tagged and node.kind == "holder",
+                          self.compact)
+        if self._labels.get(node.key) != cells:
+            self._labels[node.key] = cells
+            text = text_from_cells(cells)
+            # Batched: TreeNode.set_label schedules one refresh per node; here the tree repaints once
+            # after the whole reconcile (the line cache is keyed on each node's _updates).
+            tnode._label = text
+            tnode._updates += 1
+            self._dirty = True
 
     def _forget(self, tnode: TreeNode[Node]) -> None:
         stack = [tnode]
@@ -214,12 +247,12 @@ class ProcessTree(Tree[Node]):
         for i, w in enumerate(wanted):
             tnode = existing.get(w.key)
             if tnode is None:
-                text = row_text(w, depth, self._max_depth, w.pid in self.tagged and w.kind == "holder",
-                                self.compact)
-                tnode = parent.add(text, data=w, before=i, expand=w.key not in self._collapsed,
-                                   allow_expand=bool(w.children))
+                cells = row_cells(w, depth, self._max_depth, w.pid in self.tagged and w.kind == "holder",
+                                  self.compact)
+                tnode = parent.add(text_from_cells(cells), data=w, before=i,
+                                   expand=w.key not in self._collapsed, allow_expand=bool(w.children))
                 self.nodes_by_key[w.key] = tnode
-                self._labels[w.key] = text
+                self._labels[w.key] = cells
             else:
                 tnode.data = w
                 self._set_label(tnode, w, depth)

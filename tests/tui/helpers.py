@@ -112,7 +112,12 @@ def frozen_panel(snapshot, config) -> PanelData:
              "outcome": "dry-run"},
             {"time": AT - 10, "rule": "no-miners", "pid": 3200, "dry_run": False, "action": "kill",
              "outcome": "killed"})
-    return PanelData(guard_available=True, guard_mode="dry-run", hits=hits, audit_available=False)
+    from gputop.rogue import Finding
+
+    findings = (Finding("high", "miner-name", 3200, "process name 'xmrig' is a known crypto miner", "comm=xmrig"),
+                Finding("medium", "pool-port", 3200, "connected to a mining pool port (3333)", "tcp 3333"))
+    return PanelData(guard_available=True, guard_mode="dry-run", hits=hits, audit_available=True,
+                     findings=findings)
 
 
 def seed_history(app, snapshot: Snapshot, n: int = 120) -> None:

@@ -51,7 +51,8 @@ class Tmux:
 
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
 @pytest.mark.slow
-def test_installed_gputop_kills_a_process_from_the_keyboard(procs, scenario, tmp_path):
+@pytest.mark.parametrize("term", ["xterm-256color", "xterm"])
+def test_installed_gputop_kills_a_process_from_the_keyboard(procs, scenario, tmp_path, term):
     exe = installed_gputop()
     if exe is None:
         pytest.skip("the gputop console script is not installed (pip install -e .)")
@@ -65,7 +66,7 @@ def test_installed_gputop_kills_a_process_from_the_keyboard(procs, scenario, tmp
     config = tmp_path / "config.yaml"
     config.write_text("protect: []\n")  # the test runner may itself run inside tmux or screen
     env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
-    env.update(TERM="xterm-256color", GPUTOP_CONFIG=str(config), GPUTOP_SCENARIO=str(path))
+    env.update(TERM=term, GPUTOP_CONFIG=str(config), GPUTOP_SCENARIO=str(path))
     tmux = Tmux(tmp_path / "tmux.sock")
     cmd = f"{exe} --scenario {path} --interval 0.5; echo GPUTOP-EXIT=$?; sleep 30"
     subprocess.run(tmux.base + ["-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "80", "-y", "24",

@@ -108,3 +108,10 @@ def test_readonly_main_screen(snap_compare):
 
 def test_too_small(snap_compare):
     assert snap_compare(make_app(), terminal_size=(50, 12), run_before=ready())
+
+
+def test_no_color(snap_compare, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")  # read by the App when it is created
+    app = make_app()
+    assert app.no_color
+    assert snap_compare(app, terminal_size=(80, 24), run_before=ready())
