@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -148,3 +150,73 @@ def quick_cleanup(procs) -> None:
             time.sleep(0.01)
     if all(not alive(p.pid) for p in victims):
         procs.pids.clear()
+
+
+class OtherUser:
+    """Runs gputop as an unprivileged user against processes of this (root) test run.
+
+    ``OtherUser.make(monkeypatch, request)`` skips the test, with the reason, where that is impossible.
+    """
+
+    def __init__(self, name: str, gid: str, shared: Path, monkeypatch):
+        self.name, self.gid, self.shared = name, gid, shared
+        self.cfg = write_config(shared / "config.yaml", monkeypatch)
+        os.chmod(self.cfg, 0o644)
+        self.scenario = shared / "scenario.yaml"
+        self.log = shared / "audit.jsonl"
+
+    @classmethod
+    def make(cls, monkeypatch, request) -> "OtherUser":
+        import pytest
+
+        if os.geteuid() != 0:
+            pytest.skip("needs root: gputop runs as another (unprivileged) user against root's processes")
+        if not shutil.which("setpriv"):
+            pytest.skip("setpriv (util-linux) is missing: cannot run gputop as an unprivileged user")
+        user = _unprivileged()
+        if user is None:
+            pytest.skip("no unprivileged user exists and none can be created")
+        # pytest's own tmp dirs are private to root; this one is readable by the other user.
+        shared = Path(tempfile.mkdtemp(prefix="gputop-perm-"))
+        request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
+        os.chmod(shared, 0o777)
+        self = cls(user[0], user[1], shared, monkeypatch)
+        probe = self.run("-c", "import gputop", module=False)
+        if probe.returncode != 0:
+            pytest.skip(f"user {self.name} cannot import gputop from this checkout: {probe.stderr.strip()[-200:]}")
+        return self
+
+    def holders(self, holders: list[dict]) -> None:
+        import yaml
+
+        self.scenario.write_text(yaml.safe_dump({"gpus": [{"name": "Sim", "memory_total": "80GiB"}],
+                                                 "holders": holders}))
+        os.chmod(self.scenario, 0o644)
+
+    def setpriv(self) -> list[str]:
+        return ["setpriv", "--reuid", self.name, "--regid", self.gid, "--clear-groups"]
+
+    def run(self, *args, module: bool = True) -> subprocess.CompletedProcess:
+        env = {**os.environ, "GPUTOP_AUDIT_LOG": str(self.log), "GPUTOP_STATE_DIR": str(self.shared / "state"),
+               "HOME": str(self.shared), "GPUTOP_SCENARIO": str(self.scenario), "GPUTOP_CONFIG": str(self.cfg)}
+        for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+            env.pop(var, None)
+        cmd = self.setpriv() + [sys.executable] + (["-m", "gputop"] if module else []) + list(args)
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=str(self.shared))
+
+    def records(self) -> list[dict]:
+        return [json.loads(x) for x in self.log.read_text().splitlines()] if self.log.exists() else []
+
+
+def _unprivileged() -> tuple[str, str] | None:
+    import pwd
+
+    for name in ("nobody", "gputop-test"):
+        try:
+            return name, str(pwd.getpwnam(name).pw_gid)
+        except KeyError:
+            continue
+    if os.geteuid() == 0 and shutil.which("useradd"):
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "gputop-test"], check=True)
+        return "gputop-test", str(pwd.getpwnam("gputop-test").pw_gid)
+    return None

@@ -5,21 +5,15 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from gputop import actions
 from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_USAGE
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
-    alive, quick_cleanup, check_common, check_target, ident, records, spawn_ignoring_term, write_config,
+    OtherUser, alive, quick_cleanup, check_common, check_target, ident, records, spawn_ignoring_term, write_config,
 )
 
 
@@ -253,54 +247,14 @@ def test_batch_selectors_preview_then_act_in_parallel(procs, scenario, cfg):
     assert r.returncode == EXIT_NOT_FOUND and "no GPU holder matches" in r.stdout
 
 
-def _unprivileged() -> tuple[str, str] | None:
-    for name in ("nobody", "gputop-test"):
-        try:
-            pw = pwd.getpwnam(name)
-            return name, str(pw.pw_gid)
-        except KeyError:
-            continue
-    if os.geteuid() == 0 and shutil.which("useradd"):
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "gputop-test"], check=True)
-        return "gputop-test", str(pwd.getpwnam("gputop-test").pw_gid)
-    return None
-
-
 def test_other_users_process_without_permission(procs, monkeypatch, request):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run gputop as another (unprivileged) user against this user's process")
-    if not shutil.which("setpriv"):
-        pytest.skip("setpriv (util-linux) is missing: cannot run gputop as an unprivileged user")
-    user = _unprivileged()
-    if user is None:
-        pytest.skip("no unprivileged user exists and none can be created")
-    name, gid = user
-    # pytest's own tmp dirs are private to root; this one is readable by the other user.
-    shared = Path(tempfile.mkdtemp(prefix="gputop-perm-"))
-    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
-    os.chmod(shared, 0o777)
-    cfg = write_config(shared / "config.yaml", monkeypatch)
+    other = OtherUser.make(monkeypatch, request)
     holder = procs.sleeper("gt-root-job")
-    sc = shared / "scenario.yaml"
-    sc.write_text(yaml.safe_dump({"gpus": [{"name": "Sim", "memory_total": "80GiB"}],
-                                  "holders": [{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}]}))
-    for f in (sc, cfg):
-        os.chmod(f, 0o644)
-    log = shared / "audit.jsonl"
-    env = {**os.environ, "GPUTOP_AUDIT_LOG": str(log), "GPUTOP_STATE_DIR": str(shared / "state"),
-           "HOME": str(shared), "GPUTOP_SCENARIO": str(sc), "GPUTOP_CONFIG": str(cfg)}
-    for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
-        env.pop(var, None)
-    probe = subprocess.run(["setpriv", "--reuid", name, "--regid", gid, "--clear-groups", sys.executable, "-c",
-                            "import gputop"], env=env, capture_output=True, text=True, cwd=str(shared))
-    if probe.returncode != 0:
-        pytest.skip(f"user {name} cannot import gputop from this checkout: {probe.stderr.strip()[-200:]}")
-    r = subprocess.run(["setpriv", "--reuid", name, "--regid", gid, "--clear-groups", sys.executable, "-m",
-                        "gputop", "kill", "--pid", str(holder.pid), "--force"],
-                       env=env, capture_output=True, text=True, timeout=60, cwd=str(shared))
+    other.holders([{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
+    r = other.run("kill", "--pid", str(holder.pid), "--force")
     assert r.returncode == EXIT_PERMISSION, r.stdout + r.stderr
     assert "no permission" in r.stdout and "root" in r.stdout
     assert alive(holder.pid)
-    [rec] = [json.loads(x) for x in log.read_text().splitlines()]
-    assert rec["outcome"] == "permission-denied" and rec["actor"]["user"] == name
+    [rec] = other.records()
+    assert rec["outcome"] == "permission-denied" and rec["actor"]["user"] == other.name
     assert rec["target"]["pid"] == holder.pid and rec["target"]["user"] == pwd.getpwuid(os.geteuid()).pw_name

@@ -7,15 +7,16 @@ import os
 import sys
 import time
 
+import psutil
 import pytest
 
 from gputop import actions
 from gputop.config import load_config
-from gputop.errors import EXIT_REFUSED
+from gputop.errors import EXIT_PERMISSION, EXIT_REFUSED
 from gputop.snapshot import Sampler
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
-    alive, quick_cleanup, check_common, ident, orphan_python, records, unique, with_marker, write_config,
+    OtherUser, alive, quick_cleanup, check_common, ident, orphan_python, records, unique, with_marker, write_config,
 )
 
 PY = sys.executable
@@ -218,3 +219,32 @@ def test_brief_orphan_is_never_touched(procs, scenario, cfg):
     finally:
         sampler.close()
     assert records() == []
+
+
+def test_other_user_cannot_reap_and_the_tree_is_not_left_stopped(procs, monkeypatch, request):
+    other = OtherUser.make(monkeypatch, request)
+    marker = unique("gt-mixed")
+    # An orphaned tree whose root (bash) is root's, with a worker that belongs to the other user: the
+    # other user may stop its own worker but not the root, so nothing may be killed, and the worker
+    # must be running again afterwards.
+    sp = " ".join(other.setpriv())
+    inner = (f'bash -c "{sp} {PY} -c \'import time; time.sleep(600)  # {marker}-w\'; '
+             f': {marker}-loop"')
+    procs.spawn(["setsid", "sh", "-c", f"{inner} & exit 0"]).wait(10)
+    deadline = time.time() + 10
+    while time.time() < deadline and not (with_marker(f"{marker}-loop") and
+                                          [p for p in with_marker(f"{marker}-w") if p not in with_marker(f"{marker}-loop")]):
+        time.sleep(0.05)
+    [loop] = with_marker(f"{marker}-loop")
+    [worker] = [p for p in with_marker(f"{marker}-w") if p != loop]
+    procs.pids.extend([loop, worker])
+    other.holders([{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    r = other.run("reap", "--apply", "--grace", "0.5")
+    assert r.returncode == EXIT_PERMISSION, r.stdout + r.stderr
+    assert "no permission" in r.stdout and str(loop) in r.stdout
+    time.sleep(0.2)
+    assert alive(loop) and alive(worker)
+    assert psutil.Process(worker).status() != psutil.STATUS_STOPPED
+    [rec] = other.records()
+    assert rec["outcome"] == "permission-denied" and rec["actor"]["user"] == other.name
+    assert [s["signal"] for s in rec["signals"]] == ["SIGSTOP", "SIGCONT"]
