@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 from gputop import __version__
@@ -56,25 +57,25 @@ class Holder:
     def start_time(self) -> float | None:
         return self.proc.start_time if self.proc else None
 
-    @property
+    @cached_property  # uses never change; faces read these many times per refresh
     def ctx(self) -> str:
         ctx = None
         for u in self.uses:
             ctx = merge_ctx(ctx, u.ctx) if ctx else u.ctx
         return ctx or "C"
 
-    @property
+    @cached_property
     def gpus(self) -> tuple[int, ...]:
         return tuple(sorted({u.gpu for u in self.uses}))
 
-    @property
+    @cached_property
     def gpu_memory(self) -> int | None:
         """Total over this holder's GPUs; None when any part is unknown."""
         if any(u.used_memory is None for u in self.uses):
             return None
         return sum(u.used_memory for u in self.uses)  # type: ignore[misc]
 
-    @property
+    @cached_property
     def sm_util(self) -> float | None:
         vals = [u.sm_util for u in self.uses if u.sm_util is not None]
         return max(vals) if vals else None

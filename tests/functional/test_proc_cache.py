@@ -119,14 +119,14 @@ def test_scan_all_finds_the_same_children_as_full_reads(procs):
     parent = procs.spawn(["sh", "-c", "sleep 60 & sleep 60 & wait"])
     deadline = time.time() + 5
     table = ProcTable()
-    while True:
+    while True:  # until both children have forked and exec'd sleep
         table = ProcTable()
         kids = table.children(parent.pid)
-        if len(kids) == 2 or time.time() > deadline:
+        members = table.descendants(parent.pid)
+        if len(kids) == 2 and all(m.name == "sleep" for m in members) or time.time() > deadline:
             break
         time.sleep(0.02)
     assert len(kids) == 2
-    members = table.descendants(parent.pid)
     assert sorted(m.pid for m in members) == sorted(kids)
     assert all(m.cmdline == ("sleep", "60") and m.ppid == parent.pid for m in members)  # full reads
     # Only the processes asked for were read in full; the rest of the host is stat lines.
