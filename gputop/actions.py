@@ -680,21 +680,18 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
             if left:
                 time.sleep(0.005)
 
-    def freeze(first: list[int], then: list[int] | None = None) -> None:
+    def freeze(first: list[int]) -> None:
         """Stop ``first``, then repeatedly stop every new descendant of any tracked process, until a scan
         taken while everything is stopped finds nothing new: a stopped process cannot fork, so nothing
-        can appear after that. New members also get ``then`` (e.g. SIGTERM + SIGCONT)."""
+        can appear after that."""
         send_all(signal.SIGSTOP, first)
         wait_stopped(first)
         for _ in range(50):
             new = adopt(_scan_tree(tracked_alive()), [signal.SIGSTOP])
             if not new:
                 return
-            signals.append({**_sig_event(signal.SIGSTOP, new), "then": [signal.Signals(x).name for x in then or []]})
+            signals.append(_sig_event(signal.SIGSTOP, new))
             wait_stopped(new)
-            for pid in new:
-                for s in then or []:
-                    _send(pid, s)
 
     try:
         # 1. Freeze the whole tree, so that nothing in it can start a new worker.
@@ -708,18 +705,25 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
         frozen = tracked_alive()
         send_all(signal.SIGTERM, frozen)
         send_all(signal.SIGCONT, frozen)
-        # 3. Wait up to the grace; anything new that appears is stopped and asked to terminate at once.
+        # 3. Wait up to the grace. Anything that appears now was started by a member that survived SIGTERM
+        #    (a retry loop, a supervisor): it is stopped at once and killed with the rest, so no new worker
+        #    ever runs, and its parent, waiting for it, starts no other. (No SIGTERM for it: a pending
+        #    SIGTERM is delivered before a pending SIGSTOP, and its death would let the loop go round.)
+        held: set[int] = set()
         deadline = time.monotonic() + max(0.0, grace)
         while True:
             alive = tracked_alive()
-            new = adopt(_scan_tree(alive), [signal.SIGSTOP, signal.SIGTERM, signal.SIGCONT])
+            new = adopt(_scan_tree(alive), [signal.SIGSTOP])
             if new:
-                signals.append({**_sig_event(signal.SIGSTOP, new), "then": ["SIGTERM", "SIGCONT"]})
-            if not alive and not new:
+                held.update(new)
+                signals.append({**_sig_event(signal.SIGSTOP, new), "note": "started after SIGTERM: kept stopped"})
+            running = [p for p in alive if p not in held]
+            if not running and not new:
                 break
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
+        details["started_during_reap"] = sorted(held)
         # 4. Freeze what is left (and anything it started meanwhile), then kill it all.
         killed_any = False
         for _ in range(20):
@@ -752,7 +756,9 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
         return done(False, "still-alive", f"pid(s) {survivors} of the tree of pid {root_pid} are still alive "
                     "after SIGKILL (uninterruptible I/O?); check 'gputop reap' again", EXIT_FAILURE)
     mem = _memory_released(ctx, set(root.holders))
+    late = len(details.get("started_during_reap") or ())
     msg = (f"reaped the tree of pid {root_pid} ({info.name}): {len(handles)} process(es)"
+           + (f" ({late} started during the reap, stopped at once)" if late else "")
            + (", SIGKILL needed" if killed_any else ", all exited after SIGTERM"))
     if mem is True:
         msg += "; GPU memory released"

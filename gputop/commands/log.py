@@ -38,6 +38,18 @@ def parse_since(value: str, now: float | None = None) -> float:
     return t.timestamp()
 
 
+def _signals(events: list) -> str:
+    """SIGSTOP, SIGSTOP, SIGKILL -> 'STOPx2,KILL'."""
+    names = [str(e.get("signal", "?")).replace("SIG", "") for e in events if isinstance(e, dict)]
+    out: list[list] = []
+    for n in names:
+        if out and out[-1][0] == n:
+            out[-1][1] += 1
+        else:
+            out.append([n, 1])
+    return ",".join(n if c == 1 else f"{n}x{c}" for n, c in out)
+
+
 def run(args) -> int:
     config = config_from(args)
     since = parse_since(args.since) if args.since else None
@@ -65,7 +77,7 @@ def run(args) -> int:
         target = f"pid {t['pid']}" if t.get("pid") is not None else (f"gpu {t['gpu']}" if "gpu" in t else "?")
         if t.get("name"):
             target += f" ({t['name']})"
-        sigs = ",".join(s.get("signal", "?").replace("SIG", "") for s in r.get("signals") or [])
+        sigs = _signals(r.get("signals") or [])
         msg = r.get("message", "")
         if r.get("reason"):
             msg = f"[{r['reason']}] {msg}"

@@ -109,3 +109,11 @@ def test_run_watch_loops_with_injected_clock(monkeypatch):
 def test_face_is_checked():
     with pytest.raises(ValueError, match="face"):
         actions.kill_process(1, expected_start=None, face="web")
+
+
+def test_log_signals_column_collapses_repeats():
+    from gputop.commands.log import _signals
+
+    ev = [{"signal": s} for s in ("SIGSTOP", "SIGTERM", "SIGCONT", "SIGSTOP", "SIGSTOP", "SIGKILL")]
+    assert _signals(ev) == "STOP,TERM,CONT,STOPx2,KILL"
+    assert _signals([]) == ""
