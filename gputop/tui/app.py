@@ -34,6 +34,7 @@ from gputop.tui.rows import GROUP_GPU, GROUP_ROOT, SORT_ORDER, build, max_depth
 from gputop.tui.side_panel import PanelData, SidePanel
 
 MIN_WIDTH, MIN_HEIGHT = 60, 15
+_MAIN_ACTIONS = frozenset(k.action for k in keymap.KEYS)
 SIDE_PANEL_MIN_WIDTH = 120  # below this the side panel starts hidden (b shows it)
 
 
@@ -315,18 +316,20 @@ class GputopApp(App):
                          style=process_tree.ORPHAN_STYLE)
             else:
                 t.append("no orphans")
-            t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
-        if self.panel.guard_available:
-            mode = self.panel.guard_mode or "off"
-            t.append("  guard ")
-            t.append(mode, style={"enforce": "bold red", "dry-run": "bold yellow"}.get(mode, ""))
-        t.append(f"  by {'GPU' if self.grouping == GROUP_GPU else 'orphan root'}")
+        # What the user changed comes first: the line is cut at the right on a narrow terminal.
         if self.filter_text:
             t.append("  filter ")
             t.append(Text(repr(self.filter_text), style="bold"))
         tagged = self.query_one(ProcessTree).tagged
         if tagged:
             t.append(f"  {len(tagged)} tagged", style="bold")
+        if self.panel.guard_available:
+            mode = self.panel.guard_mode or "off"
+            t.append("  guard ")
+            t.append(mode, style={"enforce": "bold red", "dry-run": "bold yellow"}.get(mode, ""))
+        t.append(f"  by {'GPU' if self.grouping == GROUP_GPU else 'orphan root'}")
+        if s is not None:
+            t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
         if self._sample_error:
             t.append("  sampling failed", style="bold red")
         bar = self.query_one("#topbar", Static)
@@ -360,6 +363,8 @@ class GputopApp(App):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if self.readonly and action in keymap.DESTRUCTIVE:
             return False  # hidden from the footer and not runnable
+        if action in _MAIN_ACTIONS and len(self.screen_stack) > 1:
+            return False  # a dialog or the plot is open: the main screen's keys wait (ctrl+q still quits)
         return True
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

@@ -74,9 +74,14 @@ def test_installed_gputop_kills_a_process_from_the_keyboard(procs, scenario, tmp
     try:
         tmux.wait_for(f"{victim.pid}")
         tmux.keys("/")
+        tmux.wait_for("filter: pid")  # the filter box is open and focused
         tmux.keys("-l", "e2evictim")
+        tmux.wait_for("e2evictim")
         tmux.keys("Enter")
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while str(bystander.pid) in tmux.screen() or "filter: pid" in tmux.screen():
+            assert time.monotonic() < deadline, tmux.screen()
+            time.sleep(0.1)
         tmux.keys("Down")  # from the GPU 0 group row onto the victim
         tmux.keys("k")
         tmux.wait_for(f"Kill process {victim.pid}?")

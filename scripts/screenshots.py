@@ -1,0 +1,107 @@
+"""Make screenshots/ from the real app in demo mode: the main screen, a kill dialog, the reap dialog and the
+device plot, as SVG (Textual) and PNG (converted with cairosvg, or rsvg-convert if cairosvg is missing).
+
+    .venv/bin/python scripts/screenshots.py [--out screenshots] [--size 100x30] [--warmup 25]
+
+The demo's processes are real and the history is real: the script lets the app sample for ``--warmup``
+seconds first, so that the strips and the plot have something to show. PNGs look right only with the
+"Fira Code" font installed (Debian: fonts-firacode), which the SVGs name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gputop.config import Config  # noqa: E402
+from gputop.demo import Demo  # noqa: E402
+from gputop.snapshot import Sampler  # noqa: E402
+from gputop.tui.app import GputopApp  # noqa: E402
+
+
+async def _wait(pilot, cond, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError("screenshots: timed out waiting for the app")
+        await pilot.pause(0.05)
+
+
+async def shoot(out: Path, size: tuple[int, int], warmup: float) -> list[Path]:
+    svgs: list[Path] = []
+    with Demo() as demo:
+        config = Config()
+        sampler = Sampler.open("simulated", str(demo.scenario_path), config)
+        app = GputopApp(sampler, config=config, interval=0.5, demo=demo)
+
+        def save(name: str) -> None:
+            svgs.append(Path(app.save_screenshot(f"{name}.svg", str(out))))
+
+        async with app.run_test(size=size) as pilot:
+            await _wait(pilot, lambda: app.snapshot is not None)
+            await pilot.pause(warmup)
+            worker = demo.pid("worker0")
+            assert app.select_key(f"gpu0/{worker}")
+            await pilot.pause(0.3)
+            save("main")
+            await pilot.press("k")
+            await _wait(pilot, lambda: type(app.screen).__name__ == "KillDialog")
+            await pilot.pause(0.3)
+            save("kill-dialog")
+            await pilot.press("escape")
+            retry = demo.pid("retry-worker")
+            await _wait(pilot, lambda: app.select_key(f"gpu2/{retry}"))
+            await pilot.press("r")
+            await _wait(pilot, lambda: type(app.screen).__name__ == "ReapDialog")
+            await pilot.pause(0.3)
+            save("reap-dialog")
+            await pilot.press("escape")
+            assert app.select_key(f"gpu0/{worker}")
+            await pilot.press("p")
+            await _wait(pilot, lambda: type(app.screen).__name__ == "PlotScreen")
+            await pilot.pause(0.5)
+            save("device-plot")
+            await pilot.press("escape")
+        sampler.close()
+    return svgs
+
+
+def to_png(svg: Path) -> Path:
+    png = svg.with_suffix(".png")
+    try:
+        import cairosvg
+    except ImportError:
+        exe = shutil.which("rsvg-convert")
+        if exe is None:
+            raise SystemExit("screenshots: install cairosvg (pip install '.[screenshots]') or rsvg-convert "
+                             "(apt-get install librsvg2-bin) to make PNGs") from None
+        subprocess.run([exe, str(svg), "-o", str(png)], check=True)
+        return png
+    cairosvg.svg2png(url=str(svg), write_to=str(png))
+    return png
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "screenshots"))
+    ap.add_argument("--size", default="100x30", help="terminal size, WxH")
+    ap.add_argument("--warmup", type=float, default=25.0, help="seconds of history before the first shot")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    w, h = (int(x) for x in args.size.split("x"))
+    for svg in asyncio.run(shoot(out, (w, h), args.warmup)):
+        print(to_png(svg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
