@@ -1,0 +1,70 @@
+"""The TUI's plain-data parts (no Textual app): the tree model, sorting, filtering, history strips."""
+
+from __future__ import annotations
+
+from gputop.tui.history import DeviceHistory, strip
+from gputop.tui.rows import GROUP_ROOT, build, shown_chain, walk
+from tests.tui.helpers import frozen_snapshot
+
+
+def keys(groups):
+    return [n.key for n in walk(groups)]
+
+
+def test_per_gpu_tree_puts_holders_under_their_session_chain():
+    groups = build(frozen_snapshot())
+    k = keys(groups)
+    assert k[:4] == ["gpu0", "gpu0/1000", "gpu0/1100", "gpu0/1101"]  # shell > launcher > worker
+    assert "gpu0/900" not in k  # sshd is outside the holder's session
+    # The orphan sits under its root (the retry loop), not under init.
+    assert k.index("gpu2/2000") + 1 == k.index("gpu2/2001")
+    # A holder on two GPUs is under both; the invisible holder is listed, not dropped.
+    assert "gpu2/3000" in k and "gpu3/3000" in k and "gpu2/4194301" in k
+
+
+def test_per_root_grouping():
+    groups = build(frozen_snapshot(), grouping=GROUP_ROOT)
+    assert [g.key for g in groups] == ["root2000", "rest"]
+    assert keys(groups[:1]) == ["root2000", "root2000/2000", "root2000/2001"]
+
+
+def test_sort_and_reverse():
+    snap = frozen_snapshot()
+    gpu3 = lambda groups: [n.pid for n in groups[3].children]  # noqa: E731
+    assert gpu3(build(snap, sort="gpu-mem")) == [3000, 3200, 3100]  # 10, 4, 0.5 GiB
+    assert gpu3(build(snap, sort="gpu-mem", reverse=True)) == [3100, 3200, 3000]
+    assert gpu3(build(snap, sort="cpu")) == [3200, 3100, 3000]
+    assert gpu3(build(snap, sort="pid")) == [3000, 3100, 3200]
+
+
+def test_filter_matches_name_user_pid_and_chain():
+    snap = frozen_snapshot()
+    only = lambda text: sorted({n.pid for n in walk(build(snap, filter_text=text)) if n.kind == "holder"})  # noqa: E731
+    assert only("xmrig") == [3200]
+    assert only("bob") == [2001]
+    assert only("torchrun") == [1101, 1102]  # matched through the chain
+    assert only("3100") == [3100]
+    assert only("no-such-thing") == []
+
+
+def test_shown_chain_of_an_orphan_stops_at_its_root():
+    snap = frozen_snapshot()
+    assert [p.pid for p in shown_chain(snap.holder(2001))] == [2000]
+    assert [p.pid for p in shown_chain(snap.holder(1101))] == [1000, 1100]
+    assert shown_chain(snap.holder(4194301)) == []
+
+
+def test_strip_is_fixed_scale_and_shows_unknown():
+    assert strip([0, 50, 100], 3) == " ▄█"
+    assert strip([3], 1) == " "  # 3% stays low: no auto-scaling
+    assert strip([None, 100], 4) == "  ?█"
+
+
+def test_history_ring_buffer():
+    h = DeviceHistory(length=5)
+    snap = frozen_snapshot()
+    for _ in range(8):
+        h.add(snap)
+    assert len(h.series(0)) == 5
+    assert h.last(0, 2)[-1].util == 96
+    assert h.series(3)[-1].util is None  # a lost device has no utilisation, not 0
