@@ -91,32 +91,41 @@ class SampleFailed(Message):
         return isinstance(message, SampleFailed)
 
 
-def _panel_data(snapshot: Snapshot, config: Config) -> PanelData:
-    """Guard state and audit findings, read off the UI thread; engines that are not installed say so."""
-    guard_ok, mode, gerr, hits = False, None, None, ()
-    try:
-        from gputop.guard import state as guard_state
-    except Exception:
-        guard_state = None
-    if guard_state is not None:
-        guard_ok = True
+class PanelSource:
+    """Guard state and audit findings for the side panel, read in the sampling thread (never the UI
+    thread). An engine that is not installed is reported as such; the audit keeps its history between
+    samples, so that its sustained rules (e.g. a hashing profile held for a minute) can fire."""
+
+    def __init__(self):
+        self._rogue_history = None
+
+    def __call__(self, snapshot: Snapshot, config: Config) -> PanelData:
+        guard_ok, mode, gerr, hits = False, None, None, ()
         try:
-            mode = guard_state.get_mode()
-            hits = tuple(guard_state.recent_hits(50))
-        except Exception as e:
-            gerr = f"cannot read guard state: {e}"
-    audit_ok, aerr, findings = False, None, ()
-    try:
-        from gputop import rogue
-    except Exception:
-        rogue = None
-    if rogue is not None and hasattr(rogue, "audit"):
-        audit_ok = True
+            from gputop.guard import state as guard_state
+        except Exception:
+            guard_state = None
+        if guard_state is not None:
+            guard_ok = True
+            try:
+                mode = guard_state.get_mode()
+                hits = tuple(guard_state.recent_hits(50))
+            except Exception as e:
+                gerr = f"cannot read guard state: {e}"
+        audit_ok, aerr, findings = False, None, ()
         try:
-            findings = tuple(rogue.audit(snapshot, config))
-        except Exception as e:
-            aerr = f"audit failed: {e}"
-    return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings)
+            from gputop import rogue
+        except Exception:
+            rogue = None
+        if rogue is not None and hasattr(rogue, "audit"):
+            audit_ok = True
+            try:
+                if self._rogue_history is None and hasattr(rogue, "History"):
+                    self._rogue_history = rogue.History()
+                findings = tuple(rogue.audit(snapshot, config, history=self._rogue_history))
+            except Exception as e:
+                aerr = f"audit failed: {e}"
+        return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings)
 
 
 @dataclass(frozen=True)
@@ -136,7 +145,7 @@ class GputopApp(App):
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, sampler, *, config: Config | None = None, interval: float | None = None,
-                 readonly: bool = False, demo=None, panel_source=_panel_data):
+                 readonly: bool = False, demo=None, panel_source=None):
         super().__init__()
         use_palette(self.no_color)  # App reads NO_COLOR in __init__
         self.sampler = LockedSampler(sampler)
@@ -144,7 +153,7 @@ class GputopApp(App):
         self.interval = float(interval if interval is not None else self.config.interval or 1.0)
         self.readonly = readonly
         self.demo = demo
-        self.panel_source = panel_source
+        self.panel_source = panel_source or PanelSource()
         self.history = DeviceHistory()
         self.snapshot: Snapshot | None = None
         self.panel = PanelData()

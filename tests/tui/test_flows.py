@@ -88,8 +88,10 @@ async def test_reap_removes_the_whole_tree(procs, scenario, tmp_path):
         assert {root, holder} <= {m.pid for m in dialog.orphan_tree.members}
         await pilot.press("tab", "enter")
         assert await wait_until(pilot, lambda: wait_gone(root, 0.01) and wait_gone(holder, 0.01), timeout=15)
+        # The result is logged (face "tui") and shown once the action has finished.
+        assert await wait_until(pilot, lambda: any(r.get("face") == "tui" for r in audit_records("reap")))
+        assert await wait_until(pilot, lambda: any("reap done" in (n.title or "") for n in app._notifications))
     assert alive(bystander.pid)
-    assert any(r.get("face") == "tui" for r in audit_records("reap"))
 
 
 @run_async
@@ -158,3 +160,72 @@ async def test_cursor_and_expansion_survive_refreshes(procs, scenario):
         assert tree.cursor_node.data.key == f"gpu0/{a.pid}"
         assert not tree.nodes_by_key["gpu1"].is_expanded
         assert tree.nodes_by_key["gpu0"].is_expanded
+
+
+@run_async
+async def test_a_refused_kill_is_shown_as_a_failure(procs, scenario):
+    from gputop.config import Config
+    from gputop.snapshot import Sampler
+    from gputop.tui.app import GputopApp
+
+    victim = procs.sleeper("keepme")
+    path = scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"}])
+    config = Config(protect=("keepme",))  # the victim is protected: the actions module refuses
+    app = GputopApp(Sampler.open("simulated", str(path), config), config=config, interval=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_kill_dialog(pilot, 0, victim.pid)
+        await pilot.press("tab", "tab", "enter")  # KILL
+        assert await wait_until(pilot, lambda: any(n.severity == "error" for n in app._notifications))
+        note = next(n for n in app._notifications if n.severity == "error")
+        assert "FAILED" in (note.title or "") and "protect" in note.message
+    assert alive(victim.pid)
+    assert any(r.get("face") == "tui" and not r.get("ok") for r in audit_records("kill"))
+
+
+@run_async
+async def test_reset_needs_the_typed_gpu_index(procs, scenario):
+    path = scenario([], gpus=2)
+    app = open_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await wait_row(pilot, "gpu1")
+        assert app.select_key("gpu1")
+        await pilot.press("R")
+        assert await wait_screen(pilot, "ResetDialog")
+        dialog = app.screen
+        assert dialog.focused.id == "cancel"
+        button = dialog.query_one("#reset")
+        await pilot.press("tab")  # to the index box
+        assert dialog.focused.id == "confirm-index"
+        await pilot.press("0")
+        assert button.disabled  # the wrong index does not arm it
+        await pilot.press("backspace", "1")
+        assert not button.disabled
+        await pilot.press("enter")
+        assert await wait_until(pilot, lambda: any("reset" in (n.title or "") for n in app._notifications))
+    assert any(r.get("face") == "tui" and r.get("gpu") == 1 or (r.get("target") or {}).get("gpu") == 1
+               for r in audit_records("reset")), audit_records("reset")
+
+
+@run_async
+async def test_help_and_palette_list_every_binding(scenario):
+    from gputop.tui.keymap import KEYS
+
+    app = open_app(scenario([], gpus=1))
+    async with app.run_test(size=(120, 60)) as pilot:
+        titles = " ".join(c.title for c in app.get_system_commands(app.screen))
+        assert all(k.description in titles for k in KEYS if k.action != "quit")
+        await pilot.press("question_mark")
+        assert await wait_screen(pilot, "HelpScreen")
+        await pilot.pause(0.2)
+        help_text = " ".join(screen_text(app).split())
+        missing = [k.help for k in KEYS if " ".join(k.help.split()) not in help_text]
+        assert not missing
+        await pilot.press("escape")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+
+
+def test_bad_interval_is_a_usage_error():
+    from tests.conftest import run_gputop
+
+    r = run_gputop("--interval", "0", "--scenario", "/nonexistent.yaml")
+    assert r.returncode == 2 and "--interval" in r.stderr and "Traceback" not in r.stderr

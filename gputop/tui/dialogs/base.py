@@ -20,6 +20,7 @@ class ConfirmDialog(ModalScreen):
         Binding("right", "app.focus_next", "Next button", show=False),
     ]
     DIALOG_TITLE = "Confirm"
+    BODY_FOCUSABLE = True  # False where tab should go from Cancel straight to an input in the body
 
     def body(self) -> ComposeResult:
         yield from ()
@@ -30,7 +31,8 @@ class ConfirmDialog(ModalScreen):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static(self.DIALOG_TITLE, classes="dialog-title")
-            with VerticalScroll(classes="dialog-body"):
+            with VerticalScroll(classes="dialog-body") as body:
+                body.can_focus = self.BODY_FOCUSABLE
                 yield from self.body()
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Cancel", id="cancel", variant="primary", compact=True)

@@ -13,6 +13,8 @@ from gputop.units import fmt_bytes
 class ResetDialog(ConfirmDialog):
     """Returns "reset" (only once the typed index matches) or None."""
 
+    BODY_FOCUSABLE = False  # tab goes from Cancel to the index box
+
     def __init__(self, index: int, name: str | None, holders: list):
         super().__init__()
         self.index = index
