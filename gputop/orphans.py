@@ -138,11 +138,11 @@ def _classify_posix(
             )
             # The topmost member of the holder's session was reparented: its parent is init, or
             # a process outside the session, which can only be a subreaper that adopted it.
-            top = chain[0]
-            for member in chain[1:]:
+            top, top_i = chain[0], 0
+            for i, member in enumerate(chain[1:], 1):
                 if member.sid != holder.sid:
                     break
-                top = member
+                top, top_i = member, i
             root = top.pid
             reaper = top.ppid
             reaper_info = table.get(reaper) if reaper > 0 else None
@@ -152,7 +152,7 @@ def _classify_posix(
             reason = f"{lost}; tree root pid {root} ({top.name}) was reparented to {via}"
             orphan_reason = reason
             # PID 1 and the subreaper are never checked for protection.
-            protect_members = chain[: chain.index(top) + 1]
+            protect_members = chain[: top_i + 1]
     if kind != ORPHAN:
         protect_members = [m for m in chain if m.pid != 1]
     hit = _protect_hit(protect_members, protect, nohup_protects)
