@@ -41,6 +41,7 @@ KEYS: tuple[Key, ...] = (
     Key("b", "panel", "Panel", "Show or hide the side panel (guard hits, audit findings)", show=False),
     Key("f5", "refresh", "Refresh", "Sample now", show=False),
     Key("q", "quit", "Quit", "Quit gputop"),
+    Key("ctrl+c", "quit", "Quit", "Quit gputop, as top does (ctrl+q too)", show=False),
 )
 
 DESTRUCTIVE = frozenset(k.action for k in KEYS if k.destructive)

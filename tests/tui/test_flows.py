@@ -229,3 +229,12 @@ def test_bad_interval_is_a_usage_error():
 
     r = run_gputop("--interval", "0", "--scenario", "/nonexistent.yaml")
     assert r.returncode == 2 and "--interval" in r.stderr and "Traceback" not in r.stderr
+
+
+@run_async
+async def test_ctrl_c_quits_like_top(scenario):
+    app = open_app(scenario([], gpus=1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await wait_until(pilot, lambda: app.snapshot is not None)
+        await pilot.press("ctrl+c")
+        assert await wait_until(pilot, lambda: not app.is_running)
