@@ -278,9 +278,11 @@ class GputopApp(App):
             pane.show(d)
         if not snap.devices:
             if not box.query("#no-gpu"):
-                box.mount(Static(Text("no GPU: " + "; ".join(s.reason for s in snap.backends if not s.available)
-                                      or "no GPU found", style="yellow"), id="no-gpu"))
-        height = min(max(2, lines * len(snap.devices)), budget) + 1  # + the border
+                from gputop.backends import no_gpu_message
+
+                box.mount(Static(Text(no_gpu_message(list(snap.backends)), style="yellow"), id="no-gpu"))
+            lines = 5  # the message above wraps over a few lines at 80 columns
+        height = min(max(2, lines * max(1, len(snap.devices))), budget) + 1  # + the border
         if box.styles.height is None or box.styles.height.value != height:
             box.styles.height = height
 
