@@ -539,7 +539,7 @@ class GputopApp(App):
             except psutil.Error:
                 pass
             targets.append(KillTarget(h.pid, h.start_time, h.user, h.cmd, h.gpu_memory, h.gpus, kids,
-                                      h.verdict.kind))
+                                      h.verdict.kind, h.verdict.reason))
         self.call_from_thread(self.push_screen, KillDialog(targets), partial(self._kill_confirmed, targets))
 
     def _kill_confirmed(self, targets: list, choice: str | None) -> None:
@@ -555,11 +555,17 @@ class GputopApp(App):
         except Exception as e:
             self.call_from_thread(self.notify, f"kill unavailable: {e}", severity="error", timeout=10)
             return
+        from gputop.tui.dialogs.kill import OVERRIDE
+
+        override = signal_name == OVERRIDE
+        if override:
+            signal_name = "KILL"
         for t in targets:
             try:
                 r = actions.kill_process(t.pid, expected_start=t.start_time, face="tui",
                                          signal_name=signal_name, timeout=self.config.kill_timeout,
-                                         sampler=self.sampler, config=self.config)
+                                         sampler=self.sampler, config=self.config,
+                                         allow_protected=override)
                 self._report(r)
             except Exception as e:  # an action must never be swallowed, even a crashing one
                 self.call_from_thread(self.notify, f"kill {t.pid} failed: {type(e).__name__}: {e}",

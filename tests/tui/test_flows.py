@@ -183,6 +183,43 @@ async def test_a_refused_kill_is_shown_as_a_failure(procs, scenario):
 
 
 @run_async
+async def test_protected_process_dies_only_through_the_explicit_override(procs, scenario):
+    from gputop.config import Config
+    from gputop.snapshot import Sampler
+    from gputop.tui.app import GputopApp
+    from gputop.tui.dialogs.kill import OVERRIDE
+
+    victim = procs.sleeper("keepme")
+    bystander = procs.sleeper("bystander")
+    path = scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"},
+                     {"pid": bystander.pid, "gpu": 0, "memory": "1GiB"}])
+    config = Config(protect=("keepme",))
+    app = GputopApp(Sampler.open("simulated", str(path), config), config=config, interval=0.2)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_kill_dialog(pilot, 0, victim.pid)
+        assert "is protected" in screen_text(app)
+        assert app.screen.query_one(f"#{OVERRIDE}")  # only offered because the target is protected
+        await pilot.press("tab", "tab", "tab", "enter")  # Cancel -> TERM -> KILL -> Override
+        assert await wait_until(pilot, lambda: victim.poll() is not None, timeout=10)
+    assert alive(bystander.pid)
+    rec = [r for r in audit_records("kill") if r.get("face") == "tui"][-1]
+    assert rec.get("ok") and rec["target"]["pid"] == victim.pid
+
+
+@run_async
+async def test_unprotected_kill_dialog_has_no_override(procs, scenario):
+    from gputop.tui.dialogs.kill import OVERRIDE
+
+    victim = procs.sleeper("victimproc")
+    app = open_app(scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"}]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_kill_dialog(pilot, 0, victim.pid)
+        assert not app.screen.query(f"#{OVERRIDE}")
+        await pilot.press("escape")
+    assert alive(victim.pid)
+
+
+@run_async
 async def test_reset_needs_the_typed_gpu_index(procs, scenario):
     path = scenario([], gpus=2)
     app = open_app(path)

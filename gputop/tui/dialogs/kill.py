@@ -22,10 +22,17 @@ class KillTarget:
     gpus: tuple[int, ...]
     children: int | None  # None: could not be counted
     verdict: str
+    reason: str = ""  # the verdict's reason, shown for protected targets
+
+
+OVERRIDE = "KILL-override"
 
 
 class KillDialog(ConfirmDialog):
-    """Returns "TERM", "KILL" or None."""
+    """Returns "TERM", "KILL", OVERRIDE (SIGKILL, letting a protected target through) or None.
+
+    Protected processes are refused by the actions module; the override is a separate, explicit
+    button that only appears when a target is protected, so it is always a deliberate choice."""
 
     def __init__(self, targets: list[KillTarget]):
         super().__init__()
@@ -49,7 +56,13 @@ class KillDialog(ConfirmDialog):
                          classes="dialog-note")
         yield Static("TERM asks the process to exit (waits, then reports); KILL ends it at once.",
                      classes="dialog-note")
+        for t in self.targets:
+            if t.verdict == "protected":
+                yield Static(Text(f"pid {t.pid} is protected ({t.reason}): TERM and KILL will be refused. "
+                                  "'Override' kills it anyway."), classes="dialog-note")
 
     def buttons(self) -> ComposeResult:
         yield Button("TERM", id="TERM", variant="warning", compact=True)
         yield Button("KILL", id="KILL", variant="error", compact=True)
+        if any(t.verdict == "protected" for t in self.targets):
+            yield Button("Override", id=OVERRIDE, variant="error", compact=True)
