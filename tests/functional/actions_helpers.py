@@ -128,30 +128,6 @@ def orphan_python(procs, marker: str, timeout: float = 10.0) -> int:
     raise TimeoutError(f"orphan {marker!r} did not start")
 
 
-def quick_cleanup(procs) -> None:
-    """Kill what a test left and wait only until it is a zombie: the shared cleanup would also wait for
-    init to reap orphans, which can take seconds per test."""
-    victims = []
-    for pid in procs.pids:
-        try:
-            p = psutil.Process(pid)
-            victims.append(p)
-            victims.extend(p.children(recursive=True))
-        except psutil.Error:
-            pass
-    for p in victims:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    deadline = time.time() + 5
-    for p in victims:
-        while time.time() < deadline and alive(p.pid):
-            time.sleep(0.01)
-    if all(not alive(p.pid) for p in victims):
-        procs.pids.clear()
-
-
 class OtherUser:
     """Runs gputop as an unprivileged user against processes of this (root) test run.
 

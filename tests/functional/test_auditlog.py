@@ -14,13 +14,7 @@ from gputop import actions, auditlog
 from gputop.config import Config
 from gputop.errors import EXIT_USAGE
 from tests.conftest import run_gputop
-from tests.functional.actions_helpers import alive, quick_cleanup, records, write_config
-
-
-@pytest.fixture(autouse=True)
-def _fast_cleanup(procs):
-    yield
-    quick_cleanup(procs)
+from tests.functional.actions_helpers import alive, records, write_config
 
 
 def test_append_read_roundtrip_and_since(tmp_path):

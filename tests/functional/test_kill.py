@@ -13,19 +13,8 @@ from gputop import actions
 from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_USAGE
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
-    OtherUser, alive, quick_cleanup, check_common, check_target, ident, records, spawn_ignoring_term, write_config,
+    OtherUser, alive, check_common, check_target, ident, records, spawn_ignoring_term, write_config,
 )
-
-
-@pytest.fixture(autouse=True)
-def _fast_cleanup(procs):
-    yield
-    quick_cleanup(procs)
-
-
-@pytest.fixture
-def cfg(tmp_path, monkeypatch):
-    return write_config(tmp_path / "config.yaml", monkeypatch)
 
 
 def test_kill_holder_reports_memory_released_and_bystander_survives(procs, scenario, cfg):

@@ -16,21 +16,10 @@ from gputop.errors import EXIT_PERMISSION, EXIT_REFUSED
 from gputop.snapshot import Sampler
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
-    OtherUser, alive, quick_cleanup, check_common, ident, orphan_python, records, unique, with_marker, write_config,
+    OtherUser, alive, check_common, ident, orphan_python, records, unique, with_marker, write_config,
 )
 
 PY = sys.executable
-
-
-@pytest.fixture(autouse=True)
-def _fast_cleanup(procs):
-    yield
-    quick_cleanup(procs)
-
-
-@pytest.fixture
-def cfg(tmp_path, monkeypatch):
-    return write_config(tmp_path / "config.yaml", monkeypatch)
 
 
 def retry_loop(procs, marker: str, supervisor: bool = False) -> tuple[int, int]:

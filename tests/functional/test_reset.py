@@ -14,19 +14,8 @@ from gputop.errors import EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UN
 from gputop.snapshot import Sampler
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
-    alive, check_common, quick_cleanup, records, spawn_ignoring_term, write_config,
+    alive, check_common, records, spawn_ignoring_term, write_config,
 )
-
-
-@pytest.fixture(autouse=True)
-def _fast_cleanup(procs):
-    yield
-    quick_cleanup(procs)
-
-
-@pytest.fixture
-def cfg(tmp_path, monkeypatch):
-    return write_config(tmp_path / "config.yaml", monkeypatch)
 
 
 def resets(sc) -> list[dict]:
