@@ -13,8 +13,6 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import psutil
-
 PF_KTHREAD = 0x00200000
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -69,6 +67,8 @@ def _boot_time(proc_root: str) -> float:
                     return float(line.split()[1])
     except OSError:
         pass
+    import psutil
+
     return psutil.boot_time()
 
 
@@ -228,13 +228,14 @@ def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
     return info
 
 
-_PSUTIL_STATE = {
-    psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S", psutil.STATUS_DISK_SLEEP: "D",
-    psutil.STATUS_STOPPED: "T", psutil.STATUS_ZOMBIE: "Z", psutil.STATUS_DEAD: "X",
-}
-
-
 def _read_psutil(pid: int) -> ProcInfo | None:
+    # psutil is imported where it is used: on Linux the sample path reads /proc itself (start-up time).
+    import psutil
+
+    states = {
+        psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S", psutil.STATUS_DISK_SLEEP: "D",
+        psutil.STATUS_STOPPED: "T", psutil.STATUS_ZOMBIE: "Z", psutil.STATUS_DEAD: "X",
+    }
     try:
         p = psutil.Process(pid)
         with p.oneshot():
@@ -263,7 +264,7 @@ def _read_psutil(pid: int) -> ProcInfo | None:
             return ProcInfo(
                 pid=pid, ppid=p.ppid(), name=p.name(), cmdline=cmdline,
                 start_time=round(p.create_time(), 2), uid=uid, user=user, sid=sid,
-                state=_PSUTIL_STATE.get(p.status(), "?"), rss=rss, cpu_time=cpu,
+                state=states.get(p.status(), "?"), rss=rss, cpu_time=cpu,
             )
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
@@ -342,6 +343,8 @@ class ProcTable:
         """
         if not IS_LINUX:
             children: dict[int, list[int]] = {}
+            import psutil
+
             for pid in psutil.pids():
                 info = self.get(pid)
                 if info is not None:
@@ -411,6 +414,8 @@ def _linux_pids(proc_root: str) -> list[int]:
     try:
         return [int(d) for d in os.listdir(proc_root) if d.isdigit()]
     except OSError:
+        import psutil
+
         return psutil.pids()
 
 

@@ -20,8 +20,6 @@ import sys
 import threading
 from typing import Any, Callable
 
-import psutil
-
 from gputop.backends.base import (
     CTX_COMPUTE, CTX_GRAPHICS, Backend, BackendUnavailable, DeviceSample, GpuProcess,
     ResetError, merge_ctx,
@@ -122,6 +120,8 @@ def pid_visible(pid: int) -> bool:
     """Whether this PID namespace has the PID (NVML reports host PIDs, even inside a container)."""
     if sys.platform.startswith("linux"):
         return os.path.exists(f"/proc/{pid}")
+    import psutil  # only off Linux: importing it costs start-up time
+
     return psutil.pid_exists(pid)
 
 
