@@ -35,6 +35,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="1,2,3,4,5", help="comma-separated benchmark numbers")
     ap.add_argument("--out", metavar="FILE", help="also write the tables (Markdown) to FILE")
     args = ap.parse_args(argv)
+    from benchmarks.common import exit_cleanly_on_sigterm
+
+    exit_cleanly_on_sigterm()
     only = {int(x) for x in args.only.split(",") if x.strip()}
     quick = args.quick
 

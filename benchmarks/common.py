@@ -32,6 +32,15 @@ def _default_sighup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+def exit_cleanly_on_sigterm() -> None:
+    """SIGTERM (and SIGHUP) unwind like Ctrl+C, so that the context managers stop what they started."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+
+
 def host_process_count() -> int:
     return sum(1 for d in os.listdir("/proc") if d.isdigit())
 

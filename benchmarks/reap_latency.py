@@ -164,6 +164,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--host", type=int, default=2000)
     args = ap.parse_args(argv)
+    from benchmarks.common import exit_cleanly_on_sigterm
+
+    exit_cleanly_on_sigterm()
     if args.worker:
         print(json.dumps(worker(args.worker, args.grace)))
         return 0

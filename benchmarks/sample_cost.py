@@ -258,6 +258,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--hosts", default=",".join(map(str, HOST_COUNTS)))
     args = ap.parse_args(argv)
+    from benchmarks.common import exit_cleanly_on_sigterm
+
+    exit_cleanly_on_sigterm()
     if args.worker:
         holders = [int(x) for x in args.holders.split(",") if x]
         print(json.dumps(worker(args.rounds, holders, args.backend)))

@@ -176,6 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--host", type=int, default=2000)
     ap.add_argument("--startup-runs", type=int, default=5)
     args = ap.parse_args(argv)
+    from benchmarks.common import exit_cleanly_on_sigterm
+
+    exit_cleanly_on_sigterm()
     run(args.quick, args.host, args.startup_runs)
     return 0
 
