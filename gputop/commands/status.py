@@ -23,7 +23,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    if args.hosts or args.hosts_file:
+    if args.hosts is not None or args.hosts_file is not None:  # an empty --hosts is an error, not local
         from gputop.remote import run_status_hosts
 
         return run_status_hosts(args)
