@@ -38,6 +38,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -201,16 +202,104 @@ def _exe_base(exe: str) -> str:
     return os.path.basename(exe)
 
 
-def tcp_connections(pid: int) -> list:
-    """The process's TCP connections (psutil); [] when gone or not permitted."""
+@dataclass(frozen=True)
+class PoolConn:
+    laddr: str
+    raddr: str
+    port: int
+    status: str
+
+
+_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT"}  # the states that mean "talking to a pool"
+
+
+def _hex_addr(text: str) -> tuple[str, int]:
+    """``0100007F:0D05`` (a /proc/net/tcp address) -> ("127.0.0.1", 3333); IPv6 too."""
+    addr, port = text.split(":")
+    raw = bytes.fromhex(addr)
+    # The kernel prints each 32-bit word in host (little-endian) order.
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
+    return ip, int(port, 16)
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    out = set()
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(int(target[8:-1]))
+    return out
+
+
+def pool_connections(pids: list[int], ports: frozenset[int] | set[int]) -> dict[int, list[PoolConn]]:
+    """Open TCP connections from ``pids`` to any of ``ports``.
+
+    Reads each network namespace's TCP table at most once per call (psutil's per-process call reads it
+    once per process with a socket)."""
+    if not ports or not pids:
+        return {}
+    if not sys.platform.startswith("linux"):
+        return _pool_connections_psutil(pids, ports)
+    # A process without sockets needs no table; reading /proc/net/tcp walks the kernel's whole socket
+    # hash (milliseconds), so read it only for namespaces where some process has a socket at all.
+    by_ns: dict[str, dict[int, set[int]]] = {}
+    for pid in pids:
+        inodes = _socket_inodes(pid)
+        if not inodes:
+            continue
+        try:
+            by_ns.setdefault(os.readlink(f"/proc/{pid}/ns/net"), {})[pid] = inodes
+        except OSError:
+            continue
+    out: dict[int, list[PoolConn]] = {}
+    for members in by_ns.values():
+        conns: dict[int, PoolConn] = {}  # socket inode -> connection
+        for table in ("tcp", "tcp6"):
+            try:
+                with open(f"/proc/{next(iter(members))}/net/{table}") as f:
+                    next(f, None)
+                    for line in f:
+                        parts = line.split()
+                        if len(parts) < 10 or parts[3] not in _TCP_STATES:
+                            continue
+                        rip, rport = _hex_addr(parts[2])
+                        if rport not in ports:
+                            continue
+                        lip, lport = _hex_addr(parts[1])
+                        conns[int(parts[9])] = PoolConn(f"{lip}:{lport}", f"{rip}:{rport}", rport,
+                                                        _TCP_STATES[parts[3]])
+            except (OSError, ValueError):
+                continue
+        for pid, inodes in members.items():
+            hits = [conns[i] for i in inodes if i in conns]
+            if hits:
+                out[pid] = hits
+    return out
+
+
+def _pool_connections_psutil(pids: list[int], ports) -> dict[int, list[PoolConn]]:
     import psutil
 
-    try:
-        p = psutil.Process(pid)
-        fn = getattr(p, "net_connections", None) or p.connections
-        return fn(kind="tcp")
-    except (psutil.Error, OSError):
-        return []
+    out: dict[int, list[PoolConn]] = {}
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except (psutil.Error, OSError):
+            continue
+        hits = [PoolConn(f"{c.laddr.ip}:{c.laddr.port}", f"{c.raddr.ip}:{c.raddr.port}", c.raddr.port, c.status)
+                for c in conns if c.raddr and c.raddr.port in ports and c.status in ("ESTABLISHED", "SYN_SENT")]
+        if hits:
+            out[pid] = hits
+    return out
 
 
 class _Check:
@@ -225,7 +314,8 @@ class _Check:
                                 self.gpus))
 
 
-def _check_process(proc: ProcInfo, gpus: tuple[int, ...], cfg: AuditConfig, out: list[Finding]) -> None:
+def _check_process(proc: ProcInfo, gpus: tuple[int, ...], cfg: AuditConfig, out: list[Finding],
+                   pool_conns: list[PoolConn] = ()) -> None:
     c = _Check(proc, gpus, out)
     exe = read_exe(proc.pid)
     argv0 = os.path.basename(proc.cmdline[0]) if proc.cmdline else ""
@@ -263,16 +353,9 @@ def _check_process(proc: ProcInfo, gpus: tuple[int, ...], cfg: AuditConfig, out:
             c.add("low", "miner-cmdline", "the command line passes a wallet/user-looking argument",
                   m.group(0).strip())
     # connections to pool ports
-    for conn in tcp_connections(proc.pid):
-        raddr = getattr(conn, "raddr", None)
-        if not raddr or raddr.port not in cfg.pool_ports:
-            continue
-        if conn.status not in ("ESTABLISHED", "SYN_SENT"):
-            continue
-        laddr = conn.laddr
-        c.add("medium", "pool-connection", f"open TCP connection to port {raddr.port}, a common mining-pool port",
-              f"{laddr.ip}:{laddr.port} -> {raddr.ip}:{raddr.port} ({conn.status})")
-        break
+    for conn in pool_conns[:1]:
+        c.add("medium", "pool-connection", f"open TCP connection to port {conn.port}, a common mining-pool port",
+              f"{conn.laddr} -> {conn.raddr} ({conn.status})")
     # the executable
     if exe:
         path = exe[: -len(" (deleted)")] if exe.endswith(" (deleted)") else exe
@@ -326,6 +409,7 @@ def audit(snapshot: Snapshot, config: Config | None = None, table: ProcTable | N
     now = snapshot.at
     done: set[int] = set()
     seen_keys: set = set()
+    pools = pool_connections([h.pid for h in snapshot.holders if h.proc is not None], set(cfg.pool_ports))
     for h in snapshot.holders:
         if h.proc is None:
             out.append(Finding("low", "invisible-holder", h.pid,
@@ -334,7 +418,7 @@ def audit(snapshot: Snapshot, config: Config | None = None, table: ProcTable | N
                                f"GPU {','.join(map(str, h.gpus))}, {fmt_bytes(h.gpu_memory)}", gpus=h.gpus))
             continue
         done.add(h.pid)
-        _check_process(h.proc, h.gpus, cfg, out)
+        _check_process(h.proc, h.gpus, cfg, out, pools.get(h.pid, ()))
         c = _Check(h.proc, h.gpus, out)
         # hashing profile
         util, src = _holder_util(h, snapshot)
@@ -374,13 +458,13 @@ def audit(snapshot: Snapshot, config: Config | None = None, table: ProcTable | N
         import psutil
 
         table = table or ProcTable()
-        for pid in sorted(psutil.pids()):
-            if pid in done or pid == os.getpid():
-                continue
+        others = [pid for pid in sorted(psutil.pids()) if pid not in done and pid != os.getpid()]
+        pools = pool_connections(others, set(cfg.pool_ports))
+        for pid in others:
             info = table.get(pid)
             if info is None or info.kthread or info.zombie:
                 continue
-            _check_process(info, (), cfg, out)
+            _check_process(info, (), cfg, out, pools.get(pid, ()))
     rank = {s: i for i, s in enumerate(SEVERITIES)}
     out.sort(key=lambda f: (rank.get(f.severity, 9), f.pid or 0, f.rule))
     return out

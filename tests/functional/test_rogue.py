@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,40 @@ def test_connection_to_a_pool_port(procs, scenario):
         assert f"port {pool.port}" in f.reason
     finally:
         pool.close()
+
+
+def test_pool_connection_over_ipv6_and_the_bystander_is_not_flagged(procs, scenario):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    server = socket.socket(socket.AF_INET6)
+    try:
+        server.bind(("::1", 0))
+    except OSError as e:
+        server.close()
+        pytest.skip(f"cannot bind ::1: {e}")
+    server.listen(4)
+    port = server.getsockname()[1]
+    try:
+        code = (f"import socket,time; s=socket.create_connection(('::1',{port})); "
+                "print('up',flush=True); time.sleep(600)")
+        miner = procs.spawn([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        assert miner.stdout.readline().strip() == b"up"
+        bystander = procs.spawn(["sleep", "600"])
+        path = scenario(holders=[{"pid": miner.pid, "gpu": 0, "memory": "2GiB", "sm": 10},
+                                 {"pid": bystander.pid, "gpu": 0, "memory": "2GiB", "sm": 10}])
+        cfg = Config(extra={"audit": {"extra_pool_ports": [port]}})
+        (f,) = [f for f in findings_for(path, miner.pid, cfg) if f.rule == "pool-connection"]
+        assert f.evidence.endswith(f"-> ::1:{port} (ESTABLISHED)")
+        assert "pool-connection" not in rules(findings_for(path, bystander.pid, cfg))
+    finally:
+        server.close()
+
+
+def test_proc_net_tcp_addresses_decode():
+    from gputop.rogue import _hex_addr
+
+    assert _hex_addr("0100007F:0D05") == ("127.0.0.1", 3333)
+    assert _hex_addr("00000000000000000000000001000000:1F90") == ("::1", 8080)
 
 
 def test_an_ordinary_job_has_no_findings_and_nothing_is_allow_listed_by_default(procs, scenario):
