@@ -520,14 +520,18 @@ def orphan_trees(snapshot, table: ProcTable | None = None) -> list[OrphanTree]:
     return out
 
 
-def _scan_tree(pids: Iterable[int]) -> dict[int, ProcInfo]:
-    """Every live process under (and including) ``pids``, from one fresh table."""
+def _scan_tree(roots: dict[int, float]) -> dict[int, ProcInfo]:
+    """Every live process under (and including) the ``{pid: start_time}`` roots, from one fresh table.
+
+    A root whose PID now belongs to another process (it exited and the PID was reused) is skipped with
+    everything under it: walking the new process's children would put strangers into the tree.
+    """
     table = ProcTable()
     table.scan_all()
     out: dict[int, ProcInfo] = {}
-    for pid in pids:
+    for pid, start in roots.items():
         info = table.get(pid)
-        if info is None or info.zombie:
+        if info is None or info.zombie or not same_start(info.start_time, start):
             continue
         out.setdefault(pid, info)
         for d in table.descendants(pid):
@@ -592,7 +596,16 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
     # Verify again, now: a fresh sample with fresh verdicts, and the tree as it is now.
     snap = ctx.sample()
     root = next((r for r in snap.roots if r.pid == root_pid), None)
-    members = _scan_tree([root_pid])
+    members = _scan_tree({root_pid: info.start_time})
+    if root_pid not in members:
+        now = read_proc(root_pid)
+        if now is None or now.zombie:
+            return done(False, "not-found", f"pid {root_pid} exited while the tree was being checked; "
+                        "nothing was signalled", EXIT_NOT_FOUND)
+        details["found_start_time"] = now.start_time
+        return done(False, "identity-changed", f"pid {root_pid} is now a different process (the PID was "
+                    "reused while the tree was being checked); nothing was signalled; run 'gputop reap' "
+                    "again", EXIT_REFUSED)
     member_set = set(members)
     tree_holders = [h for h in snap.holders if h.pid in member_set]
     state["gpus"] = sorted({g for h in tree_holders for g in h.gpus})
@@ -665,6 +678,10 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
     def tracked_alive() -> list[int]:
         return [p for p, h in handles.items() if p not in gone and h.alive()]
 
+    def tracked_roots() -> dict[int, float]:
+        """The live tracked processes with their identities, for _scan_tree."""
+        return {p: handles[p].info.start_time for p in tracked_alive()}
+
     def wait_stopped(pids: list[int], timeout: float = 2.0) -> None:
         """SIGSTOP is asynchronous: wait until each process is really stopped (or gone)."""
         deadline = time.monotonic() + timeout
@@ -687,7 +704,7 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
         send_all(signal.SIGSTOP, first)
         wait_stopped(first)
         for _ in range(50):
-            new = adopt(_scan_tree(tracked_alive()), [signal.SIGSTOP])
+            new = adopt(_scan_tree(tracked_roots()), [signal.SIGSTOP])
             if not new:
                 return
             signals.append(_sig_event(signal.SIGSTOP, new))
@@ -713,7 +730,7 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
         deadline = time.monotonic() + max(0.0, grace)
         while True:
             alive = tracked_alive()
-            new = adopt(_scan_tree(alive), [signal.SIGSTOP])
+            new = adopt(_scan_tree({p: handles[p].info.start_time for p in alive}), [signal.SIGSTOP])
             if new:
                 held.update(new)
                 signals.append({**_sig_event(signal.SIGSTOP, new), "note": "started after SIGTERM: kept stopped"})

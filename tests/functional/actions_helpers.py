@@ -196,3 +196,42 @@ def _unprivileged() -> tuple[str, str] | None:
         subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "gputop-test"], check=True)
         return "gputop-test", str(pwd.getpwnam("gputop-test").pw_gid)
     return None
+
+
+NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
+
+
+def spawn_at_pid(procs, pid: int, cmd: list[str], tries: int = 200) -> subprocess.Popen:
+    """Really reuse ``pid``: start ``cmd`` as a new process with exactly that PID (root: ns_last_pid).
+
+    Another process on the host may take the PID first, so it retries; skips (with the reason) where the
+    kernel does not let us choose the next PID.
+    """
+    import pytest
+
+    if not os.access(NS_LAST_PID, os.W_OK):
+        pytest.skip("cannot choose the next PID (/proc/sys/kernel/ns_last_pid is not writable): no real PID reuse")
+    for _ in range(tries):
+        if psutil.pid_exists(pid):
+            time.sleep(0.01)  # the old process (or its zombie) still holds the PID
+            continue
+        try:
+            NS_LAST_PID.write_text(str(pid - 1))
+        except OSError as e:
+            pytest.skip(f"cannot choose the next PID: {e}")
+        p = procs.spawn(cmd)
+        if p.pid == pid:
+            return p
+        p.kill()
+        p.wait()
+    pytest.skip(f"could not get PID {pid} back after {tries} tries (a busy host took it)")
+
+
+def gone_and_reaped(pid: int, timeout: float = 5.0) -> bool:
+    """True once no process, not even a zombie, has ``pid`` (so the PID is free to be reused)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not psutil.pid_exists(pid):
+            return True
+        time.sleep(0.01)
+    return False

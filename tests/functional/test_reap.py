@@ -239,3 +239,87 @@ def test_other_user_cannot_reap_and_the_tree_is_not_left_stopped(procs, monkeypa
     [rec] = other.records()
     assert rec["outcome"] == "permission-denied" and rec["actor"]["user"] == other.name
     assert [s["signal"] for s in rec["signals"]] == ["SIGSTOP", "SIGCONT"]
+
+
+_SUBREAPER = """\
+import ctypes, os, signal, subprocess, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below come here, reaped at once
+subprocess.Popen(["setsid", "sh", "-c", sys.argv[1] + " & exit 0"])
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        time.sleep(0.02)
+"""
+
+
+class _SwapAfterSample:
+    """A sampler whose first sample() returns the real snapshot and then, before reap_tree scans the tree,
+    lets the tree die and gives its root's PID to an unrelated process (``swap``): real PID reuse."""
+
+    def __init__(self, sampler, swap):
+        self._s, self._swap, self.swapped = sampler, swap, None
+
+    def sample(self):
+        snap = self._s.sample()
+        if self.swapped is None:
+            self.swapped = self._swap()
+        return snap
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+def test_root_pid_reused_between_check_and_scan_never_takes_the_new_process(procs, scenario, cfg):
+    from tests.functional.actions_helpers import gone_and_reaped, spawn_at_pid
+
+    marker = unique("gt-reuse")
+    # An orphan tree under a subreaper that reaps at once, so the root's PID is free as soon as it dies.
+    procs.spawn([PY, "-c", _SUBREAPER, f"bash -c \"{PY} -c 'import time; time.sleep(600)  # {marker}-w'; "
+                                       f": {marker}-loop\""])
+
+    def find(pred):
+        out = []
+        for pid in with_marker(marker):
+            try:
+                if pred(psutil.Process(pid).cmdline()):
+                    out.append(pid)
+            except psutil.Error:
+                pass
+        return out
+
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        loops = find(lambda c: c[0] == "bash")
+        workers = find(lambda c: c[0] == PY and len(c) == 3 and f"{marker}-w" in c[2])
+        if len(loops) == 1 and len(workers) == 1 and psutil.Process(workers[0]).ppid() == loops[0]:
+            break  # (bash's fork for the worker, before its exec, is briefly a second "bash")
+        time.sleep(0.05)
+    assert len(loops) == 1 and len(workers) == 1, [psutil.Process(p).cmdline() for p in loops + workers]
+    [loop], [worker] = loops, workers
+    scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    start = ident(loop)["start"]
+
+    def swap():
+        for pid in (loop, worker):
+            os.kill(pid, 9)
+        assert gone_and_reaped(loop) and gone_and_reaped(worker)
+        # The PID comes back as an innocent process with a child of its own.
+        return spawn_at_pid(procs, loop, ["sh", "-c", f"sleep 600 & wait; : {marker}-innocent"])
+
+    sampler = _SwapAfterSample(Sampler.open(config=load_config()), swap)
+    try:
+        assert [t.pid for t in actions.orphan_trees(sampler._s.sample())] == [loop]
+        res = actions.reap_tree(loop, expected_start=start, face="cli", grace=0.5, sampler=sampler)
+    finally:
+        sampler._s.close()
+    innocent = sampler.swapped
+    assert innocent is not None and innocent.pid == loop
+    time.sleep(0.2)
+    assert alive(innocent.pid) and psutil.Process(innocent.pid).status() != psutil.STATUS_STOPPED
+    kids = psutil.Process(innocent.pid).children()
+    assert kids and all(k.status() != psutil.STATUS_STOPPED for k in kids)
+    assert not res.ok and res.outcome == "identity-changed", res.message
+    [rec] = records(action="reap")
+    assert rec["outcome"] == "identity-changed" and rec["signals"] == []
