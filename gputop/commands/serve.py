@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import sys
 from pathlib import Path
 
 from gputop.commands._common import config_from, open_sampler
-from gputop.errors import UnavailableError, UsageError
+from gputop.errors import GputopError, PermissionDeniedError, UnavailableError, UsageError
 
 NAME = "serve"
 HELP = "serve a local HTTP API and Prometheus /metrics (127.0.0.1 by default)"
@@ -32,6 +33,19 @@ def add_arguments(p) -> None:
     p.add_argument("--read-only", action="store_true", help="refuse every write, even with a token file")
 
 
+def bind_error(host: str, port: int, e: OSError, bind_option: str | None) -> GputopError:
+    """A one-line error for a failed bind that says what to change (also used by 'gputop mcp --http')."""
+    what = f"cannot listen on {host}:{port}: {e.strerror or e}"
+    if e.errno == errno.EADDRINUSE:
+        return UnavailableError(f"{what}; another program uses that port: choose another --port"
+                                + (" (or --port 0 for a free one)" if bind_option else ""))
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return PermissionDeniedError(f"{what}; ports below 1024 need root: choose --port 1024 or above")
+    if bind_option and (isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL):
+        return UsageError(f"{what}; {bind_option} must be an address of this machine (default 127.0.0.1)")
+    return UnavailableError(what)
+
+
 def _listen(bind: str, port: int) -> socket.socket:
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {port}")
@@ -45,25 +59,33 @@ def _listen(bind: str, port: int) -> socket.socket:
         sock.bind((bind, port))
     except OSError as e:
         sock.close()
-        raise UnavailableError(f"cannot listen on {bind}:{port}: {e.strerror}; choose another --port "
-                               "(or --port 0 for a free one)") from None
+        raise bind_error(bind, port, e, bind_option="--bind") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
 
 
 def run(args) -> int:
+    if args.interval <= 0:
+        raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
+    if args.read_only and args.create_token:
+        raise UsageError("--read-only and --create-token contradict each other")
+    # Listen first: a busy port or a wrong --bind fails at once, before a token file is created.
+    sock = _listen(args.bind, args.port)
+    try:
+        return _serve(args, sock)
+    finally:
+        sock.close()
+
+
+def _serve(args, sock: socket.socket) -> int:
     import uvicorn
 
     from gputop.faces import LiveSnapshot
     from gputop.serve import create_app, create_token, default_token_path, read_token
 
-    if args.interval <= 0:
-        raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
     token_path: Path | None = Path(args.token_file).expanduser() if args.token_file else default_token_path()
     if args.read_only:
-        if args.create_token:
-            raise UsageError("--read-only and --create-token contradict each other")
         token_path, note = None, "read-only (--read-only)"
     else:
         token = read_token(token_path)  # refuses a token file others can read: the service does not start
@@ -80,7 +102,6 @@ def run(args) -> int:
     config = config_from(args)
     sampler = open_sampler(args, config)
     live = LiveSnapshot(sampler, config, interval=args.interval)
-    sock = _listen(args.bind, args.port)
     try:
         live.start()
         app = create_app(live, token_path)
@@ -93,6 +114,5 @@ def run(args) -> int:
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
         server.run(sockets=[sock])
     finally:
-        sock.close()
         live.close()
     return 0
