@@ -35,6 +35,10 @@ from gputop.snapshot import Holder, Snapshot
 from gputop.units import fmt_bytes
 
 
+# kill/reap outcomes that mean the selected process is no longer the one the snapshot counted.
+_GONE = ("not-found", "identity-changed")
+
+
 def _secs(s: float) -> str:
     s = float(s)
     if s >= 3600 and s % 3600 == 0:
@@ -283,8 +287,11 @@ class Engine:
                    f"{len(a.candidates)} process(es) ({fmt_bytes(h.gpu_memory)})")
             hit = self._do(rule, a.target, h, why, mode, now)
             hits.append(hit)
-            if hit["ok"]:
-                excluded.add(h.pid)  # dry-run: counted as gone, to show what enforce would do next
+            if hit["ok"] or hit["outcome"] in _GONE:
+                # Killed, or already gone (it exited, or its PID is another process now): it no longer
+                # counts towards the user's total. (Dry-run: counted as gone, to show what enforce would
+                # do next.) Otherwise the next process would be killed for memory that is already free.
+                excluded.add(h.pid)
         if hits and not self._user_still_over(rule, a.target, snap, excluded):
             for hit in hits:
                 hit.setdefault("details", {})["user_back_under_limit"] = True

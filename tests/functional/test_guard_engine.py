@@ -161,6 +161,28 @@ def test_nothing_is_killed_when_the_user_drops_below_during_the_grace(procs, sce
     assert not [r for r in auditlog.read() if r.get("action") == "kill"]
 
 
+def test_selected_process_that_already_exited_counts_as_gone_and_no_other_is_killed(procs, scenario, clock):
+    old, mid, new = spawn_sleeps(procs, 3)
+    path = scenario(holders=[{"pid": old.pid, "gpu": 0, "memory": "5GiB"},
+                             {"pid": mid.pid, "gpu": 1, "memory": "3GiB"},
+                             {"pid": new.pid, "gpu": 0, "memory": "2GiB"}])
+    sampler = sampler_for(path, clock)
+    hits: list[dict] = []
+    eng = Engine(load_policy(BRIEF), sampler=sampler, record=hits.append)
+    (warn,) = eng.evaluate(sampler.sample(), "enforce")
+    assert warn["outcome"] == "grace-started"
+    clock.advance(31)
+    snap = sampler.sample()  # the guard sees all three ...
+    new.terminate()  # ... and the newest exits on its own before the guard acts on it
+    new.wait(5)
+    acted = eng.evaluate(snap, "enforce")
+    assert [(h["pid"], h["outcome"]) for h in acted] == [(new.pid, "not-found")]
+    # Without it the user holds 8 GiB, not more than the limit: nobody else may be selected.
+    time.sleep(0.2)
+    assert alive(old) and alive(mid)
+    assert [r["target"]["pid"] for r in auditlog.read() if r.get("action") == "kill"] == [new.pid]
+
+
 def test_select_largest_kills_the_biggest_first(procs, scenario, clock):
     small, big, medium = spawn_sleeps(procs, 3)
     path = scenario(holders=[{"pid": small.pid, "gpu": 0, "memory": "1GiB"},
