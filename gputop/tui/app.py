@@ -96,8 +96,15 @@ class PanelSource:
     thread). An engine that is not installed is reported as such; the audit keeps its history between
     samples, so that its sustained rules (e.g. a hashing profile held for a minute) can fire."""
 
+    # The audit reads every holder's executable, fds and the TCP table: run it when the set of holders
+    # changes, and otherwise at most this often (findings are about processes, not about one second).
+    AUDIT_EVERY = 5.0
+
     def __init__(self):
         self._rogue_history = None
+        self._audit_key: tuple | None = None
+        self._audit_at = float("-inf")
+        self._findings: tuple = ()
 
     def __call__(self, snapshot: Snapshot, config: Config) -> PanelData:
         guard_ok, mode, gerr, hits = False, None, None, ()
@@ -122,7 +129,12 @@ class PanelSource:
             try:
                 if self._rogue_history is None and hasattr(rogue, "History"):
                     self._rogue_history = rogue.History()
-                findings = tuple(rogue.audit(snapshot, config, history=self._rogue_history))
+                key = tuple(sorted((h.pid, h.start_time) for h in snapshot.holders))
+                now = time.monotonic()
+                if key != self._audit_key or now - self._audit_at >= self.AUDIT_EVERY:
+                    self._findings = tuple(rogue.audit(snapshot, config, history=self._rogue_history))
+                    self._audit_key, self._audit_at = key, now
+                findings = self._findings
             except Exception as e:
                 aerr = f"audit failed: {e}"
         return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings)
