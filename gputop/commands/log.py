@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import time
 
 from gputop import auditlog
@@ -50,6 +51,21 @@ def _signals(events: list) -> str:
     return ",".join(n if c == 1 else f"{n}x{c}" for n, c in out)
 
 
+def _target(r: dict, t: dict) -> str:
+    """What a record acted on: a process, a GPU, or for guard records the mode or policy file."""
+    if t.get("pid") is not None:
+        return f"pid {t['pid']}" + (f" ({t['name']})" if t.get("name") else "")
+    if "gpu" in t:
+        return f"gpu {t['gpu']}"
+    if r.get("action") == "guard-mode" and r.get("mode"):
+        return f"mode {r.get('previous') or '?'} -> {r['mode']}"
+    if r.get("policy_file"):
+        return f"policy {os.path.basename(str(r['policy_file']))}"
+    if r.get("mode"):
+        return f"mode {r['mode']}"
+    return "-"
+
+
 def run(args) -> int:
     config = config_from(args)
     since = parse_since(args.since) if args.since else None
@@ -74,9 +90,7 @@ def run(args) -> int:
         at = r.get("at")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if isinstance(at, (int, float)) else "?"
         who = (r.get("actor") or {}).get("user", "?")
-        target = f"pid {t['pid']}" if t.get("pid") is not None else (f"gpu {t['gpu']}" if "gpu" in t else "?")
-        if t.get("name"):
-            target += f" ({t['name']})"
+        target = _target(r, t)
         sigs = _signals(r.get("signals") or [])
         msg = r.get("message", "")
         if r.get("reason"):
