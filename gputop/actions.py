@@ -466,6 +466,12 @@ def _kill(ctx: _Ctx, pid: int, sig: signal.Signals, expected_start, force, timeo
                 msg = (f"pid {pid} ({info.name}) is still alive {timeout:g}s after {sig.name}; "
                        "use --force to send SIGKILL")
             return done(False, "still-alive", msg, EXIT_FAILURE)
+    except BaseException as e:
+        # Interrupted (Ctrl-C, a bug) after a signal may have gone out: record it before it propagates.
+        details["error"] = f"{type(e).__name__}: {e}"
+        done(False, "interrupted", f"the kill of pid {pid} ({info.name}) was interrupted ({type(e).__name__}) "
+             "after the signals listed; check 'gputop status'", EXIT_FAILURE)
+        raise
     finally:
         handle.close()
     mem = _memory_released(ctx, {pid}) if gpus else None
@@ -755,13 +761,22 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
             if left:
                 break  # ignores SIGKILL for now (uninterruptible I/O); reported below
         survivors = tracked_alive()
-    except BaseException:
+    except BaseException as e:
         # Interrupted (Ctrl-C, a bug): never leave a tree stopped. Whatever has SIGTERM pending acts on it.
-        for pid in [p for p, h in handles.items() if p not in gone]:
+        cont = [p for p in handles if p not in gone]
+        if cont:
+            signals.append(_sig_event(signal.SIGCONT, cont))
+        for pid in cont:
             try:
                 handles[pid].send(signal.SIGCONT)
             except OSError:
                 pass
+        # Signals were sent: the audit log must say so, and how it ended, before the exception goes on.
+        details["members"] = [_proc_dict(h.info) for h in handles.values()]
+        details["error"] = f"{type(e).__name__}: {e}"
+        done(False, "interrupted", f"the reap of the tree of pid {root_pid} was interrupted "
+             f"({type(e).__name__}); the tree was continued (SIGCONT), not left stopped; check 'gputop reap'",
+             EXIT_FAILURE)
         raise
     finally:
         for h in handles.values():

@@ -247,3 +247,22 @@ def test_other_users_process_without_permission(procs, monkeypatch, request):
     [rec] = other.records()
     assert rec["outcome"] == "permission-denied" and rec["actor"]["user"] == other.name
     assert rec["target"]["pid"] == holder.pid and rec["target"]["user"] == pwd.getpwuid(os.geteuid()).pw_name
+
+
+def test_interrupted_kill_is_in_the_audit_log(procs, scenario, cfg):
+    import signal as _signal
+    import threading
+
+    holder = spawn_ignoring_term(procs, "gt-intr-kill")
+    scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), _signal.SIGINT))  # a real Ctrl-C while it waits
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            actions.kill_process(holder.pid, expected_start=None, face="cli", timeout=10)
+    finally:
+        timer.cancel()
+    assert alive(holder.pid)
+    [rec] = records(pid=holder.pid)
+    check_common(rec, action="kill", outcome="interrupted")
+    assert rec["ok"] is False and [s["signal"] for s in rec["signals"]] == ["SIGTERM"]

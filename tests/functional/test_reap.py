@@ -323,3 +323,38 @@ def test_root_pid_reused_between_check_and_scan_never_takes_the_new_process(proc
     assert not res.ok and res.outcome == "identity-changed", res.message
     [rec] = records(action="reap")
     assert rec["outcome"] == "identity-changed" and rec["signals"] == []
+
+
+def _interrupt_after(seconds: float):
+    """A real Ctrl-C (SIGINT to this process) after ``seconds``: KeyboardInterrupt in the main thread."""
+    import signal
+    import threading
+
+    t = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    t.start()
+    return t
+
+
+def test_interrupted_reap_leaves_nothing_stopped_and_is_in_the_audit_log(procs, scenario, cfg):
+    marker = unique("gt-intr")
+    loop, worker = retry_loop(procs, marker, supervisor=True)  # survives SIGTERM: the reap waits the grace
+    innocent = procs.sleeper("gt-innocent")
+    scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    timer = _interrupt_after(0.6)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            actions.reap_tree(loop, expected_start=ident(loop)["start"], face="cli", grace=10)
+    finally:
+        timer.cancel()
+    time.sleep(0.3)
+    assert alive(loop) and psutil.Process(loop).status() != psutil.STATUS_STOPPED
+    for pid in with_marker(f"{marker}-worker"):
+        if pid != loop and alive(pid):
+            assert psutil.Process(pid).status() != psutil.STATUS_STOPPED
+    assert alive(innocent.pid)
+    [rec] = records(action="reap")
+    check_common(rec, action="reap", outcome="interrupted")
+    assert rec["ok"] is False and rec["target"]["pid"] == loop
+    sigs = [s["signal"] for s in rec["signals"]]
+    assert sigs[0] == "SIGSTOP" and "SIGTERM" in sigs and sigs[-1] == "SIGCONT"
+    assert "KeyboardInterrupt" in rec["details"]["error"]
