@@ -16,7 +16,6 @@ import ctypes
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from typing import Any, Callable
 
@@ -114,15 +113,6 @@ def _mem(value) -> int | None:
     if value is None or value == NOT_AVAILABLE:
         return None
     return int(value)
-
-
-def pid_visible(pid: int) -> bool:
-    """Whether this PID namespace has the PID (NVML reports host PIDs, even inside a container)."""
-    if sys.platform.startswith("linux"):
-        return os.path.exists(f"/proc/{pid}")
-    import psutil  # only off Linux: importing it costs start-up time
-
-    return psutil.pid_exists(pid)
 
 
 class _ProcessInfoV1(ctypes.Structure):
@@ -374,8 +364,9 @@ class NvmlBackend(Backend):
                 sm = self._sm_utils(index, h) if merged else {}
             except (_Lost, self._nv.NVMLError):
                 return []
-        return [GpuProcess(pid=pid, index=index, ctx=ctx, used_memory=mem, sm_util=sm.get(pid),
-                           visible=pid_visible(pid))
+        # Whether this PID namespace can see the PID is decided by the sampler, which reads every
+        # holder's /proc entry anyway (NVML reports host PIDs, even inside a container).
+        return [GpuProcess(pid=pid, index=index, ctx=ctx, used_memory=mem, sm_util=sm.get(pid))
                 for pid, (ctx, mem) in merged.items()]
 
     def warnings(self) -> list[str]:

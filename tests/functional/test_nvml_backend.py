@@ -297,7 +297,7 @@ def test_holder_not_in_this_pid_namespace_is_kept_and_marked(nvml, procs):
     a = procs.sleeper("local")
     env = nvml(1, [{"pid": a.pid, "memory": GiB}, {"pid": ghost, "memory": 2 * GiB, "visible": False}])
     out = read_all(env)
-    assert out["procs"][0][ghost]["visible"] is False and out["procs"][0][a.pid]["visible"] is True
+    assert ghost in out["procs"][0] and a.pid in out["procs"][0]  # the backend keeps it; the sampler marks it
     r = run_gputop("status", "--json", env=_env(env))
     holders = {h["pid"]: h for h in json.loads(r.stdout)["holders"]}
     assert holders[ghost]["visible"] is False and holders[ghost]["verdict"]["kind"] == "unknown"

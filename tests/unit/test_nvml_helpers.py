@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 
 from gputop.backends.nvml import (
     ERR_DRIVER_NOT_LOADED, ERR_LIBRARY_NOT_FOUND, ERR_NO_PERMISSION, NOT_AVAILABLE, _mem, error_name,
-    merge_process_lists, pid_visible, reset_error_kind, unavailable_reason,
+    merge_process_lists, reset_error_kind, unavailable_reason,
 )
 
 
@@ -65,6 +64,3 @@ def test_reset_error_kinds_from_nvidia_smi_text():
     assert reset_error_kind("Unknown Error") == "failed"
 
 
-def test_pid_visible():
-    assert pid_visible(os.getpid())
-    assert not pid_visible(4_000_000)
