@@ -21,11 +21,19 @@ environment:
   GPUTOP_SCENARIO   scenario file for the simulated backend (same as --scenario)
   GPUTOP_CONFIG     config file (default: <XDG config>/gputop/config.yaml)
   GPUTOP_STATE_DIR  state directory: audit log, guard state (default: <XDG state>/gputop)
+  GPUTOP_AUDIT_LOG  audit log file (default: <state dir>/audit.jsonl, or the config key audit_log)
   GPUTOP_PROC_ROOT  read processes and DRM fdinfo from this /proc (testing; default /proc)
   GPUTOP_SYS_ROOT   read DRM devices from this /sys (testing; default /sys)
   GPUTOP_REMOTE_CMD the gputop command on --remote/--hosts hosts (same as --remote-gputop)
   GPUTOP_SSH        the local ssh command (default: ssh)
 """
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error that points to --help (exit 2), instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
 
 def add_common(p: argparse.ArgumentParser, suppress: bool = False) -> None:
@@ -57,7 +65,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     and parses again, so a wrong guess costs time, never behaviour.
     """
     wanted = _named_command(argv)
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gputop",
         description="A top-like GPU process manager. With no subcommand, starts the full-screen TUI.",
         epilog=EPILOG,
@@ -108,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_lazy", None):  # the guessed subcommand was not the one parsed
         parser = build_parser()
         args = parser.parse_args(argv)
-    elif extra:  # what parse_args() says
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:  # what parse_args() says, pointing to the subcommand's help
+        words = [getattr(args, k, None) for k in ("command", "guard_command")]
+        prog = " ".join(["gputop"] + [w for w in words if w])
+        print(f"{prog}: unrecognized arguments: {' '.join(extra)} (see '{prog} --help')", file=sys.stderr)
+        return 2
     try:
         if getattr(args, "_run", None) is None:
             from gputop.tui.launch import run_tui  # imports Textual
