@@ -299,6 +299,11 @@ def _safety_refusal(info: ProcInfo, protected_pids: set[int]) -> tuple[str, str]
     return None
 
 
+def _other_user(m: ProcInfo, owner: ProcInfo) -> bool:
+    """True if ``m`` belongs to a user other than ``owner``'s (unknown owners count as other)."""
+    return m.uid is None or owner.uid is None or m.uid != owner.uid
+
+
 def _log(record: dict, ctx_config: Config | None, details: dict) -> None:
     try:
         auditlog.append(record, config=ctx_config)
@@ -636,6 +641,13 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
             details["rule"] = "protected"
             return done(False, "refused", f"tree member pid {m.pid} ({m.name}) matches the protect list; "
                         "gputop never reaps protected trees", EXIT_REFUSED)
+        if _other_user(m, info):
+            # A reap takes a whole tree as one unit; another user's process (sudo, setpriv, a setuid
+            # helper) in it was not what was confirmed or selected. Root could otherwise kill it.
+            details["rule"] = "other-user"
+            return done(False, "refused", f"tree member pid {m.pid} ({m.name}) belongs to user {m.user}, not to "
+                        f"{info.user} who owns the root; gputop reaps a tree only when one user owns all of it "
+                        "(kill its processes one by one with 'gputop kill --pid')", EXIT_REFUSED)
     details["members"] = [_proc_dict(m) for m in members.values()]
     details["holders"] = list(root.holders)
     details["gpu_memory"] = root.gpu_memory
@@ -646,6 +658,7 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
 
     handles: dict[int, _Handle] = {}
     gone: set[int] = set()
+    skipped: list[int] = []
     denied: list[int] = []
 
     def adopt(found: dict[int, ProcInfo], sigs: list[int]) -> list[int]:
@@ -656,6 +669,12 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
                 continue
             if _safety_refusal(m, ancestors):
                 continue  # never: checked above for the initial tree; a new child can't be init or ours
+            if _other_user(m, info) or (protect is not None and (protect.search(m.name) or protect.search(m.cmd))):
+                # Started during the reap, under a member: it was not verified, so it is left alone.
+                if pid not in skipped:
+                    skipped.append(pid)
+                    details.setdefault("skipped_new_members", []).append(_proc_dict(m))
+                continue
             try:
                 handles[pid] = _Handle(m)
             except Exception:

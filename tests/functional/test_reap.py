@@ -212,12 +212,8 @@ def test_brief_orphan_is_never_touched(procs, scenario, cfg):
     assert records() == []
 
 
-def test_other_user_cannot_reap_and_the_tree_is_not_left_stopped(procs, monkeypatch, request):
-    other = OtherUser.make(monkeypatch, request)
-    marker = unique("gt-mixed")
-    # An orphaned tree whose root (bash) is root's, with a worker that belongs to the other user: the
-    # other user may stop its own worker but not the root, so nothing may be killed, and the worker
-    # must be running again afterwards.
+def _mixed_tree(procs, other, marker: str) -> tuple[int, int]:
+    """An orphaned tree whose root (bash) is root's, with a worker that belongs to ``other``."""
     sp = " ".join(other.setpriv())
     inner = (f'bash -c "{sp} {PY} -c \'import time; time.sleep(600)  # {marker}-w\'; '
              f': {marker}-loop"')
@@ -229,16 +225,42 @@ def test_other_user_cannot_reap_and_the_tree_is_not_left_stopped(procs, monkeypa
     [loop] = with_marker(f"{marker}-loop")
     [worker] = [p for p in with_marker(f"{marker}-w") if p != loop]
     procs.pids.extend([loop, worker])
+    return loop, worker
+
+
+def test_other_user_cannot_reap_and_the_tree_is_not_left_stopped(procs, monkeypatch, request):
+    other = OtherUser.make(monkeypatch, request)
+    # An orphaned tree of root's: the other user may signal none of it, so nothing may be killed, and
+    # nothing may be left stopped.
+    loop, worker = retry_loop(procs, "gt-perm")
     other.holders([{"pid": worker, "gpu": 0, "memory": "1GiB"}])
     r = other.run("reap", "--apply", "--grace", "0.5")
     assert r.returncode == EXIT_PERMISSION, r.stdout + r.stderr
     assert "no permission" in r.stdout and str(loop) in r.stdout
     time.sleep(0.2)
     assert alive(loop) and alive(worker)
-    assert psutil.Process(worker).status() != psutil.STATUS_STOPPED
+    for pid in (loop, worker):
+        assert psutil.Process(pid).status() != psutil.STATUS_STOPPED
     [rec] = other.records()
     assert rec["outcome"] == "permission-denied" and rec["actor"]["user"] == other.name
-    assert [s["signal"] for s in rec["signals"]] == ["SIGSTOP", "SIGCONT"]
+    assert "SIGKILL" not in [s["signal"] for s in rec["signals"]]
+
+
+def test_root_does_not_reap_a_tree_with_another_users_process_in_it(procs, scenario, cfg, monkeypatch, request):
+    other = OtherUser.make(monkeypatch, request)
+    write_config(cfg, monkeypatch)  # OtherUser.make pointed GPUTOP_CONFIG at its own copy
+    marker = unique("gt-mixed")
+    loop, worker = _mixed_tree(procs, other, marker)
+    scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    r = run_gputop("reap", "--apply", "--grace", "0.5")  # as root: it could signal both
+    assert r.returncode == EXIT_REFUSED, r.stdout + r.stderr
+    assert f"pid {worker}" in r.stdout and f"belongs to user {other.name}" in r.stdout
+    time.sleep(0.2)
+    assert alive(loop) and alive(worker)
+    assert psutil.Process(worker).status() != psutil.STATUS_STOPPED
+    [rec] = records(action="reap")
+    check_common(rec, action="reap", outcome="refused")
+    assert rec["details"]["rule"] == "other-user" and rec["signals"] == []
 
 
 _SUBREAPER = """\
