@@ -91,6 +91,8 @@ def run(args) -> int:
     if sub == "run":
         return _run_daemon(args)
     if sub == "status":
+        if args.hits < 0:
+            raise UsageError(f"--hits must be 0 or more, got {args.hits}")
         return _status(args.status_json or args.json, args.hits)
     did = False
     if args.policy_file and not args.test_policies:
