@@ -331,6 +331,8 @@ class Engine:
         }
         if result is not None:
             hit["details"] = {"exit_code": result.exit_code, "memory_released": result.memory_released}
+            if result.details.get("audit_error"):
+                hit["details"]["audit_error"] = result.details["audit_error"]  # shown with the hit, not lost
         if notify_now and rule.notify:
             subject = (f"[gputop guard] {self.host}: rule '{rule.name}' {action} {outcome}"
                        f"{' (dry-run)' if hit['dry_run'] else ''}: "

@@ -206,6 +206,29 @@ def test_select_largest_kills_the_biggest_first(procs, scenario, clock):
     assert alive(small) and alive(medium)  # 4 GiB left: under the limit
 
 
+def test_a_kill_the_audit_log_could_not_record_says_so_in_the_hit(procs, scenario, clock, tmp_path, monkeypatch,
+                                                                    capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("GPUTOP_AUDIT_LOG", str(blocker / "audit.jsonl"))
+    victim = spawn_sleeps(procs, 1)[0]
+    path = scenario(holders=[{"pid": victim.pid, "gpu": 0, "memory": "6GiB"}])
+    pol = parse_policy(textwrap.dedent("""\
+        rules:
+          - name: cap
+            conditions:
+              - {type: gpu_memory, operator: ">", value: 5GiB}
+            action: kill
+            timeout: 2s
+    """))
+    sampler = sampler_for(path, clock)
+    hits: list[dict] = []
+    (kill,) = Engine(pol, sampler=sampler, record=hits.append).evaluate(sampler.sample(), "enforce")
+    assert kill["outcome"] == "terminated" and wait_gone(victim.pid)
+    assert "could not be written" in kill["details"]["audit_error"]
+    assert "NOT recorded" in capsys.readouterr().err
+
+
 def test_dry_run_kills_nothing_but_records_what_it_would_do(procs, scenario, clock):
     xmrig = procs.sleeper(name="xmrig")
     wait_comm(xmrig.pid, "xmrig")
