@@ -57,10 +57,23 @@ class Procs:
         return p
 
     def sleeper(self, name: str = "sleep", seconds: int = 600) -> subprocess.Popen:
-        """A real process whose name (comm) is ``name``: exec -a keeps argv[0], the python sets comm."""
+        """A real process whose name (comm) is ``name`` (set with prctl(PR_SET_NAME)).
+
+        Returns once the name is set, so a test never sees the interpreter's name under load."""
         code = (f"import ctypes,time;ctypes.CDLL(None).prctl(15,{name!r}.encode(),0,0,0);"
                 f"time.sleep({seconds})")
-        return self.spawn([sys.executable, "-c", code])
+        p = self.spawn([sys.executable, "-c", code])
+        want = name.encode()[:15]
+        deadline = time.time() + 20
+        while time.time() < deadline and p.poll() is None:
+            try:
+                with open(f"/proc/{p.pid}/comm", "rb") as f:
+                    if f.read().strip() == want:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.01)
+        return p
 
     def orphan(self, inner: str, marker: str, timeout: float = 10.0) -> int:
         """Start ``inner`` as a real orphan: its session leader shell exits at once.
