@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import sys
 import time
 
 import pytest
@@ -113,6 +114,77 @@ def test_refuses_pid_1(scenario, cfg):
     [rec] = records(pid=1)
     check_common(rec, action="kill", outcome="refused")
     assert rec["details"]["rule"] == "pid1" and rec["signals"] == []
+
+
+def _kernel_thread() -> int | None:
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or d in ("1", "2"):
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[6]) & 0x00200000:  # PF_KTHREAD in the flags field
+            return int(d)
+    return None
+
+
+def test_refuses_a_kernel_thread(scenario, cfg):
+    kt = _kernel_thread()
+    if kt is None:
+        pytest.skip("no kernel thread is visible here (a PID namespace hides them)")
+    scenario(holders=[{"pid": kt, "gpu": 0, "memory": "1GiB"}])
+    res = actions.kill_process(kt, expected_start=None, face="guard", force=True, timeout=0.2)
+    assert res.outcome == "refused" and res.details["rule"] == "kthread" and "kernel thread" in res.message
+    r = run_gputop("kill", "--pid", str(kt), "--any-process", "--signal", "KILL")
+    assert r.returncode == EXIT_REFUSED and "kernel thread" in r.stdout
+    assert [(x["details"]["rule"], x["signals"]) for x in records(pid=kt)] == [("kthread", [])] * 2
+
+
+class _SwapAfterSample:
+    """A sampler whose first sample() returns the real snapshot, then runs ``swap`` (which makes the PID
+    belong to another process) before kill_process opens its handle: real PID reuse in the window."""
+
+    def __init__(self, sampler, swap):
+        self._s, self._swap, self.swapped = sampler, swap, None
+
+    def sample(self):
+        snap = self._s.sample()
+        if self.swapped is None:
+            self.swapped = self._swap()
+        return snap
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+def test_pid_reused_after_the_checks_is_never_signalled(procs, scenario, cfg):
+    from gputop.config import load_config
+    from gputop.snapshot import Sampler
+    from tests.functional.actions_helpers import spawn_at_pid
+
+    holder = procs.sleeper("gt-old")
+    scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
+
+    def swap():
+        holder.kill()
+        holder.wait()  # our child: reaped now, so the PID is free
+        return spawn_at_pid(procs, holder.pid, [sys.executable, "-c", "import time; time.sleep(600)  # gt-new"])
+
+    sampler = _SwapAfterSample(Sampler.open(config=load_config()), swap)
+    try:
+        res = actions.kill_process(holder.pid, expected_start=None, face="cli", force=True, timeout=1,
+                                   sampler=sampler)
+    finally:
+        sampler._s.close()
+    new = sampler.swapped
+    assert new is not None and new.pid == holder.pid
+    time.sleep(0.2)
+    assert alive(new.pid), "the process that reused the PID was killed"
+    assert not res.ok and res.outcome == "identity-changed", res.message
+    [rec] = records(pid=holder.pid)
+    assert rec["outcome"] == "identity-changed" and rec["signals"] == []
 
 
 def test_refuses_own_ancestors(procs, scenario, cfg):

@@ -380,3 +380,35 @@ def test_interrupted_reap_leaves_nothing_stopped_and_is_in_the_audit_log(procs, 
     sigs = [s["signal"] for s in rec["signals"]]
     assert sigs[0] == "SIGSTOP" and "SIGTERM" in sigs and sigs[-1] == "SIGCONT"
     assert "KeyboardInterrupt" in rec["details"]["error"]
+
+
+def test_a_protected_process_anywhere_in_the_tree_keeps_the_tree(procs, scenario, tmp_path, monkeypatch):
+    # The protected process is the holder's sibling, not on the holder's ancestor chain: only the check
+    # of every tree member finds it.
+    write_config(tmp_path / "c.yaml", monkeypatch, protect=["^gtkeepsib$"])
+    marker = unique("gt-sib")
+    script = tmp_path / "tree.sh"
+    script.write_text(f"{PY} -c 'import time; time.sleep(600)  # {marker}-w' &\n"
+                      f"{PY} -c 'import ctypes,time;ctypes.CDLL(None).prctl(15,b\"gtkeep\"+b\"sib\",0,0,0);"
+                      f"time.sleep(600)  # {marker}-s' &\nwait\n")
+    procs.spawn(["setsid", "sh", "-c", f"bash {script} & exit 0"]).wait(10)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        found = {p: psutil.Process(p) for p in with_marker(marker)}
+        workers = [p for p, x in found.items() if f"{marker}-w" in " ".join(x.cmdline()) and x.name() != "bash"]
+        sibs = [p for p, x in found.items() if x.name() == "gtkeepsib"]
+        if workers and sibs:
+            break
+        time.sleep(0.05)
+    [worker], [sib] = workers, sibs
+    root = psutil.Process(worker).ppid()
+    procs.pids.extend([root, worker, sib])
+    scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    r = run_gputop("reap", "--json")
+    assert [t["root"]["pid"] for t in json.loads(r.stdout)["trees"]] == [root]  # the holder itself is an orphan
+    r = run_gputop("reap", "--apply", "--root", str(root), "--grace", "0.5")
+    assert r.returncode == EXIT_REFUSED and f"pid {sib}" in r.stdout and "protect" in r.stdout, r.stdout
+    time.sleep(0.2)
+    assert alive(root) and alive(worker) and alive(sib)
+    [rec] = records(action="reap")
+    assert rec["details"]["rule"] == "protected" and rec["signals"] == []
