@@ -7,6 +7,7 @@ State (audit log, guard state) lives in ``$GPUTOP_STATE_DIR`` or ``<XDG state>/g
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -89,6 +90,11 @@ def load_config(path: str | None = None) -> Config:
             if isinstance(kw["protect"], str) or not isinstance(kw["protect"], list):
                 raise ValueError("'protect' must be a list of patterns")
             kw["protect"] = tuple(str(x) for x in kw["protect"])
+            for pat in kw["protect"]:
+                try:
+                    re.compile(pat)
+                except re.error as e:
+                    raise ValueError(f"protect pattern {pat!r} is not a regular expression: {e}") from None
         for k in ("reap_interval", "reap_grace", "kill_timeout", "interval"):
             if k in kw:
                 kw[k] = parse_duration(kw[k])

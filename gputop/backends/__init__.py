@@ -11,7 +11,7 @@ import importlib
 import os
 
 from gputop.backends.base import Backend, BackendStatus, BackendUnavailable, ProbeResult
-from gputop.errors import UnavailableError, UsageError
+from gputop.errors import GputopError, UnavailableError, UsageError
 
 ENV_BACKEND = "GPUTOP_BACKEND"
 
@@ -55,6 +55,8 @@ def probe(choice: str | None = None, scenario: str | None = None) -> ProbeResult
         except BackendUnavailable as e:
             result.statuses.append(BackendStatus(name, False, str(e)))
             continue
+        except GputopError:  # bad input (a malformed scenario): the user must fix it, not "unavailable"
+            raise
         except Exception as e:  # a vendor library failing in an unexpected way must not stop gputop
             result.statuses.append(BackendStatus(name, False, f"{name}: {type(e).__name__}: {e}"))
             continue

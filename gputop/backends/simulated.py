@@ -42,6 +42,7 @@ import yaml
 from gputop.backends.base import (
     CONTEXT_TYPES, Backend, BackendUnavailable, DeviceSample, GpuProcess, ResetError,
 )
+from gputop.errors import UsageError
 from gputop.procs import is_alive
 from gputop.units import parse_memory
 
@@ -159,9 +160,20 @@ class SimulatedBackend(Backend):
             return
         try:
             gpus, holders = parse_scenario(yaml.safe_load(self.path.read_text()), str(self.path))
-        except (yaml.YAMLError, ScenarioError, OSError) as e:
+        except yaml.YAMLError as e:
+            if initial:  # bad input: exit 2 with the file and line, like a bad config or policy
+                mark = getattr(e, "problem_mark", None)
+                where = f" line {mark.line + 1}" if mark is not None else ""
+                raise UsageError(f"scenario {self.path}{where}: YAML syntax error: "
+                                 f"{getattr(e, 'problem', None) or e}") from None
+            return
+        except ScenarioError as e:
             if initial:
-                raise BackendUnavailable(f"simulated: bad scenario: {str(e).splitlines()[0]}") from None
+                raise UsageError(f"bad scenario: {str(e).splitlines()[0]}") from None
+            return
+        except OSError as e:
+            if initial:
+                raise BackendUnavailable(f"simulated: cannot read scenario {self.path}: {e.strerror}") from None
             return
         with self._lock:
             self._gpus, self._holders, self._mtime = gpus, holders, st.st_mtime_ns

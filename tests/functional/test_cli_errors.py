@@ -143,8 +143,6 @@ def test_missing_config_file(tmp_path, scenario):
     one_line(run_gputop("status", "--config", str(tmp_path / "nope.yaml")), EXIT_USAGE, "does not exist")
 
 
-@pytest.mark.xfail(strict=True, reason="a protect pattern that is not a regex raises re.error from "
-                   "gputop.config/orphans (traceback, exit 1); load_config should reject it (exit 2)")
 def test_config_protect_pattern_that_is_not_a_regex(tmp_path, scenario):
     scenario([], gpus=1)
     cfg = tmp_path / "config.yaml"
@@ -157,19 +155,15 @@ def test_config_protect_pattern_that_is_not_a_regex(tmp_path, scenario):
     ("gpus:\n  - name: x\nholders:\n  - {pid: abc, gpu: 0}\n", "needs an integer 'pid'"),
     ("gpus:\n  - name: x\nholders:\n  - {pid: 1, gpu: 5}\n", "'gpu' must be an index below 1"),
     ("hello\n", "expected a mapping"),
+    ("gpus: [\n", "line 2: YAML syntax error"),
 ])
 def test_malformed_scenario_is_one_line(tmp_path, text, needle):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     r = run_gputop("status", "--scenario", str(bad))
-    # README "Exit codes" lists a malformed scenario under 2; today the simulated backend reports it as
-    # unavailable (6). Either way: one line, naming the file and the problem.
-    one_line(r, r.returncode, str(bad), needle)
-    assert r.returncode in (EXIT_USAGE, EXIT_UNAVAILABLE)
+    one_line(r, EXIT_USAGE, str(bad), needle)  # README "Exit codes": bad input is 2
 
 
-@pytest.mark.xfail(strict=True, reason="README: a malformed scenario exits 2; gputop.backends.simulated "
-                   "raises BackendUnavailable for it, which probe() turns into exit 6")
 def test_malformed_scenario_exit_code_is_usage(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("hello\n")

@@ -164,7 +164,7 @@ def test_bad_scenario_is_one_line_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpus: [{name: x}]\nholders: [{pid: notanumber}]\n")
     r = run_gputop("status", "--scenario", str(bad))
-    assert r.returncode == 6
+    assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "holders[0]" in r.stderr and "pid" in r.stderr
     r = run_gputop("status", "--scenario", str(tmp_path / "missing.yaml"))
     assert r.returncode == 6 and "cannot read scenario" in r.stderr

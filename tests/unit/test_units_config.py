@@ -54,6 +54,7 @@ def test_config_file(tmp_path):
 @pytest.mark.parametrize("text,msg", [
     ("protect: [a\n", "line"), ("reap: {grace: soon}\n", "bad duration"), ("protect: tmux\n", "list"),
     ("- 1\n", "mapping"), ("reap: {bogus: 1}\n", "unknown key"),
+    ('protect: ["(("]\n', "not a regular expression"),
 ])
 def test_config_errors_are_one_line(tmp_path, text, msg):
     p = tmp_path / "c.yaml"
