@@ -98,6 +98,34 @@ def test_brief_policy_kills_a_busy_xmrig_after_five_minutes_and_spares_training(
     assert recs[-1]["target"]["pid"] == xmrig.pid and recs[-1]["force"] is True
 
 
+def test_a_new_process_on_a_reused_pid_starts_its_own_duration(procs, scenario, clock):
+    from tests.functional.actions_helpers import spawn_at_pid
+
+    first = procs.sleeper(name="xmrig")
+    wait_comm(first.pid, "xmrig")
+    path = scenario(holders=[{"pid": first.pid, "gpu": 0, "memory": "300MiB", "sm": 99}])
+    sampler = sampler_for(path, clock)
+    eng = Engine(load_policy(BRIEF), sampler=sampler, record=lambda h: None)
+    for _ in range(5):  # 4 simulated minutes of > 95%
+        assert eng.evaluate(sampler.sample(), "enforce") == []
+        clock.advance(60)
+    # It exits; another process (same name, same load) gets its PID: the 4 minutes were not its own.
+    first.kill()
+    first.wait()
+    code = "import ctypes,time;ctypes.CDLL(None).prctl(15,b'xmrig',0,0,0);time.sleep(600)"
+    second = spawn_at_pid(procs, first.pid, [sys.executable, "-c", code])
+    wait_comm(second.pid, "xmrig")
+    clock.advance(61)
+    assert eng.evaluate(sampler.sample(), "enforce") == []
+    assert alive(second), "killed on the previous process's 5 minutes"
+    for _ in range(4):  # its own 5 minutes: 1, 2, 3, 4 minutes, not yet ...
+        clock.advance(60)
+        assert eng.evaluate(sampler.sample(), "enforce") == []
+    clock.advance(61)  # ... 5m01s
+    (hit,) = eng.evaluate(sampler.sample(), "enforce")
+    assert hit["pid"] == second.pid and hit["ok"] and wait_gone(second.pid)
+
+
 def test_xmrig_at_low_load_is_not_killed_but_is_in_the_audit(procs, scenario, clock):
     xmrig = procs.sleeper(name="xmrig")
     wait_comm(xmrig.pid, "xmrig")
