@@ -944,6 +944,20 @@ def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
             if invisible:
                 return done(False, "refused", f"GPU {index} is held by pid(s) {invisible} that gputop cannot see "
                             "(another PID namespace); stop them there first", EXIT_REFUSED)
+            # Refuse before killing anyone: a reset that one holder blocks must not cost the others their jobs.
+            ancestors = self_and_ancestors()
+            blocked = []
+            for h in holders:
+                rule = _safety_refusal(h.proc, ancestors) if h.proc is not None else None
+                if rule is not None:
+                    blocked.append(f"pid {h.pid} ({rule[1]})")
+                elif h.verdict.kind in (PROTECTED, UNKNOWN):
+                    blocked.append(f"pid {h.pid} ({h.name}) is {h.verdict.kind}: {h.verdict.reason}")
+            if blocked:
+                details["rule"] = "holder-refused"
+                return done(False, "refused", f"GPU {index} not reset, and no holder was killed: "
+                            + "; ".join(blocked) + "; gputop never kills these, stop them yourself first",
+                            EXIT_REFUSED)
             timeout = kill_timeout if kill_timeout is not None else ctx.config.kill_timeout
             results = kill_many([(h.pid, h.start_time) for h in holders], face=face, force=True,
                                 timeout=timeout, sampler=ctx.sampler, config=ctx.config,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -71,7 +72,21 @@ def test_force_refuses_when_a_holder_is_protected(procs, scenario, tmp_path, mon
     assert r.returncode == EXIT_REFUSED
     assert "not reset" in r.stdout and "protected" in r.stdout
     assert alive(holder.pid) and resets(sc) == []
-    assert [x["outcome"] for x in records()] == ["refused", "refused"]  # the kill, then the reset
+    [rec] = records()  # refused before any kill was attempted
+    assert rec["action"] == "reset" and rec["outcome"] == "refused" and rec["details"]["rule"] == "holder-refused"
+
+
+def test_force_kills_nobody_when_one_holder_blocks_the_reset(procs, scenario, tmp_path, monkeypatch):
+    write_config(tmp_path / "c.yaml", monkeypatch, protect=["gt-precious"])
+    precious = procs.sleeper("gt-precious")
+    plain = procs.sleeper("gt-plain")
+    sc = scenario(holders=[{"pid": plain.pid, "gpu": 0, "memory": "1GiB"},
+                           {"pid": precious.pid, "gpu": 0, "memory": "1GiB"}])
+    r = run_gputop("reset", "--gpu", "0", "--force", "--timeout", "0.5")
+    assert r.returncode == EXIT_REFUSED and f"pid {precious.pid}" in r.stdout and "protected" in r.stdout
+    time.sleep(0.2)
+    assert alive(precious.pid) and alive(plain.pid), "a holder was killed for a reset that did not happen"
+    assert resets(sc) == [] and records(action="kill") == []
 
 
 def test_free_gpu_resets_and_bad_index(scenario, cfg):
