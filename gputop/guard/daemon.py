@@ -22,7 +22,7 @@ from gputop.config import Config, state_dir
 from gputop.errors import RefusedError
 from gputop.guard import state as _state
 from gputop.guard.engine import Engine
-from gputop.guard.policy import Policy, PolicyError, load_policy
+from gputop.guard.policy import Issue, Policy, PolicyError, load_policy
 from gputop.procs import start_time
 
 
@@ -34,6 +34,18 @@ def _file_sig(path: str | None) -> tuple | None:
     except OSError:
         return ("missing",)
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _load(path: str) -> Policy:
+    """load_policy, with anything the YAML reader throws (a NUL byte, a recursive alias) turned into a
+    PolicyError: at start-up that is exit 2 with a message, in a running guard the old policy stays."""
+    try:
+        return load_policy(path)
+    except PolicyError:
+        raise
+    except Exception as e:
+        raise PolicyError([Issue(None, None, f"cannot load the policy: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}")], path) from None
 
 
 def acquire_lock() -> int:
@@ -78,7 +90,7 @@ class GuardDaemon:
         self.interval = interval
         self.out = out if out is not None else sys.stderr
         self.policy_path = str(Path(policy_path).resolve())
-        self.policy: Policy = load_policy(self.policy_path)  # PolicyError at start-up: the caller exits 2
+        self.policy: Policy = _load(self.policy_path)  # PolicyError at start-up: the caller exits 2
         self.policy_sig = _file_sig(self.policy_path)
         self.policy_loaded_at = time.time()
         self.engine = Engine(self.policy, config=self.config, sampler=sampler, out=self.out)
@@ -131,7 +143,7 @@ class GuardDaemon:
             return
         self.policy_sig = sig
         try:
-            new = load_policy(self.policy_path)
+            new = _load(self.policy_path)
         except PolicyError as e:
             self.errors += 1
             kept = ", ".join(r.name for r in self.policy.rules)

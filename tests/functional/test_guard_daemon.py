@@ -10,9 +10,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from gputop import auditlog
 from gputop.errors import EXIT_USAGE
 from gputop.guard import state
+from gputop.guard.policy import PolicyError
 from tests.conftest import ROOT, _default_sighup, run_gputop, wait_gone
 from tests.functional.test_guard_engine import named
 
@@ -167,3 +170,27 @@ def test_a_second_daemon_is_refused(scenario, tmp_path):
     finally:
         first.send_signal(signal.SIGTERM)
         assert first.wait(20) == 0
+
+
+def test_a_policy_file_that_crashes_the_yaml_reader_is_rejected_and_the_old_policy_kept(scenario, tmp_path):
+    import io
+
+    from gputop.guard.daemon import GuardDaemon
+    from tests.functional.guard_helpers import Clock, sampler_for
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(KILL_VICTIMS)
+    path = scenario(holders=[], gpus=1)
+    out = io.StringIO()
+    d = GuardDaemon(sampler_for(path, Clock()), str(policy), interval=0.1, out=out)
+    d.tick()
+    for bad in ("rules: \x00\n", "a: &a [*a]\n"):  # YAML reader error; a recursive alias
+        policy.write_text(bad)
+        os.utime(policy, ns=(time.time_ns(), time.time_ns() + 10**9))  # a new mtime even on a coarse clock
+        d.tick()  # must not raise: a running guard keeps going
+        assert [r.name for r in d.policy.rules] == ["kill-victims"]
+        assert d.last_error and state.status()["last_error"]
+    assert out.getvalue().count("still enforcing the last valid policy") == 2
+    # ... and at start-up it is a clear error (exit 2 from 'guard run'), not a traceback
+    with pytest.raises(PolicyError, match="cannot load the policy"):
+        GuardDaemon(sampler_for(path, Clock()), str(policy), interval=0.1, out=out)
