@@ -43,7 +43,7 @@ use_palette(False)
 
 def _cols(compact: bool) -> list[tuple[str, int, str]]:
     """(title, width, align) of the columns after PID."""
-    cols = [("USER", 6 if compact else 8, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 7, ">"),
+    cols = [("USER", 6 if compact else 8, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 8, ">"),
             ("SM%", 4, ">"), ("CPU%", 5, ">")]
     if not compact:
         cols.append(("HOST", 6, ">"))
