@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 from gputop import actions
 from gputop.commands._common import config_from, open_sampler, print_json, table
@@ -58,11 +59,11 @@ def _print_results(results, as_json: bool, extra: dict | None = None) -> int:
         for r in results:
             mem = {True: "  [GPU memory released]", False: "  [GPU memory NOT released]"}.get(r.memory_released, "")
             line = f"pid {r.pid}: {r.outcome}: {r.message}"
-            print(line if r.ok else f"gputop: {line}")
+            print(line) if r.ok else print(f"gputop: {line}", file=sys.stderr)
             if r.ok and mem and "memory" not in r.message:
                 print(mem.strip())
             if r.details.get("audit_error"):
-                print(f"gputop: warning: {r.details['audit_error']}")
+                print(f"gputop: warning: {r.details['audit_error']}", file=sys.stderr)
     return code
 
 

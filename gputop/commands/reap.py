@@ -128,9 +128,12 @@ def _apply(args, config, sampler) -> int:
         print_json({"ok": all(r.ok for r in results), "results": [r.to_dict() for r in results]})
     else:
         for r in results:
-            print(f"root {r.pid}: {r.outcome}: {r.message}" if r.ok else f"gputop: root {r.pid}: {r.outcome}: {r.message}")
+            if r.ok:
+                print(f"root {r.pid}: {r.outcome}: {r.message}")
+            else:
+                print(f"gputop: root {r.pid}: {r.outcome}: {r.message}", file=sys.stderr)
             if r.details.get("audit_error"):
-                print(f"gputop: warning: {r.details['audit_error']}")
+                print(f"gputop: warning: {r.details['audit_error']}", file=sys.stderr)
     return next((r.exit_code for r in results if not r.ok), EXIT_OK)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from gputop import actions
 from gputop.commands._common import config_from, open_sampler, print_json
 from gputop.errors import UsageError
@@ -41,10 +43,10 @@ def run(args) -> int:
     else:
         for k in r.details.get("kills", []):
             print(f"pid {k['pid']}: {k['outcome']}: {k['message']}")
-        print(r.message if r.ok else f"gputop: {r.message}")
+        print(r.message) if r.ok else print(f"gputop: {r.message}", file=sys.stderr)
         if not r.ok and r.outcome == "busy":
             for h in r.details.get("holders", []):
                 print(f"  holder pid {h['pid']} ({h['name']}, user {h['user']}, {h['verdict']}): {h['cmd'][:70]}")
         if r.details.get("audit_error"):
-            print(f"gputop: warning: {r.details['audit_error']}")
+            print(f"gputop: warning: {r.details['audit_error']}", file=sys.stderr)
     return r.exit_code

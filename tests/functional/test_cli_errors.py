@@ -104,9 +104,6 @@ def test_reset_unknown_gpu(holder_and_bystander):
     one_line(run_gputop("reset", "--gpu", "99"), EXIT_NOT_FOUND, "no GPU 99", "gputop status", stream="any")
 
 
-@pytest.mark.xfail(strict=True, reason="kill/reap/reset print a failed result ('gputop: pid N: not-found: ...') "
-                   "on stdout, where scripts capturing stderr (or piping stdout to jq) do not expect it; "
-                   "'kill --gpu 7' and every other error use stderr")
 def test_action_errors_go_to_stderr(holder_and_bystander):
     for argv in (["kill", "--pid", "999999999"], ["reset", "--gpu", "99"], ["reap", "--apply", "--root", "999999999"]):
         r = run_gputop(*argv)

@@ -46,12 +46,12 @@ def test_holder_ignoring_term_lives_without_force_and_dies_with_force(procs, sce
     t0 = time.monotonic()
     r = run_gputop("kill", "--pid", str(holder.pid), "--timeout", "0.5")
     assert r.returncode == EXIT_FAILURE
-    assert "still alive" in r.stdout and "--force" in r.stdout
-    assert len(r.stdout.strip().splitlines()) == 1
+    assert "still alive" in (r.stdout + r.stderr) and "--force" in (r.stdout + r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and not r.stdout.strip()  # one line, on stderr
     assert alive(holder.pid)
     r = run_gputop("kill", "--pid", str(holder.pid), "--timeout", "0.3", "--force")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "killed" in r.stdout and "memory was released" in r.stdout
+    assert "killed" in (r.stdout + r.stderr) and "memory was released" in (r.stdout + r.stderr)
     assert wait_gone(holder.pid, 5)
     assert time.monotonic() - t0 < 15
     assert alive(bystander.pid)
@@ -94,7 +94,7 @@ def test_non_holder_needs_override(procs, scenario, cfg):
     scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("kill", "--pid", str(plain.pid))
     assert r.returncode == EXIT_REFUSED
-    assert "holds no GPU" in r.stdout and "--any-process" in r.stdout
+    assert "holds no GPU" in (r.stdout + r.stderr) and "--any-process" in (r.stdout + r.stderr)
     assert alive(plain.pid)
     [rec] = records(pid=plain.pid)
     check_common(rec, action="kill", outcome="refused")
@@ -110,7 +110,7 @@ def test_non_holder_needs_override(procs, scenario, cfg):
 def test_refuses_pid_1(scenario, cfg):
     scenario(holders=[{"pid": 1, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("kill", "--pid", "1", "--force")
-    assert r.returncode == EXIT_REFUSED and "pid 1" in r.stdout
+    assert r.returncode == EXIT_REFUSED and "pid 1" in (r.stdout + r.stderr)
     [rec] = records(pid=1)
     check_common(rec, action="kill", outcome="refused")
     assert rec["details"]["rule"] == "pid1" and rec["signals"] == []
@@ -138,7 +138,7 @@ def test_refuses_a_kernel_thread(scenario, cfg):
     res = actions.kill_process(kt, expected_start=None, face="guard", force=True, timeout=0.2)
     assert res.outcome == "refused" and res.details["rule"] == "kthread" and "kernel thread" in res.message
     r = run_gputop("kill", "--pid", str(kt), "--any-process", "--signal", "KILL")
-    assert r.returncode == EXIT_REFUSED and "kernel thread" in r.stdout
+    assert r.returncode == EXIT_REFUSED and "kernel thread" in (r.stdout + r.stderr)
     assert [(x["details"]["rule"], x["signals"]) for x in records(pid=kt)] == [("kthread", [])] * 2
 
 
@@ -192,7 +192,7 @@ def test_refuses_own_ancestors(procs, scenario, cfg):
     me = os.getpid()
     scenario(holders=[{"pid": me, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("kill", "--pid", str(me), "--force", "--signal", "KILL")
-    assert r.returncode == EXIT_REFUSED and "ancestor" in r.stdout
+    assert r.returncode == EXIT_REFUSED and "ancestor" in (r.stdout + r.stderr)
     [rec] = records(pid=me)
     check_common(rec, action="kill", outcome="refused")
     assert rec["details"]["rule"] == "ancestor"
@@ -212,7 +212,7 @@ def test_refuses_protected_chain_unless_explicitly_allowed(procs, scenario, tmp_
     scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("kill", "--pid", str(worker), "--force")
     assert r.returncode == EXIT_REFUSED
-    assert "protected" in r.stdout and "gt-guardian" in r.stdout and "--allow-protected" in r.stdout
+    assert "protected" in (r.stdout + r.stderr) and "gt-guardian" in (r.stdout + r.stderr) and "--allow-protected" in (r.stdout + r.stderr)
     assert alive(worker)
     [rec] = records(pid=worker)
     assert rec["details"]["rule"] == "protected" and rec["signals"] == []
@@ -235,7 +235,7 @@ def test_dry_run_sends_nothing(procs, scenario, cfg):
     holder = procs.sleeper("gt-holder")
     scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("kill", "--pid", str(holder.pid), "--dry-run", "--force")
-    assert r.returncode == 0 and "would send SIGTERM" in r.stdout
+    assert r.returncode == 0 and "would send SIGTERM" in (r.stdout + r.stderr)
     time.sleep(0.2)
     assert alive(holder.pid)
     [rec] = records(pid=holder.pid)
@@ -257,7 +257,7 @@ def test_bad_input_and_not_found(procs, scenario, cfg):
     gone.kill()
     gone.wait()
     r = run_gputop("kill", "--pid", str(gone.pid))
-    assert r.returncode == EXIT_NOT_FOUND and "no process" in r.stdout
+    assert r.returncode == EXIT_NOT_FOUND and "no process" in (r.stdout + r.stderr)
     assert records(pid=gone.pid)[-1]["outcome"] == "not-found"
     r = run_gputop("kill", "--gpu", "7")
     assert r.returncode == EXIT_NOT_FOUND and "no GPU 7" in r.stderr
@@ -287,7 +287,7 @@ def test_batch_selectors_preview_then_act_in_parallel(procs, scenario, cfg):
     out = json.loads(r.stdout)
     assert out["preview"] is True and sorted(t["pid"] for t in out["targets"]) == sorted([a.pid, b.pid])
     r = run_gputop("kill", "--gpu", "0", "--name", "gt-batch-[ab]")
-    assert r.returncode == 0 and "--yes" in r.stdout and str(a.pid) in r.stdout and str(c.pid) not in r.stdout
+    assert r.returncode == 0 and "--yes" in (r.stdout + r.stderr) and str(a.pid) in (r.stdout + r.stderr) and str(c.pid) not in (r.stdout + r.stderr)
     assert records() == []
     # Act: two targets that ignore SIGTERM, 1 s timeout each; in parallel that is ~1 s, not ~2 s.
     t0 = time.monotonic()
@@ -305,7 +305,7 @@ def test_batch_selectors_preview_then_act_in_parallel(procs, scenario, cfg):
     # Bystanders: the non-matching holder on the same GPU and the holder on another GPU.
     assert alive(c.pid) and alive(other.pid)
     r = run_gputop("kill", "--name", "nothing-matches-this")
-    assert r.returncode == EXIT_NOT_FOUND and "no GPU holder matches" in r.stdout
+    assert r.returncode == EXIT_NOT_FOUND and "no GPU holder matches" in (r.stdout + r.stderr)
 
 
 def test_other_users_process_without_permission(procs, monkeypatch, request):
@@ -314,7 +314,7 @@ def test_other_users_process_without_permission(procs, monkeypatch, request):
     other.holders([{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
     r = other.run("kill", "--pid", str(holder.pid), "--force")
     assert r.returncode == EXIT_PERMISSION, r.stdout + r.stderr
-    assert "no permission" in r.stdout and "root" in r.stdout
+    assert "no permission" in (r.stdout + r.stderr) and "root" in (r.stdout + r.stderr)
     assert alive(holder.pid)
     [rec] = other.records()
     assert rec["outcome"] == "permission-denied" and rec["actor"]["user"] == other.name

@@ -56,8 +56,8 @@ def test_preview_lists_each_tree_and_signals_nothing(procs, scenario, cfg):
     assert "session leader" in tree["reason"] and ("init" in tree["reason"] or "subreaper" in tree["reason"])
     r = run_gputop("reap")
     assert r.returncode == 0
-    assert f"root {loop} (bash" in r.stdout and f"member {worker:>7}  ppid {loop:>7}" in r.stdout
-    assert "why: session leader" in r.stdout and "6.0GiB" in r.stdout and "--apply" in r.stdout
+    assert f"root {loop} (bash" in (r.stdout + r.stderr) and f"member {worker:>7}  ppid {loop:>7}" in (r.stdout + r.stderr)
+    assert "why: session leader" in (r.stdout + r.stderr) and "6.0GiB" in (r.stdout + r.stderr) and "--apply" in (r.stdout + r.stderr)
     assert alive(loop) and alive(worker)
     assert records() == []
 
@@ -101,14 +101,14 @@ def test_apply_with_root_refuses_a_tree_that_is_not_an_orphan(procs, scenario, c
     holder = procs.sleeper("gt-attached")  # its session (this test run) is alive
     scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("reap", "--apply", "--root", str(holder.pid))
-    assert r.returncode == EXIT_REFUSED and "not the root of an orphan tree" in r.stdout
+    assert r.returncode == EXIT_REFUSED and "not the root of an orphan tree" in (r.stdout + r.stderr)
     time.sleep(0.2)
     assert alive(holder.pid)
     [rec] = records(pid=holder.pid)
     check_common(rec, action="reap", outcome="refused")
     assert rec["details"]["rule"] == "not-orphan" and rec["signals"] == []
     r = run_gputop("reap", "--apply", "--root", "1")
-    assert r.returncode == EXIT_REFUSED and "pid 1" in r.stdout
+    assert r.returncode == EXIT_REFUSED and "pid 1" in (r.stdout + r.stderr)
 
 
 def test_protected_and_unknown_trees_are_never_touched(procs, scenario, tmp_path, monkeypatch):
@@ -122,11 +122,11 @@ def test_protected_and_unknown_trees_are_never_touched(procs, scenario, tmp_path
     assert out["trees"] == []
     assert {s["pid"]: s["verdict"] for s in out["skipped"]} == {kept: "protected"}
     r = run_gputop("reap", "--apply")
-    assert r.returncode == 0 and "nothing to reap" in r.stdout
+    assert r.returncode == 0 and "nothing to reap" in (r.stdout + r.stderr)
     r = run_gputop("reap", "--apply", "--root", str(kept))
-    assert r.returncode == EXIT_REFUSED and "protected" in r.stdout
+    assert r.returncode == EXIT_REFUSED and "protected" in (r.stdout + r.stderr)
     r = run_gputop("reap", "--apply", "--root", str(ghost))
-    assert r.returncode == EXIT_REFUSED and "unknown" in r.stdout
+    assert r.returncode == EXIT_REFUSED and "unknown" in (r.stdout + r.stderr)
     time.sleep(0.2)
     assert alive(kept) and alive(ghost)
     assert [x["details"]["rule"] for x in records(action="reap")] == ["protected", "unknown"]
@@ -177,13 +177,13 @@ def test_watch_cli_logs_without_apply_and_reaps_with_it(procs, scenario, cfg):
     scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("reap", "--watch", "--interval", "0.2", "--grace", "0.3", "--count", "5")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("would-reap") == 1 and "logging (no --apply)" in r.stdout
+    assert r.stdout.count("would-reap") == 1 and "logging (no --apply)" in (r.stdout + r.stderr)
     assert alive(loop) and alive(worker)
     [dry] = records(action="reap")
     assert dry["outcome"] == "dry-run" and dry["reason"].startswith("watchdog")
     r = run_gputop("reap", "--watch", "--apply", "--interval", "0.2", "--grace", "0.3", "--count", "6", "--json")
     assert r.returncode == 0, r.stderr
-    evs = [json.loads(x) for x in r.stdout.splitlines()]
+    evs = [json.loads(x) for x in (r.stdout + r.stderr).splitlines()]
     assert evs[0]["event"] == "pending" and evs[0]["root"] == loop
     assert any(e["event"] == "reaped" and e["result"]["ok"] for e in evs)
     assert wait_gone(loop, 5) and wait_gone(worker, 5)
@@ -236,7 +236,7 @@ def test_other_user_cannot_reap_and_the_tree_is_not_left_stopped(procs, monkeypa
     other.holders([{"pid": worker, "gpu": 0, "memory": "1GiB"}])
     r = other.run("reap", "--apply", "--grace", "0.5")
     assert r.returncode == EXIT_PERMISSION, r.stdout + r.stderr
-    assert "no permission" in r.stdout and str(loop) in r.stdout
+    assert "no permission" in (r.stdout + r.stderr) and str(loop) in (r.stdout + r.stderr)
     time.sleep(0.2)
     assert alive(loop) and alive(worker)
     for pid in (loop, worker):
@@ -254,7 +254,7 @@ def test_root_does_not_reap_a_tree_with_another_users_process_in_it(procs, scena
     scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("reap", "--apply", "--grace", "0.5")  # as root: it could signal both
     assert r.returncode == EXIT_REFUSED, r.stdout + r.stderr
-    assert f"pid {worker}" in r.stdout and f"belongs to user {other.name}" in r.stdout
+    assert f"pid {worker}" in (r.stdout + r.stderr) and f"belongs to user {other.name}" in (r.stdout + r.stderr)
     time.sleep(0.2)
     assert alive(loop) and alive(worker)
     assert psutil.Process(worker).status() != psutil.STATUS_STOPPED
@@ -407,7 +407,7 @@ def test_a_protected_process_anywhere_in_the_tree_keeps_the_tree(procs, scenario
     r = run_gputop("reap", "--json")
     assert [t["root"]["pid"] for t in json.loads(r.stdout)["trees"]] == [root]  # the holder itself is an orphan
     r = run_gputop("reap", "--apply", "--root", str(root), "--grace", "0.5")
-    assert r.returncode == EXIT_REFUSED and f"pid {sib}" in r.stdout and "protect" in r.stdout, r.stdout
+    assert r.returncode == EXIT_REFUSED and f"pid {sib}" in (r.stdout + r.stderr) and "protect" in (r.stdout + r.stderr), r.stdout
     time.sleep(0.2)
     assert alive(root) and alive(worker) and alive(sib)
     [rec] = records(action="reap")

@@ -29,8 +29,8 @@ def test_refuses_while_held_and_lists_holders(procs, scenario, cfg):
     sc = scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "4GiB"}])
     r = run_gputop("reset", "--gpu", "0")
     assert r.returncode == EXIT_REFUSED
-    assert "in use by 1 process" in r.stdout and "--force" in r.stdout
-    assert f"holder pid {holder.pid} (gt-busy" in r.stdout
+    assert "in use by 1 process" in (r.stdout + r.stderr) and "--force" in (r.stdout + r.stderr)
+    assert f"holder pid {holder.pid} (gt-busy" in (r.stdout + r.stderr)
     assert alive(holder.pid) and resets(sc) == []
     [rec] = records(action="reset")
     check_common(rec, action="reset", outcome="busy")
@@ -70,7 +70,7 @@ def test_force_refuses_when_a_holder_is_protected(procs, scenario, tmp_path, mon
     sc = scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("reset", "--gpu", "0", "--force")
     assert r.returncode == EXIT_REFUSED
-    assert "not reset" in r.stdout and "protected" in r.stdout
+    assert "not reset" in (r.stdout + r.stderr) and "protected" in (r.stdout + r.stderr)
     assert alive(holder.pid) and resets(sc) == []
     [rec] = records()  # refused before any kill was attempted
     assert rec["action"] == "reset" and rec["outcome"] == "refused" and rec["details"]["rule"] == "holder-refused"
@@ -83,7 +83,7 @@ def test_force_kills_nobody_when_one_holder_blocks_the_reset(procs, scenario, tm
     sc = scenario(holders=[{"pid": plain.pid, "gpu": 0, "memory": "1GiB"},
                            {"pid": precious.pid, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("reset", "--gpu", "0", "--force", "--timeout", "0.5")
-    assert r.returncode == EXIT_REFUSED and f"pid {precious.pid}" in r.stdout and "protected" in r.stdout
+    assert r.returncode == EXIT_REFUSED and f"pid {precious.pid}" in (r.stdout + r.stderr) and "protected" in (r.stdout + r.stderr)
     time.sleep(0.2)
     assert alive(precious.pid) and alive(plain.pid), "a holder was killed for a reset that did not happen"
     assert resets(sc) == [] and records(action="kill") == []
@@ -92,10 +92,10 @@ def test_force_kills_nobody_when_one_holder_blocks_the_reset(procs, scenario, tm
 def test_free_gpu_resets_and_bad_index(scenario, cfg):
     sc = scenario(holders=[])
     r = run_gputop("reset", "--gpu", "1")
-    assert r.returncode == 0 and "reset" in r.stdout
+    assert r.returncode == 0 and "reset" in (r.stdout + r.stderr)
     assert [x["gpu"] for x in resets(sc)] == [1]
     r = run_gputop("reset", "--gpu", "9")
-    assert r.returncode == EXIT_NOT_FOUND and "no GPU 9" in r.stdout
+    assert r.returncode == EXIT_NOT_FOUND and "no GPU 9" in (r.stdout + r.stderr)
     assert [x["outcome"] for x in records(action="reset")] == ["reset", "not-found"]
 
 
