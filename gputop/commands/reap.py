@@ -140,6 +140,8 @@ def _apply(args, config, sampler) -> int:
 def _watch(args, config, sampler) -> int:
     interval = _dur(args.interval, "--interval", config.reap_interval)
     grace = _dur(args.grace, "--grace", config.reap_grace)
+    if interval <= 0:  # 0 would scan in a busy loop
+        raise UsageError(f"--interval must be more than 0 seconds (got {interval:g}); e.g. --interval 10s")
     stopping = {"v": False}
 
     def on_term(signum, frame):

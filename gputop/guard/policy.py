@@ -209,10 +209,15 @@ def _convert(node: yaml.Node, loader: yaml.SafeLoader, issues: list[Issue]):
 
 def _compose(text: str, source: str):
     issues: list[Issue] = []
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # the reader rejects control characters (e.g. NUL) right here
+    except yaml.YAMLError as e:
+        raise PolicyError([Issue(None, None, f"not a YAML text file: {str(e).splitlines()[0]}")], source) from None
     try:
         node = loader.get_single_node()
         data = _convert(node, loader, issues) if node is not None else None
+    except RecursionError:
+        raise PolicyError([Issue(None, None, "YAML nesting too deep (a recursive alias?)")], source) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark is not None else None

@@ -292,3 +292,7 @@ def test_try_scenario_script(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_reap_watch_interval_zero_is_refused():
+    one_line(run_gputop("reap", "--watch", "--interval", "0"), EXIT_USAGE, "--interval must be more than 0")

@@ -145,6 +145,8 @@ def test_yaml_syntax_error_has_line(tmp_path):
     ("version: 1\n", "missing field 'rules'"),
     ("rulez: []\n", "unknown top-level key 'rulez'"),
     ("- a\n- b\n", "expected a mapping with 'rules:'"),
+    ('rules:\n  - name: "a\0b"\n', "not a YAML text file"),
+    ("a: &x [*x]\nrules: *x\n", "nesting too deep"),
 ])
 def test_top_level_problems(text, fragment):
     with pytest.raises(PolicyError) as ei:
