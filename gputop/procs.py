@@ -75,12 +75,12 @@ def _boot_time(proc_root: str) -> float:
 _READ_CHUNK = 16384
 
 
-def _read(path: str) -> bytes | None:
+def _read(path: str, dir_fd: int | None = None) -> bytes | None:
     # os.open/os.read rather than open(): a buffered file object costs extra syscalls (fstat, ioctl,
     # lseek) and allocations, and a sample reads three small files per process. The /proc files read
     # here return everything that fits in one read, so a short read is the end of the file.
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
     except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
         return None
     except PermissionError:
@@ -162,13 +162,36 @@ class StaticCache:
         return len(self._entries)
 
 
+def _open_dir(base: str) -> int | None:
+    try:
+        return os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+
+
 def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
                 stat: bytes | None = None) -> ProcInfo | None:
+    """One process from /proc. Its files are read through one open /proc/<pid> directory, which stays
+    bound to that process: if it exits and the PID is reused between two reads, the later reads fail
+    instead of mixing the new process's command line or owner into the old one's record."""
     base = f"{proc_root}/{pid}"
-    if stat is None:
-        stat = _read(f"{base}/stat")
-    if not stat:
-        return None
+    dfd = None
+    try:
+        if stat is None:
+            dfd = _open_dir(base)
+            if dfd is None:
+                return None
+            stat = _read("stat", dfd)
+        if not stat:
+            return None
+        return _parse_linux(pid, proc_root, base, stat, static, dfd)
+    finally:
+        if dfd is not None:
+            os.close(dfd)
+
+
+def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: StaticCache | None,
+                 dfd: int | None) -> ProcInfo | None:
     if static is not None:
         same = static.unchanged(pid, stat)
         if same is not None:
@@ -193,10 +216,20 @@ def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
     if cached is not None:
         cmdline, uid = cached
     else:
-        raw_cmd = _read(f"{base}/cmdline") or b""
+        if dfd is None:
+            # The stat line came from an earlier scan: pin the process now, and make sure the PID still
+            # names the process that line described before reading more of it.
+            dfd = _open_dir(base)
+            if dfd is None:
+                return None
+            try:
+                return _read_linux_pinned(pid, proc_root, base, static, dfd, start_ticks)
+            finally:
+                os.close(dfd)
+        raw_cmd = _read("cmdline", dfd) or b""
         cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0") if a)
         uid = None
-        status = _read(f"{base}/status")
+        status = _read("status", dfd)
         if status:
             uid = _status_field(status, b"\nUid:")
             if uid is not None:
@@ -207,7 +240,7 @@ def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
                     sighup = bool(int(sigign, 16) & 1)
         if uid is None:
             try:
-                uid = os.stat(base).st_uid
+                uid = os.stat(".", dir_fd=dfd).st_uid
             except OSError:
                 pass
         if static is not None:
@@ -226,6 +259,19 @@ def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
     if static is not None:
         static.remember(pid, stat, info, key)
     return info
+
+
+def _read_linux_pinned(pid: int, proc_root: str, base: str, static: StaticCache | None, dfd: int,
+                       start_ticks: int) -> ProcInfo | None:
+    stat = _read("stat", dfd)
+    if not stat:
+        return None
+    try:
+        if int(stat[stat.rindex(b")") + 2:].split()[19]) != start_ticks:
+            return None  # the PID was reused since the scan: the process that was scanned is gone
+    except (ValueError, IndexError):
+        return None
+    return _parse_linux(pid, proc_root, base, stat, static, dfd)
 
 
 def _read_psutil(pid: int) -> ProcInfo | None:

@@ -33,8 +33,11 @@ def test_cached_read_matches_a_full_read_for_every_process():
         full = read_proc(pid)
         first = read_proc(pid, static=cache)
         again = read_proc(pid, static=cache)  # from the cache
-        if full is None or first is None or again is None:
+        after = read_proc(pid)
+        if full is None or first is None or again is None or after is None:
             continue  # exited meanwhile
+        if _comparable(after) != _comparable(full):
+            continue  # it changed meanwhile (an exec, a rename): nothing to compare against
         assert _comparable(first) == _comparable(full), pid
         assert _comparable(again) == _comparable(full), pid
         checked += 1
@@ -132,3 +135,21 @@ def test_scan_all_finds_the_same_children_as_full_reads(procs):
     # Only the processes asked for were read in full; the rest of the host is stat lines.
     assert 1 not in table._cache and 1 in table._scan_stat
     assert table.get(1) is not None and table.get(1).pid == 1 and 1 not in table._scan_stat
+
+
+def test_a_scanned_stat_line_for_a_reused_pid_is_not_mixed_with_the_new_process(procs):
+    """The reap path scans stat lines first and reads command lines later. If the PID was reused in
+    between, the record must be dropped, not built from the old stat line and the new cmdline/owner."""
+    from gputop.procs import _read_linux
+
+    p = procs.sleeper("newproc")
+    with open(f"/proc/{p.pid}/stat", "rb") as f:
+        real = f.read()
+    head, _, tail = real.rpartition(b") ")
+    fields = tail.split(b" ")
+    fields[19] = str(int(fields[19]) - 500).encode()  # the "old" process started 5 s earlier
+    old_line = head + b") " + b" ".join(fields)
+    assert _read_linux(p.pid, "/proc", None, stat=old_line) is None
+    same = _read_linux(p.pid, "/proc", None, stat=real)
+    assert same is not None and same.name == "newproc"
+    assert _read_linux(p.pid, "/proc").cmdline == same.cmdline
