@@ -177,7 +177,11 @@ def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
     base = f"{proc_root}/{pid}"
     dfd = None
     try:
-        if stat is None:
+        if stat is None and static is not None:
+            # A long-lived sampler: usually only the stat line is needed (the rest is cached), so read
+            # it by path; a cache miss pins the process before reading more (see _parse_linux).
+            stat = _read(f"{base}/stat")
+        elif stat is None:
             dfd = _open_dir(base)
             if dfd is None:
                 return None
