@@ -124,7 +124,16 @@ def _classify_posix(
     protect_members: Sequence[ProcInfo] = chain
     if holder.sid is None:
         return Verdict(UNKNOWN, "session id is unknown")
-    if holder.sid == holder.pid:
+    top_of_chain = chain[-1]
+    if top_of_chain.ppid == 0 and top_of_chain.pid != 1:
+        # Its parent lives outside this PID namespace (docker exec, a container runtime). An orphan is
+        # reparented to the namespace's init, so a parent PID of 0 means that parent is still alive.
+        kind, reason = NOT_ORPHAN, (f"pid {top_of_chain.pid} ({top_of_chain.name}) was started from outside "
+                                    "this PID namespace, and that parent is alive")
+    elif holder.sid == 0:
+        return Verdict(UNKNOWN, "its session leader is outside this PID namespace: gputop cannot tell "
+                                "whether it is alive")
+    elif holder.sid == holder.pid:
         kind, reason = NOT_ORPHAN, "session leader itself (started deliberately with setsid, a daemon or a service)"
     else:
         leader = table.get(holder.sid)

@@ -62,6 +62,23 @@ def test_subreaper_adoption_is_detected_by_session_boundary():
     assert "subreaper pid 40 (systemd)" in v.reason
 
 
+def test_container_exec_job_is_not_orphan():
+    # Inside a PID namespace, `docker exec` starts a process whose parent and session leader live
+    # outside: ppid 0, sid 0. Its parent is alive (an orphan would have been reparented to PID 1).
+    t = Table(P(1, 0, "tini", 1, 1), P(50, 0, "python", 50, 0), P(60, 50, "python", 60, 0))
+    for pid in (50, 60):
+        v = classify(pid, t, protect=PROTECT)
+        assert v.kind == NOT_ORPHAN and "outside this PID namespace" in v.reason and v.root is None
+
+
+def test_reparented_job_whose_session_leader_is_outside_the_namespace_is_unknown():
+    # The exec'd shell exited and its job went to the namespace's init; its session leader is outside,
+    # so whether that leader is gone cannot be known: unknown, never reaped.
+    t = Table(P(1, 0, "tini", 1, 1), P(70, 1, "python", 60, 0))
+    v = classify(70, t, protect=PROTECT)
+    assert v.kind == UNKNOWN and "outside this PID namespace" in v.reason
+
+
 def test_protect_pattern_on_chain_member():
     t = Table(INIT, P(81, 1, "tmux: server", 50, 80, "tmux new -d"), P(82, 81, "python", 60, 80))
     v = classify(82, t, protect=PROTECT)
