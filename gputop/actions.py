@@ -550,7 +550,7 @@ def _scan_tree(roots: dict[int, float]) -> dict[int, ProcInfo]:
     return out
 
 
-def reap_tree(root_pid: int, *, expected_start: float | None, face: str, grace: float = 5.0,
+def reap_tree(root_pid: int, *, expected_start: float | None, face: str, grace: float | None = None,
               dry_run: bool = False, sampler=None, config: Config | None = None,
               reason: str | None = None) -> ActionResult:
     """Remove the whole orphan tree under ``root_pid``: SIGSTOP all, SIGTERM, SIGCONT, SIGKILL after ``grace``.
@@ -578,6 +578,8 @@ def reap_tree(root_pid: int, *, expected_start: float | None, face: str, grace: 
     except GputopError as e:
         return done(False, "failed", str(e), e.exit_code)
     state["cfg"] = ctx.config
+    if grace is None:  # every face gets the configured default (kill_timeout), not a constant of its own
+        grace = ctx.config.kill_timeout
     try:
         return _reap(ctx, root_pid, expected_start, grace, dry_run, details, signals, state, done)
     finally:

@@ -206,7 +206,7 @@ def do_kill(live: LiveSnapshot, face: str, *, pid, start_time=None, force: bool 
     return res
 
 
-def do_reap(live: LiveSnapshot, face: str, *, roots=None, dry_run: bool = False, grace: float = 5.0,
+def do_reap(live: LiveSnapshot, face: str, *, roots=None, dry_run: bool = False, grace: float | None = None,
             reason: str | None = None) -> list:
     """Reap the orphan trees of the current snapshot (all of them, or those whose root is in ``roots``)."""
     from gputop import actions

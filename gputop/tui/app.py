@@ -587,8 +587,13 @@ class GputopApp(App):
     def _report(self, result) -> None:
         sev = "information" if result.ok else "error"
         title = f"{result.action} {'done' if result.ok else 'FAILED'}"
-        self.call_from_thread(self.notify, result.message, title=title, severity=sev,
-                              timeout=6 if result.ok else 15)
+        message = result.message
+        audit_error = (result.details or {}).get("audit_error")
+        if audit_error:  # stderr is not visible under the TUI: say it on screen, loudly
+            message += f"\nAUDIT LOG NOT WRITTEN: {audit_error}"
+            sev = "error"
+        self.call_from_thread(self.notify, message, title=title, severity=sev,
+                              timeout=6 if sev != "error" else 15)
 
     def _after_action(self, pids: set[int] = frozenset()) -> None:
         tree = self.query_one(ProcessTree)

@@ -220,6 +220,22 @@ async def test_unprotected_kill_dialog_has_no_override(procs, scenario):
 
 
 @run_async
+async def test_an_unwritable_audit_log_is_shown_on_screen(procs, scenario, monkeypatch):
+    # Under the TUI stderr is not visible: the failure to log must reach the screen.
+    monkeypatch.setenv("GPUTOP_AUDIT_LOG", "/dev/null/audit.jsonl")  # cannot be created, even by root
+    victim = procs.sleeper("victimproc")
+    app = open_app(scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"}]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_kill_dialog(pilot, 0, victim.pid)
+        await pilot.press("tab", "enter")  # TERM
+        assert await wait_until(pilot, lambda: victim.poll() is not None, timeout=10)
+        assert await wait_until(pilot, lambda: any("AUDIT LOG NOT WRITTEN" in n.message
+                                                   for n in app._notifications))
+        note = next(n for n in app._notifications if "AUDIT LOG NOT WRITTEN" in n.message)
+        assert note.severity == "error"
+
+
+@run_async
 async def test_reset_needs_the_typed_gpu_index(procs, scenario):
     path = scenario([], gpus=2)
     app = open_app(path)
