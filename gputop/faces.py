@@ -15,7 +15,7 @@ from gputop.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
     GputopError, UsageError,
 )
-from gputop.snapshot import Holder, Sampler, Snapshot, holder_to_dict
+from gputop.snapshot import Holder, Sampler, Snapshot, holder_to_dict, select_holders
 from gputop.units import parse_memory
 
 # ActionResult.exit_code -> HTTP status.
@@ -148,7 +148,8 @@ def _opt_int(name: str, value) -> int | None:
 
 def filter_holders(snap: Snapshot, *, name: str | None = None, user: str | None = None, gpu=None,
                    memory_gt=None) -> list[Holder]:
-    """name: case-insensitive substring of the process name or command line; user: exact; gpu: index;
+    """name: case-insensitive regex (a plain word is a substring) over the process name or command line;
+    user: exact; gpu: index;
     memory_gt: bytes or a size such as 4GiB (holders whose GPU memory is unknown never match)."""
     gpu_i = _opt_int("gpu", gpu)
     mem = None
@@ -157,19 +158,7 @@ def filter_holders(snap: Snapshot, *, name: str | None = None, user: str | None 
             mem = parse_memory(int(memory_gt) if isinstance(memory_gt, str) and memory_gt.isdigit() else memory_gt)
         except ValueError as e:
             raise UsageError(f"memory_gt: {e}") from None
-    needle = name.lower() if name else None
-    out = []
-    for h in snap.holders:
-        if needle and needle not in h.name.lower() and needle not in h.cmd.lower():
-            continue
-        if user and h.user != user:
-            continue
-        if gpu_i is not None and gpu_i not in h.gpus:
-            continue
-        if mem is not None and (h.gpu_memory is None or h.gpu_memory <= mem):
-            continue
-        out.append(h)
-    return out
+    return select_holders(snap, gpu=gpu_i, user=user or None, name=name or None, memory_gt=mem)
 
 
 def processes_payload(snap: Snapshot, **filters) -> dict:

@@ -53,7 +53,7 @@ def build_server(live: LiveSnapshot) -> MCPServer:
     @server.tool(annotations=_READ)
     def list_processes(gpu: int | None = None, user: str | None = None, name: str | None = None,
                        min_memory: str | None = None) -> dict[str, Any]:
-        """GPU-holding processes, filtered by GPU index, user (exact), name (substring of the name or
+        """GPU-holding processes, filtered by GPU index, user (exact), name (case-insensitive regex over the name or
         command line) and minimum GPU memory (bytes, or a size such as '4GiB'; holders above it)."""
         return _call(faces.processes_payload, fresh(), gpu=gpu, user=user, name=name, memory_gt=min_memory)
 

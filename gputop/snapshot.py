@@ -7,6 +7,7 @@ Device indexes are global: backends are numbered in probe order (NVIDIA first, t
 from __future__ import annotations
 
 import dataclasses
+import re
 import os
 import datetime as _dt
 import socket
@@ -20,7 +21,7 @@ from gputop import __version__
 from gputop.backends import probe
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
 from gputop.config import Config
-from gputop.errors import NotFoundError
+from gputop.errors import NotFoundError, UsageError
 from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
 from gputop.procs import ProcInfo, ProcTable, StaticCache
 
@@ -270,6 +271,33 @@ class Sampler:
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
             warnings=tuple(warnings), platform=self.platform,
         )
+
+
+def select_holders(snap: Snapshot, *, gpu: int | None = None, user: str | None = None,
+                   name: str | None = None, memory_gt: int | None = None) -> list[Holder]:
+    """The holders that match every given selector; the one selection rule for every face.
+
+    ``name``: a case-insensitive regular expression searched in the process name and its command line
+    (a plain word matches as a substring). ``user``: exact. ``gpu``: a global index. ``memory_gt``:
+    bytes; a holder whose GPU memory is unknown never matches. Raises UsageError for a bad regex."""
+    name_re = None
+    if name:
+        try:
+            name_re = re.compile(name, re.IGNORECASE)
+        except re.error as e:
+            raise UsageError(f"bad name pattern {name!r}: {e}") from None
+    out = []
+    for h in snap.holders:
+        if gpu is not None and gpu not in h.gpus:
+            continue
+        if user is not None and h.user != user:
+            continue
+        if name_re is not None and not (name_re.search(h.name) or name_re.search(h.cmd)):
+            continue
+        if memory_gt is not None and (h.gpu_memory is None or h.gpu_memory <= memory_gt):
+            continue
+        out.append(h)
+    return out
 
 
 def _roots(holders: list[Holder], table: ProcTable) -> list[OrphanRoot]:

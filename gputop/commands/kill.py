@@ -8,6 +8,7 @@ import sys
 from gputop import actions
 from gputop.commands._common import config_from, open_sampler, print_json, table
 from gputop.errors import EXIT_NOT_FOUND, EXIT_OK, NotFoundError, UsageError
+from gputop.snapshot import select_holders
 from gputop.units import fmt_bytes, parse_duration
 
 NAME = "kill"
@@ -81,10 +82,9 @@ def run(args) -> int:
         actions.parse_signal(args.signal)
     except ValueError as e:
         raise UsageError(f"--signal: {e}") from None
-    name_re = None
     if args.name is not None:
         try:
-            name_re = re.compile(args.name)
+            re.compile(args.name)
         except re.error as e:
             raise UsageError(f"--name: bad regular expression {args.name!r}: {e}") from None
     kw = dict(face="cli", force=args.force, timeout=timeout, signal_name=args.signal, dry_run=args.dry_run,
@@ -101,15 +101,7 @@ def run(args) -> int:
             return _print_results(results, args.json)
 
         snap = sampler.sample()
-        chosen = []
-        for h in snap.holders:
-            if args.gpu is not None and args.gpu not in h.gpus:
-                continue
-            if args.user is not None and h.user != args.user:
-                continue
-            if name_re is not None and not (name_re.search(h.name) or name_re.search(h.cmd)):
-                continue
-            chosen.append(h)
+        chosen = select_holders(snap, gpu=args.gpu, user=args.user, name=args.name)
         what = " ".join(f"{k} {v}" for k, v in (("--gpu", args.gpu), ("--user", args.user), ("--name", args.name))
                         if v is not None)
         if args.gpu is not None and snap.device(args.gpu) is None:
