@@ -30,7 +30,7 @@ from gputop.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
     GputopError,
 )
-from gputop.orphans import PROTECTED, UNKNOWN, classify, compile_protect
+from gputop.orphans import PROTECTED, UNKNOWN, classify, compile_protect, protect_reason
 from gputop.procs import IS_LINUX, ProcInfo, ProcTable, read_proc, self_and_ancestors
 
 FACES = ("cli", "tui", "guard", "mcp", "api")
@@ -639,10 +639,11 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
         if rule:
             details["rule"] = rule[0]
             return done(False, "refused", f"tree member {rule[1]}; not reaping this tree", EXIT_REFUSED)
-        if protect is not None and (protect.search(m.name) or protect.search(m.cmd)):
+        why = protect_reason(m, protect, ctx.config.nohup_protects)
+        if why:
             details["rule"] = "protected"
-            return done(False, "refused", f"tree member pid {m.pid} ({m.name}) matches the protect list; "
-                        "gputop never reaps protected trees", EXIT_REFUSED)
+            return done(False, "refused", f"tree member {why}; gputop never reaps protected trees",
+                        EXIT_REFUSED)
         if _other_user(m, info):
             # A reap takes a whole tree as one unit; another user's process (sudo, setpriv, a setuid
             # helper) in it was not what was confirmed or selected. Root could otherwise kill it.
@@ -671,7 +672,7 @@ def _reap(ctx: _Ctx, root_pid, expected_start, grace, dry_run, details, signals,
                 continue
             if _safety_refusal(m, ancestors):
                 continue  # never: checked above for the initial tree; a new child can't be init or ours
-            if _other_user(m, info) or (protect is not None and (protect.search(m.name) or protect.search(m.cmd))):
+            if _other_user(m, info) or protect_reason(m, protect, ctx.config.nohup_protects):
                 # Started during the reap, under a member: it was not verified, so it is left alone.
                 if pid not in skipped:
                     skipped.append(pid)

@@ -72,6 +72,11 @@ def _protect_hit(
     return None
 
 
+def protect_reason(member: ProcInfo, protect: re.Pattern[str] | None, nohup_protects: bool) -> str | None:
+    """Why one process is protected (protect list or nohup mark), or None: the rule every path uses."""
+    return _protect_hit((member,), protect, nohup_protects)
+
+
 def classify(
     pid: int,
     table: Table,
