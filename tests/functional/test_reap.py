@@ -412,3 +412,21 @@ def test_a_protected_process_anywhere_in_the_tree_keeps_the_tree(procs, scenario
     assert alive(root) and alive(worker) and alive(sib)
     [rec] = records(action="reap")
     assert rec["details"]["rule"] == "protected" and rec["signals"] == []
+
+
+@pytest.mark.parametrize("nohup_protects", [True, False])
+def test_a_nohup_detached_member_anywhere_in_the_tree_keeps_the_tree(procs, scenario, tmp_path, monkeypatch,
+                                                                     nohup_protects):
+    write_config(tmp_path / "c.yaml", monkeypatch, nohup_protects=nohup_protects)
+    holder = procs.orphan('sh -c "sleep 731 & nohup sleep 732 >/dev/null 2>&1 & wait"', "sleep 731")
+    sibling = procs.wait_for("sleep 732")
+    root = psutil.Process(holder).ppid()
+    scenario([{"pid": holder, "gpu": 0, "memory": "2GiB"}])
+    r = run_gputop("reap", "--apply", "--root", str(root), "--grace", "0.5")
+    if nohup_protects:
+        assert r.returncode == EXIT_REFUSED and "detached with nohup" in r.stderr, r
+        assert alive(holder) and alive(sibling) and alive(root)
+        assert psutil.Process(holder).status() != psutil.STATUS_STOPPED  # refused before any SIGSTOP
+    else:
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert wait_gone(holder) and wait_gone(sibling) and wait_gone(root)
