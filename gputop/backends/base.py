@@ -91,6 +91,8 @@ class Backend(ABC):
 
     name: str = "backend"
     vendor: str = "unknown"
+    # True where utilisation comes from counter deltas (DRM fdinfo): a one-shot reader must sample twice.
+    needs_two_samples: bool = False
 
     @abstractmethod
     def device_count(self) -> int: ...

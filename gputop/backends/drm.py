@@ -17,6 +17,8 @@ from gputop.backends.fdinfo import FdinfoScanner, proc_root_default, shared_scan
 
 
 class DrmBackend(Backend):
+    needs_two_samples = True  # engine counters: utilisation is a delta between two samples
+
     drivers: frozenset[str] = frozenset()
     vendor_label = "GPU"  # used in names when sysfs and pci.ids give none
 

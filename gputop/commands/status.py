@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 from gputop.backends import no_gpu_message
 from gputop.commands._common import open_sampler, print_json, table
+from gputop.errors import UsageError
 from gputop.snapshot import Snapshot
 from gputop.units import fmt_bytes, fmt_duration, fmt_opt
 
@@ -16,10 +19,16 @@ With no GPU, lists each backend with the reason it is unavailable and exits 0.""
 def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON: {at, gpu: {gpus, holders}, holders, roots, warnings, ...}")
     p.add_argument("--chains", action="store_true", help="table: print each holder's ancestor chain")
+    p.add_argument("--sample-time", type=float, default=None, metavar="S",
+                   help="where utilisation is a counter delta (AMD/Intel DRM fdinfo), sample twice, S seconds "
+                        "apart (default 0.5; 0: one sample, utilisation N/A)")
     p.add_argument("--hosts", metavar="H1,H2", help="ask these hosts through ssh, in parallel, and merge")
     p.add_argument("--hosts-file", metavar="FILE", help="hosts to ask, one per line ('#' comments)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
                    help="--hosts: seconds to wait for each host (default 10)")
+
+
+DEFAULT_SAMPLE_TIME = 0.5
 
 
 def run(args) -> int:
@@ -27,9 +36,15 @@ def run(args) -> int:
         from gputop.remote import run_status_hosts
 
         return run_status_hosts(args)
+    if args.sample_time is not None and not 0 <= args.sample_time <= 60:
+        raise UsageError(f"--sample-time must be between 0 and 60 seconds (got {args.sample_time:g})")
     sampler = open_sampler(args)
     try:
         snap = sampler.sample()
+        wait = DEFAULT_SAMPLE_TIME if args.sample_time is None else args.sample_time
+        if wait > 0 and any(b.needs_two_samples for b in sampler.backends):
+            time.sleep(wait)  # the second sample turns engine counters into utilisation
+            snap = sampler.sample()
     finally:
         sampler.close()
     if args.json:

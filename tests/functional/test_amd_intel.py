@@ -54,7 +54,7 @@ def tree(tmp_path):
 
 
 def test_status_json_on_fixture_shows_amd_and_intel(tree):
-    data, _ = status_json(tree)
+    data, _ = status_json(tree, "--sample-time", "0")  # one sample: no utilisation yet
     backends = {b["name"]: b for b in data["backends"]}
     assert backends["amd"]["available"] and backends["amd"]["devices"] == 1
     assert backends["intel"]["available"] and backends["intel"]["devices"] == 2
@@ -88,6 +88,21 @@ def test_status_json_on_fixture_shows_amd_and_intel(tree):
     assert [c["pid"] for c in holders[402]["chain"]] == [401, 100, 1]
     assert holders[402]["start_time"] == pytest.approx(BTIME + 100_000 / os.sysconf("SC_CLK_TCK"), abs=0.01)
     assert "1 process not readable: run as root to see them" in data["warnings"]
+
+
+def test_status_samples_twice_for_utilisation(tree):
+    # The fixture's counters do not move between the two samples: every engine that was read is 0% busy,
+    # and only what cannot be known stays N/A (a client without engine keys; a client counted elsewhere).
+    data, _ = status_json(tree, "--sample-time", "0.2")
+    gpus = {g["pci_bus_id"]: g for g in data["gpu"]["gpus"]}
+    assert gpus[I915_PCI]["utilization_gpu"] == 0.0 and gpus[XE_PCI]["utilization_gpu"] == 0.0
+    assert gpus[AMD_PCI]["utilization_gpu"] == DEVICE_UTIL[AMD_PCI]  # amdgpu: from sysfs, both times
+    holders = {h["pid"]: h for h in data["holders"]}
+    for pid, (pci, _, _, util2, _) in EXPECTED.items():
+        # xe: utilisation is cycles over total cycles, and the fixture's total cycles did not advance
+        # either: 0/0 is unknown, not 0%.
+        want = None if util2 is None or pci == XE_PCI else 0.0
+        assert holders[pid]["sm_util"] == want, pid
 
 
 def test_status_backend_amd_only(tree):
