@@ -157,11 +157,10 @@ def test_watchdog_reaps_only_after_grace_with_fake_clock(procs, scenario, cfg):
         assert alive(loop) and alive(worker) and records() == []
         events.clear()
         dog = actions.Watchdog(sampler, apply=True, grace=12, kill_grace=1)
-        dog.first_seen[(loop, ident(loop)["start"])] = 0.0  # pretend it has been orphaned since t=0
-        dog.first_seen = {k: 0.0 for k in dog.first_seen}
-        # identity keys use the rounded start time as read from /proc
-        dog.scan(1.0)
-        evs = dog.scan(20.0)
+        assert [e["event"] for e in dog.scan(1.0)] == ["pending"]  # first seen at t=1
+        assert [e["event"] for e in dog.scan(12.5)] == ["pending"]  # 11.5 s: still within the grace
+        assert alive(loop) and alive(worker)
+        evs = dog.scan(20.0)  # 19 s > 12 s
     finally:
         sampler.close()
     assert [e["event"] for e in evs] == ["reaped"]
