@@ -32,6 +32,22 @@ def state_dir() -> Path:
     return Path(env) if env else Path(platformdirs.user_state_dir("gputop"))
 
 
+NODE_GUARD_DIR = Path("/var/lib/gputop")
+
+
+def guard_dir() -> Path:
+    """Where the guard's shared state lives (mode, policy path, hits, daemon status).
+
+    The guard is node-wide: the service (packaging/gputop-guard.service) keeps it in /var/lib/gputop, and
+    every TUI, CLI, API or MCP server on the node must read and switch the same files. So: $GPUTOP_STATE_DIR
+    when set, else /var/lib/gputop when it exists, else the user's own state dir."""
+    if os.environ.get("GPUTOP_STATE_DIR"):
+        return state_dir()
+    if NODE_GUARD_DIR.is_dir():
+        return NODE_GUARD_DIR
+    return state_dir()
+
+
 @dataclass(frozen=True)
 class Config:
     protect: tuple[str, ...] = DEFAULT_PROTECT  # case-insensitive regexes over name and cmdline

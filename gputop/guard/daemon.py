@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from gputop import auditlog
-from gputop.config import Config, state_dir
+from gputop.config import Config, guard_dir
 from gputop.errors import RefusedError
 from gputop.guard import state as _state
 from gputop.guard.engine import Engine
@@ -50,7 +50,7 @@ def _load(path: str) -> Policy:
 
 def acquire_lock() -> int:
     """One daemon per state directory (two would act twice on every hit). Returns the fd to keep open."""
-    d = state_dir()
+    d = guard_dir()
     d.mkdir(parents=True, exist_ok=True)
     fd = os.open(d / "guard-daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:

@@ -1,6 +1,6 @@
 """The guard's shared channel: mode, policy path and rule hits, shared by the daemon and every face.
 
-Everything lives in files under ``gputop.config.state_dir()``, so a TUI, the HTTP API or the MCP server on
+Everything lives in files under ``gputop.config.guard_dir()``, so a TUI, the HTTP API or the MCP server on
 the node can read and change what a running daemon does without talking to it:
 
 - ``guard.json``: ``{mode, policy_file, last_error, updated_at, updated_by}``. Written atomically
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gputop.config import state_dir
+from gputop.config import guard_dir
 from gputop.errors import UsageError
 
 MODES = ("off", "dry-run", "enforce")
@@ -35,15 +35,15 @@ HITS_MAX_BYTES = 8 * 1024 * 1024  # rotate guard-hits.jsonl to .1 beyond this
 
 
 def state_path() -> Path:
-    return state_dir() / STATE_FILE
+    return guard_dir() / STATE_FILE
 
 
 def hits_path() -> Path:
-    return state_dir() / HITS_FILE
+    return guard_dir() / HITS_FILE
 
 
 def daemon_path() -> Path:
-    return state_dir() / DAEMON_FILE
+    return guard_dir() / DAEMON_FILE
 
 
 # ---- files -----------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 @contextlib.contextmanager
 def _locked():
     """Serialise read-modify-write of guard.json between processes (TUI and CLI may race)."""
-    d = state_dir()
+    d = guard_dir()
     d.mkdir(parents=True, exist_ok=True)
     fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -286,5 +286,5 @@ def status() -> dict:
             "rules": d.get("rules"),
         },
         "counts": {"hits_recorded": count_hits(), **(d.get("counts") or {})},
-        "state_dir": str(state_dir()),
+        "state_dir": str(guard_dir()),
     }

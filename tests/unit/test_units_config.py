@@ -62,3 +62,16 @@ def test_config_errors_are_one_line(tmp_path, text, msg):
     with pytest.raises(UsageError) as e:
         load_config(str(p))
     assert msg in str(e.value) and "\n" not in str(e.value) and str(p) in str(e.value)
+
+
+def test_guard_dir_is_node_wide_once_the_service_dir_exists(tmp_path, monkeypatch):
+    import gputop.config as config
+
+    node = tmp_path / "var-lib-gputop"
+    monkeypatch.setattr(config, "NODE_GUARD_DIR", node)
+    monkeypatch.delenv("GPUTOP_STATE_DIR")
+    assert config.guard_dir() == config.state_dir()  # no service dir: the user's own state dir
+    node.mkdir()
+    assert config.guard_dir() == node  # the daemon's directory: every face shares it
+    monkeypatch.setenv("GPUTOP_STATE_DIR", str(tmp_path / "mine"))
+    assert config.guard_dir() == tmp_path / "mine"  # an explicit choice wins
