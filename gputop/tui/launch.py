@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 from gputop.config import load_config
 from gputop.errors import UsageError
@@ -24,6 +25,8 @@ def run_tui(args) -> int:
 
             demo = stack.enter_context(Demo())
             scenario, backend = str(demo.scenario_path), "simulated"
+            # A sandbox: the demo's guard switch and audit log must not touch the node's real ones.
+            os.environ.setdefault("GPUTOP_STATE_DIR", str(demo.dir / "state"))
         sampler = Sampler.open(backend, scenario, config)
         stack.callback(sampler.close)
         from gputop.tui.app import GputopApp  # imports Textual

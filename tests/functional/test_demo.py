@@ -55,3 +55,26 @@ def test_demo_cleans_up_on_signal(sig):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_demo_keeps_guard_state_and_audit_log_in_its_own_directory(monkeypatch):
+    """Toggling the guard or killing in the demo must not touch the node's real guard or audit log."""
+    import argparse
+
+    from gputop.config import guard_dir
+    from gputop.tui import app as tui_app
+    from gputop.tui.launch import run_tui
+
+    monkeypatch.delenv("GPUTOP_STATE_DIR")
+    seen = {}
+
+    def fake_run(self):
+        seen["state"], seen["guard"], seen["scenario"] = (os.environ.get("GPUTOP_STATE_DIR"), guard_dir(),
+                                                          str(self.demo.scenario_path))
+
+    monkeypatch.setattr(tui_app.GputopApp, "run", fake_run)
+    args = argparse.Namespace(demo=True, backend=None, scenario=None, config=None, interval=None,
+                              readonly=False)
+    assert run_tui(args) == 0
+    demo_dir = os.path.dirname(seen["scenario"])
+    assert seen["state"] == os.path.join(demo_dir, "state") and str(seen["guard"]) == seen["state"]
