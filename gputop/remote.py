@@ -24,7 +24,8 @@ from gputop.errors import EXIT_UNAVAILABLE, UnavailableError, UsageError
 ENV_REMOTE_CMD = "GPUTOP_REMOTE_CMD"  # the gputop command on the remote side (a shell string)
 ENV_SSH = "GPUTOP_SSH"  # the local ssh command (e.g. "ssh -F ~/.ssh/lab_config")
 DEFAULT_REMOTE_CMD = "gputop"
-INSTALL_COMMAND = "python3 -m pip install --user gputop"
+# Not "pip install gputop": that name on PyPI is another project. Install this one from a copy of it.
+INSTALL_COMMAND = "python3 -m pip install --user /path/to/gputop"  # a copy of this project, or its wheel
 SSH_FAILED = 255  # ssh's own exit status when the connection or authentication fails
 NOT_FOUND = 127  # the remote shell's status for "command not found"
 
@@ -145,7 +146,8 @@ def _subcommand(args: list[str]) -> str | None:
 
 def missing_message(host: str) -> str:
     return (f"gputop is not installed on {host} (or not on the PATH of a non-interactive ssh shell): "
-            f"install it there with '{INSTALL_COMMAND}', or give its path with --remote-gputop PATH "
+            f"copy this project (or a wheel from 'python3 -m pip wheel .') there and run "
+            f"'{INSTALL_COMMAND}', or give its path with --remote-gputop PATH "
             f"(or ${ENV_REMOTE_CMD})")
 
 
