@@ -909,8 +909,11 @@ _RESET_CODES = {
 
 def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
               config: Config | None = None, reason: str | None = None,
-              kill_timeout: float | None = None) -> ActionResult:
-    """Reset GPU ``index``. Refuses while processes hold it; ``force`` first kills them (same kill path)."""
+              kill_timeout: float | None = None, dry_run: bool = False) -> ActionResult:
+    """Reset GPU ``index``. Refuses while processes hold it; ``force`` first kills them (same kill path).
+
+    ``dry_run``: make every check (holders, refusals) and say what would happen; signal and reset nothing.
+    The backend's own checks (root, a display, the reset tool) run only in a real reset."""
     if face not in FACES:
         raise ValueError(f"face must be one of {FACES}, not {face!r}")
     details: dict = {}
@@ -938,6 +941,8 @@ def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
         holders = snap.holders_on(index)
         details["holders"] = [{"pid": h.pid, "start_time": h.start_time, "user": h.user, "name": h.name,
                                "cmd": h.cmd, "verdict": h.verdict.kind} for h in holders]
+        if not holders and dry_run:
+            return done(True, "dry-run", f"would reset GPU {index} (no process holds it)", EXIT_OK)
         if holders and not force:
             listing = ", ".join(f"{h.pid} ({h.name}, {h.user or '?'})" for h in holders)
             return done(False, "busy", f"GPU {index} is in use by {len(holders)} process(es): {listing}; "
@@ -961,6 +966,9 @@ def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
                 return done(False, "refused", f"GPU {index} not reset, and no holder was killed: "
                             + "; ".join(blocked) + "; gputop never kills these, stop them yourself first",
                             EXIT_REFUSED)
+            if dry_run:
+                return done(True, "dry-run", f"would kill {len(holders)} process(es) holding GPU {index} "
+                            f"({', '.join(str(h.pid) for h in holders)}), then reset it", EXIT_OK)
             timeout = kill_timeout if kill_timeout is not None else ctx.config.kill_timeout
             results = kill_many([(h.pid, h.start_time) for h in holders], face=face, force=True,
                                 timeout=timeout, sampler=ctx.sampler, config=ctx.config,

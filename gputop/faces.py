@@ -226,7 +226,8 @@ def do_reap(live: LiveSnapshot, face: str, *, roots=None, dry_run: bool = False,
     return results
 
 
-def do_reset(live: LiveSnapshot, face: str, *, index, force: bool = False, reason: str | None = None):
+def do_reset(live: LiveSnapshot, face: str, *, index, force: bool = False, reason: str | None = None,
+             dry_run: bool = False):
     from gputop import actions
 
     idx = _opt_int("index", index)
@@ -234,8 +235,9 @@ def do_reset(live: LiveSnapshot, face: str, *, index, force: bool = False, reaso
         raise UsageError("index (the GPU index) is required")
     with live.lock:
         res = actions.reset_gpu(idx, face=face, force=bool(force), sampler=live.sampler, config=live.config,
-                                reason=reason)
-    _refresh_after(live, False)
+                                reason=reason, dry_run=dry_run)
+    if not dry_run:
+        _refresh_after(live, False)
     return res
 
 

@@ -100,20 +100,15 @@ def build_server(live: LiveSnapshot) -> MCPServer:
         """Reset GPU `index`. Refused while processes hold it, unless force=true (they are killed first,
         through the same safe kill). Previews unless confirm=true."""
         snap = fresh()
-        if not confirm:
+        if not confirm:  # the same checks as a real reset (actions.reset_gpu), with nothing done
             dev = snap.device(index)
             if dev is None:
                 raise ToolError(f"no GPU {index}: this host has {len(snap.devices)} GPU(s)")
-            holders = snap.holders_on(index)
-            if holders and not force:
-                would = (f"would refuse: GPU {index} is in use by {len(holders)} process(es); "
-                         "stop them, or pass force=true to kill them first")
-            elif holders:
-                would = f"would kill {len(holders)} process(es) holding GPU {index}, then reset it"
-            else:
-                would = f"would reset GPU {index} ({dev.name})"
+            res = _call(faces.do_reset, live, FACE, index=index, force=force, dry_run=True,
+                        reason="preview through MCP")
+            would = res.message if res.ok else f"would refuse: {res.message}"
             return {"preview": True, "confirmed": False, "gpu": index, "name": dev.name, "message": would,
-                    "holders": [holder_to_dict(h) for h in holders],
+                    "holders": [holder_to_dict(h) for h in snap.holders_on(index)],
                     "next": "nothing was done; call reset_gpu again with confirm=true to do it"}
         res = _call(faces.do_reset, live, FACE, index=index, force=force, reason="requested through MCP")
         return res.to_dict() | {"confirmed": True}

@@ -89,6 +89,24 @@ def test_force_kills_nobody_when_one_holder_blocks_the_reset(procs, scenario, tm
     assert resets(sc) == [] and records(action="kill") == []
 
 
+def test_dry_run_makes_every_check_and_does_nothing(procs, scenario, tmp_path, monkeypatch):
+    write_config(tmp_path / "c.yaml", monkeypatch, protect=["gt-precious"])
+    plain = procs.sleeper("gt-plain")
+    precious = procs.sleeper("gt-precious")
+    sc = scenario(holders=[{"pid": plain.pid, "gpu": 0, "memory": "1GiB"},
+                           {"pid": precious.pid, "gpu": 1, "memory": "1GiB"}], gpus=3)
+    cfg = load_config()
+    r0 = actions.reset_gpu(0, face="mcp", force=True, dry_run=True, config=cfg)
+    assert r0.ok and r0.outcome == "dry-run" and str(plain.pid) in r0.message
+    r1 = actions.reset_gpu(1, face="mcp", force=True, dry_run=True, config=cfg)
+    assert not r1.ok and r1.outcome == "refused" and "protected" in r1.message  # what a real reset would say
+    free = actions.reset_gpu(2, face="mcp", dry_run=True, config=cfg)
+    assert free.ok and free.outcome == "dry-run" and "would reset GPU 2" in free.message
+    time.sleep(0.2)
+    assert alive(plain.pid) and alive(precious.pid)
+    assert resets(sc) == [] and records(action="kill") == []  # nothing signalled, nothing reset
+
+
 def test_free_gpu_resets_and_bad_index(scenario, cfg):
     sc = scenario(holders=[])
     r = run_gputop("reset", "--gpu", "1")
