@@ -65,6 +65,12 @@ _WALLETS = (
     ("Bitcoin bech32 address", re.compile(r"\bbc1[02-9ac-hj-np-z]{25,59}\b")),
 )
 _WALLET_ARG = re.compile(r"(?:^|\s)(?:--wallet|--user|-u|-O|--address)(?:\s+|=)([A-Za-z0-9]{26,}(?:[.+][\w-]+)?)(?=\s|$)")
+# Interpreters: a process running one is rightly named after its script (argv[1..]), and they are often
+# installed under version managers' hidden directories (~/.pyenv, ~/.nvm, ...).
+_INTERPRETER = re.compile(r"^(?:python[\d.]*|pypy[\d.]*|node|nodejs|perl[\d.]*|ruby[\d.]*|java|php[\d.]*|"
+                          r"lua[\d.]*|bash|sh|dash|zsh|R|Rscript|julia)$")
+_ENV_DIRS = {".pyenv", ".venv", ".conda", ".local", ".nvm", ".rbenv", ".asdf", ".sdkman", ".julia",
+             ".virtualenvs", ".cache"}
 _SYSTEM_NAME = re.compile(r"^(?:\[.*\]|kworker|ksoftirqd|kthreadd|kswapd|migration|rcu_|watchdog|systemd|"
                           r"sshd|cron|crond|dbus|init|irq/|khugepaged|kdevtmpfs|kauditd|rsyslogd|agetty)",
                           re.IGNORECASE)
@@ -367,12 +373,16 @@ def _check_process(proc: ProcInfo, gpus: tuple[int, ...], cfg: AuditConfig, out:
                   path)
         else:
             hidden = [part for part in d.split("/") if part.startswith(".") and part not in (".", "..")]
-            if hidden:
+            interpreter = bool(_INTERPRETER.match(_exe_base(exe)))
+            if hidden and not (interpreter and all(h in _ENV_DIRS for h in hidden)):
                 c.add("low", "suspicious-exe", f"the executable runs from a hidden directory ({hidden[0]})",
                       path)
         # disguised name
         base = _exe_base(exe)
-        scripts = [os.path.basename(a) for a in proc.cmdline[:3] if a and not a.startswith("-")]
+        # argv[0] is chosen by the process itself, so it never vouches for the name; an interpreter's
+        # process may be named after its script.
+        scripts = ([os.path.basename(a) for a in proc.cmdline[1:3] if a and not a.startswith("-")]
+                   if _INTERPRETER.match(base) else [])
         if not _same_name(proc.name, base) and not any(_same_name(proc.name, s) for s in scripts):
             system = bool(_SYSTEM_NAME.match(proc.name))
             c.add("high" if system else "low", "disguised-name",

@@ -129,6 +129,30 @@ def test_proc_net_tcp_addresses_decode():
     assert _hex_addr("00000000000000000000000001000000:1F90") == ("::1", 8080)
 
 
+def test_a_kernel_thread_disguise_is_not_excused_by_its_own_argv0(procs, scenario):
+    # The process picks its argv[0] and its name: neither vouches for what it runs.
+    code = ("import ctypes,time;ctypes.CDLL(None).prctl(15,b'kworker/0:1',0,0,0);time.sleep(600)")
+    p = procs.spawn(["kworker/0:1", "-c", code], executable=sys.executable)
+    wait_comm(p.pid, "kworker/0:1")
+    path = scenario(holders=[{"pid": p.pid, "gpu": 0, "memory": "1GiB", "sm": 99}])
+    (f,) = [f for f in findings_for(path, p.pid) if f.rule == "disguised-name"]
+    assert f.severity == "high" and "kworker/0:1" in f.reason
+
+
+def test_a_binary_in_a_hidden_directory_is_flagged(procs, scenario):
+    # Not under /tmp (that is a finding of its own): a hidden directory in the home directory.
+    hidden = tempfile.mkdtemp(prefix=".gputop-hidden-", dir=os.path.expanduser("~"))
+    try:
+        exe = os.path.join(hidden, "worker")
+        shutil.copy("/bin/sleep", exe)
+        p = procs.spawn([exe, "600"])
+        path = scenario(holders=[{"pid": p.pid, "gpu": 0, "memory": "1GiB"}])
+        fs = [f for f in findings_for(path, p.pid) if f.rule == "suspicious-exe"]
+        assert any(f"hidden directory ({os.path.basename(hidden)})" in f.reason for f in fs), fs
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)
+
+
 def test_an_ordinary_job_has_no_findings_and_nothing_is_allow_listed_by_default(procs, scenario):
     job = procs.spawn(["sleep", "600"])
     path = scenario(holders=[{"pid": job.pid, "gpu": 0, "memory": "4GiB", "sm": 97}])
