@@ -255,7 +255,7 @@ async def test_reset_needs_the_typed_gpu_index(procs, scenario):
         assert not button.disabled
         await pilot.press("enter")
         assert await wait_until(pilot, lambda: any("reset" in (n.title or "") for n in app._notifications))
-    assert any(r.get("face") == "tui" and r.get("gpu") == 1 or (r.get("target") or {}).get("gpu") == 1
+    assert any(r.get("face") == "tui" and (r.get("target") or {}).get("gpu") == 1 and r.get("ok")
                for r in audit_records("reset")), audit_records("reset")
 
 
