@@ -63,7 +63,7 @@ def guard_text(d: PanelData) -> Text:
         if h.get("dry_run"):
             action = f"would {action}" if action else "would act"
         outcome = h.get("outcome")
-        t.append(Text(action + (f" ({outcome})" if outcome and not h.get("dry_run") else ""),
+        t.append(Text(action + (f" ({outcome})" if outcome and outcome != "dry-run" else ""),
                       style="yellow" if h.get("dry_run") else "red"))
     return t
 

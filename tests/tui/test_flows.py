@@ -54,6 +54,7 @@ async def test_cancelling_a_kill_leaves_the_process_alive(procs, scenario):
         await pilot.press("escape")
         assert await wait_until(pilot, lambda: type(app.screen).__name__ != "KillDialog")
         # Enter on the focused Cancel button cancels too.
+        assert app.select_key(f"gpu0/{victim.pid}")
         await pilot.press("k")
         assert await wait_screen(pilot, "KillDialog")
         await pilot.press("enter")
