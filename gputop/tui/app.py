@@ -204,10 +204,11 @@ class GputopApp(App):
         self._sample_loop()
 
     def on_resize(self, event) -> None:
-        self._apply_size()
+        # This runs before App._on_resize records the new size: take it from the event.
+        self._apply_size(event.size)
 
-    def _apply_size(self) -> None:
-        w, h = self.size
+    def _apply_size(self, size=None) -> None:
+        w, h = size or self.size
         small = w < MIN_WIDTH or h < MIN_HEIGHT
         self.screen.set_class(small, "-too-small")
         if small:

@@ -25,6 +25,8 @@ class Key:
 
 KEYS: tuple[Key, ...] = (
     Key("question_mark", "help", "Help", "Show every key and what the colours mean"),
+    # Quit second: the footer is cut at 80 columns, and q must stay visible there.
+    Key("q", "quit", "Quit", "Quit gputop"),
     Key("slash", "filter", "Filter", "Filter processes by pid, user, name or command (esc clears)"),
     Key("space", "toggle_tag", "Tag", "Tag or untag the selected process (k kills every tagged one)"),
     Key("u", "untag_all", "Untag", "Untag every process", show=False),
@@ -40,7 +42,6 @@ KEYS: tuple[Key, ...] = (
     Key("p", "plot", "Plot", "Open the detailed plot of the selected row's GPU"),
     Key("b", "panel", "Panel", "Show or hide the side panel (guard hits, audit findings)", show=False),
     Key("f5", "refresh", "Refresh", "Sample now", show=False),
-    Key("q", "quit", "Quit", "Quit gputop"),
     Key("ctrl+c", "quit", "Quit", "Quit gputop, as top does (ctrl+q too)", show=False),
 )
 
