@@ -53,6 +53,15 @@ def line_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
     return out
 
 
+def sensors_text(d: DeviceSample) -> str:
+    """Every sensor of a device on one line: temperature, power and limit, fan, SM and memory clocks."""
+    temp = _na(d.temperature, "{:.0f}°C")
+    power = f"{_na(d.power_w, '{:.0f}')}/{_na(d.power_limit_w, '{:.0f}')}W"
+    fan = f"fan {_na(d.fan_pct, '{:.0f}%')}"
+    clocks = f"{_na(d.clock_sm_mhz, '{}')}/{_na(d.clock_mem_mhz, '{}')}MHz"
+    return f"{temp}  {power}  {fan}  {clocks}"
+
+
 def pane_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
     """Two lines: identity and sensors; then utilisation and memory with their history strips."""
     name = Text(f"GPU {d.index} ", style="bold")
@@ -62,13 +71,9 @@ def pane_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
         reason = "; ".join(d.errors) or "the device fell off the bus or is unreachable"
         line2 = Text(f"  {reason}", style="red")
         return Text("\n").join([name, line2])
-    temp = _na(d.temperature, "{:.0f}°C")
-    power = f"{_na(d.power_w, '{:.0f}')}/{_na(d.power_limit_w, '{:.0f}')}W"
-    fan = f"fan {_na(d.fan_pct, '{:.0f}%')}"
-    clocks = f"{_na(d.clock_sm_mhz, '{}')}/{_na(d.clock_mem_mhz, '{}')}MHz"
-    right = f"{temp}  {power}  {fan}  {clocks}"
+    right = sensors_text(d)
     if width and name.cell_len + 2 + len(right) > width:
-        right = f"{temp} {power} {fan}"
+        right = right.rsplit("  ", 1)[0]  # drop the clocks first
     gap = max(2, width - name.cell_len - len(right)) if width else 2
     line1 = name + Text(" " * gap) + Text(right)
 

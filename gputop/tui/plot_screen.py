@@ -78,16 +78,34 @@ class PlotScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static(id="plot-title")
+        yield Static(id="plot-sensors")  # every field, also those the one-line panes leave out
         yield PlotView(self, id="plot")
         yield Footer()
 
     def on_mount(self) -> None:
         self._retitle()
+        self._sensors()
 
     def _retitle(self) -> None:
         self.query_one("#plot-title", Static).update(
             Text(f" GPU {self.index} · {self.names.get(self.index, '')} · last {RANGES[self.range_i]} s"
                  f"  (←/→ GPU, +/- range, esc closes)", style="bold"))
+
+    def _sensors(self) -> None:
+        from gputop.tui.device_pane import sensors_text
+        from gputop.units import fmt_bytes
+
+        snap = getattr(self.app, "snapshot", None)
+        d = snap.device(self.index) if snap is not None else None
+        if d is None:
+            text = " no sample yet"
+        elif d.lost:
+            text = " LOST: " + ("; ".join(d.errors) or "unreachable")
+        else:
+            util = "N/A" if d.util_gpu is None else f"{d.util_gpu:.0f}%"
+            text = (f" util {util}  memory {fmt_bytes(d.memory_used)}/{fmt_bytes(d.memory_total)}  "
+                    + sensors_text(d))
+        self.query_one("#plot-sensors", Static).update(Text(text))
 
     def render_plot(self, width: int, height: int) -> Text:
         color = not (getattr(self.app, "no_color", False) or os.environ.get("NO_COLOR") is not None)
@@ -95,6 +113,7 @@ class PlotScreen(Screen):
                          color=color, title=f"GPU {self.index}")
 
     def redraw(self) -> None:
+        self._sensors()
         self.query_one(PlotView).refresh()
 
     def _move(self, step: int) -> None:
