@@ -235,3 +235,20 @@ def gone_and_reaped(pid: int, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+class SwapAfterSample:
+    """A real sampler whose first sample() returns the real snapshot and then runs ``swap``, which gives
+    the target's PID to another process (real PID reuse) before the action acts on what it saw."""
+
+    def __init__(self, sampler, swap):
+        self._s, self._swap, self.swapped = sampler, swap, None
+
+    def sample(self):
+        snap = self._s.sample()
+        if self.swapped is None:
+            self.swapped = self._swap()
+        return snap
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)

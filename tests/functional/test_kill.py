@@ -142,27 +142,10 @@ def test_refuses_a_kernel_thread(scenario, cfg):
     assert [(x["details"]["rule"], x["signals"]) for x in records(pid=kt)] == [("kthread", [])] * 2
 
 
-class _SwapAfterSample:
-    """A sampler whose first sample() returns the real snapshot, then runs ``swap`` (which makes the PID
-    belong to another process) before kill_process opens its handle: real PID reuse in the window."""
-
-    def __init__(self, sampler, swap):
-        self._s, self._swap, self.swapped = sampler, swap, None
-
-    def sample(self):
-        snap = self._s.sample()
-        if self.swapped is None:
-            self.swapped = self._swap()
-        return snap
-
-    def __getattr__(self, name):
-        return getattr(self._s, name)
-
-
 def test_pid_reused_after_the_checks_is_never_signalled(procs, scenario, cfg):
     from gputop.config import load_config
     from gputop.snapshot import Sampler
-    from tests.functional.actions_helpers import spawn_at_pid
+    from tests.functional.actions_helpers import SwapAfterSample, spawn_at_pid
 
     holder = procs.sleeper("gt-old")
     scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
@@ -172,7 +155,7 @@ def test_pid_reused_after_the_checks_is_never_signalled(procs, scenario, cfg):
         holder.wait()  # our child: reaped now, so the PID is free
         return spawn_at_pid(procs, holder.pid, [sys.executable, "-c", "import time; time.sleep(600)  # gt-new"])
 
-    sampler = _SwapAfterSample(Sampler.open(config=load_config()), swap)
+    sampler = SwapAfterSample(Sampler.open(config=load_config()), swap)
     try:
         res = actions.kill_process(holder.pid, expected_start=None, face="cli", force=True, timeout=1,
                                    sampler=sampler)

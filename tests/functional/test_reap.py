@@ -275,25 +275,8 @@ while True:
 """
 
 
-class _SwapAfterSample:
-    """A sampler whose first sample() returns the real snapshot and then, before reap_tree scans the tree,
-    lets the tree die and gives its root's PID to an unrelated process (``swap``): real PID reuse."""
-
-    def __init__(self, sampler, swap):
-        self._s, self._swap, self.swapped = sampler, swap, None
-
-    def sample(self):
-        snap = self._s.sample()
-        if self.swapped is None:
-            self.swapped = self._swap()
-        return snap
-
-    def __getattr__(self, name):
-        return getattr(self._s, name)
-
-
 def test_root_pid_reused_between_check_and_scan_never_takes_the_new_process(procs, scenario, cfg):
-    from tests.functional.actions_helpers import gone_and_reaped, spawn_at_pid
+    from tests.functional.actions_helpers import SwapAfterSample, gone_and_reaped, spawn_at_pid
 
     marker = unique("gt-reuse")
     # An orphan tree under a subreaper that reaps at once, so the root's PID is free as soon as it dies.
@@ -329,7 +312,7 @@ def test_root_pid_reused_between_check_and_scan_never_takes_the_new_process(proc
         # The PID comes back as an innocent process with a child of its own.
         return spawn_at_pid(procs, loop, ["sh", "-c", f"sleep 600 & wait; : {marker}-innocent"])
 
-    sampler = _SwapAfterSample(Sampler.open(config=load_config()), swap)
+    sampler = SwapAfterSample(Sampler.open(config=load_config()), swap)
     try:
         assert [t.pid for t in actions.orphan_trees(sampler._s.sample())] == [loop]
         res = actions.reap_tree(loop, expected_start=start, face="cli", grace=0.5, sampler=sampler)
