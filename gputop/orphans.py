@@ -114,6 +114,11 @@ def _walk(pid: int, table: Table, max_chain: int) -> tuple[list[ProcInfo], str |
     return chain, None
 
 
+def _init_in_hidden_session(table: Table) -> bool:
+    init = table.get(1)
+    return init is not None and init.sid == 0
+
+
 def _classify_posix(
     pid: int, table: Table, protect: re.Pattern[str] | None, nohup_protects: bool, max_chain: int
 ) -> Verdict:
@@ -135,6 +140,12 @@ def _classify_posix(
         # reparented to the namespace's init, so a parent PID of 0 means that parent is still alive.
         kind, reason = NOT_ORPHAN, (f"pid {top_of_chain.pid} ({top_of_chain.name}) was started from outside "
                                     "this PID namespace, and that parent is alive")
+    elif holder.sid == 0 and _init_in_hidden_session(table):
+        # A container started without a tty (docker run, a Kubernetes pod, a CI runner): its init did not
+        # call setsid, so the whole container runs in one session whose leader is outside the namespace.
+        # That session lasts as long as the container; no login session ended under this process.
+        kind, reason = NOT_ORPHAN, ("it runs in the container's own session, which PID 1 shares (its leader is "
+                                    "outside this PID namespace), so no login session ended under it")
     elif holder.sid == 0:
         return Verdict(UNKNOWN, "its session leader is outside this PID namespace: gputop cannot tell "
                                 "whether it is alive")

@@ -257,7 +257,7 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
     info = ProcInfo(
         pid=pid, ppid=ppid, name=name, cmdline=cmdline, start_time=start, uid=uid,
         user=_user_name(uid) if uid is not None else None, sid=sid, state=state,
-        sighup_ignored=sighup, kthread=bool(flags & PF_KTHREAD) or ppid == 2 or pid == 2,
+        sighup_ignored=sighup, kthread=bool(flags & PF_KTHREAD),  # not "ppid == 2": in a PID namespace that is a user process
         rss=rss, cpu_time=cpu,
     )
     if static is not None:

@@ -79,6 +79,19 @@ def test_reparented_job_whose_session_leader_is_outside_the_namespace_is_unknown
     assert v.kind == UNKNOWN and "outside this PID namespace" in v.reason
 
 
+def test_job_in_the_session_of_a_container_started_without_a_tty_is_not_orphan():
+    # docker run without -t, a Kubernetes pod, a CI runner: PID 1 never called setsid, so it and every
+    # process under it share one session whose leader is outside the namespace (sid 0 everywhere).
+    t = Table(P(1, 0, "bash", 1, 0), P(70, 1, "python", 60, 0), P(71, 70, "python", 61, 0))
+    for pid in (70, 71):
+        v = classify(pid, t, protect=PROTECT)
+        assert v.kind == NOT_ORPHAN and "container's own session" in v.reason and v.root is None
+    # A job there that started its own session, and lost its leader, is still an orphan.
+    t = Table(P(1, 0, "bash", 1, 0), P(81, 1, "bash", 50, 80), P(82, 81, "python", 60, 80))
+    v = classify(82, t, protect=PROTECT)
+    assert v.kind == ORPHAN and v.root == 81
+
+
 def test_protect_pattern_on_chain_member():
     t = Table(INIT, P(81, 1, "tmux: server", 50, 80, "tmux new -d"), P(82, 81, "python", 60, 80))
     v = classify(82, t, protect=PROTECT)
