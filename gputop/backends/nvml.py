@@ -120,6 +120,20 @@ class _ProcessInfoV1(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
 
 
+class _ProcessInfoV2(ctypes.Structure):  # nvmlProcessInfo_t: the _v2 and _v3 calls share it
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class _ProcessUtilizationSample(ctypes.Structure):  # nvmlProcessUtilizationSample_t
+    _fields_ = [("pid", ctypes.c_uint), ("timeStamp", ctypes.c_ulonglong), ("smUtil", ctypes.c_uint),
+                ("memUtil", ctypes.c_uint), ("encUtil", ctypes.c_uint), ("decUtil", ctypes.c_uint)]
+
+
+_PROC_STRUCT = {"_v3": _ProcessInfoV2, "_v2": _ProcessInfoV2, "": _ProcessInfoV1}
+NVML_SUCCESS, ERR_INSUFFICIENT_SIZE = 0, 7
+
+
 class _Lost(Exception):
     pass
 
@@ -139,6 +153,11 @@ class NvmlBackend(Backend):
         self._static: dict[int, dict[str, Any]] = {}  # name, uuid, pci bus id: they do not change
         self._last_seen: dict[int, int] = {}  # device -> newest process-utilisation sample seen (us)
         self._proc_version: dict[str, int] = {"Compute": 0, "Graphics": 0}  # index into PROC_VERSIONS
+        # The process and utilisation lists are read straight through ctypes into buffers kept per
+        # (call, device): nvidia-ml-py sizes, allocates and converts a new array on every call, which
+        # cost more than the rest of a sample (see benchmarks/RESULTS.md).
+        self._fns: dict[str, Any] = {}
+        self._bufs: dict[tuple[str, int], Any] = {}
         self._mem_v2: bool | None = None  # None: not tried yet; False: fall back for good
         self._temp_v: bool | None = None
         self._warnings: list[str] = []
@@ -290,32 +309,40 @@ class NvmlBackend(Backend):
         )
 
     # ---- processes ----
-    def _list_v1(self, kind: str, h) -> list[tuple[int, int | None]]:
-        nv = self._nv
-        fn = nv._nvmlGetFunctionPointer(f"nvmlDeviceGet{kind}RunningProcesses")
-        count = ctypes.c_uint(0)
-        ret = fn(h, ctypes.byref(count), None)
-        if ret == nv.NVML_SUCCESS:
-            return []
-        if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
-            raise nv.NVMLError(ret)
-        count.value = count.value * 2 + 5  # room for processes that start between the two calls
-        buf = (_ProcessInfoV1 * count.value)()
-        ret = fn(h, ctypes.byref(count), buf)
-        if ret != nv.NVML_SUCCESS:
-            raise nv.NVMLError(ret)
-        return [(int(buf[i].pid), _mem(buf[i].usedGpuMemory)) for i in range(count.value)]
+    def _fn(self, name: str):
+        fn = self._fns.get(name)
+        if fn is None:  # raises NVMLError(FUNCTION_NOT_FOUND) when the driver lacks it
+            fn = self._fns[name] = self._nv._nvmlGetFunctionPointer(name)
+        return fn
 
-    def _list(self, kind: str, h) -> list[tuple[int, int | None]]:
+    def _fill(self, key: tuple[str, int], struct, call: Callable[[Any, Any], int]) -> tuple[Any, int]:
+        """Run an NVML list call into this key's buffer, growing it on INSUFFICIENT_SIZE.
+
+        ``call(buffer_or_None, byref(count))`` returns the NVML status. The first call asks for the size
+        (NULL buffer, count 0), like the library's own size-query protocol; later calls reuse the buffer,
+        so a steady list costs one C call and no allocation.
+        """
+        buf = self._bufs.get(key)
+        for _ in range(4):
+            count = ctypes.c_uint(len(buf) if buf is not None else 0)
+            ret = call(buf, ctypes.byref(count))
+            if ret == NVML_SUCCESS:
+                return buf, (count.value if buf is not None else 0)
+            if ret != ERR_INSUFFICIENT_SIZE:
+                raise self._nv.NVMLError(ret)
+            buf = self._bufs[key] = (struct * (count.value * 2 + 8))()  # room for processes that start meanwhile
+        raise self._nv.NVMLError(ERR_INSUFFICIENT_SIZE)
+
+    def _list(self, kind: str, h, index: int = -1) -> list[tuple[int, int | None]]:
         """One process list ("Compute" or "Graphics"), trying _v3, _v2, then v1 on FunctionNotFound."""
         nv = self._nv
         while True:
             suffix = PROC_VERSIONS[self._proc_version[kind]]
+            name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
             try:
-                if suffix == "":
-                    return self._list_v1(kind, h)
-                procs = getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses{suffix}")(h)
-                return [(int(p.pid), _mem(p.usedGpuMemory)) for p in procs]
+                fn = self._fn(name)
+                buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
+                return [(int(buf[i].pid), _mem(buf[i].usedGpuMemory)) for i in range(n)]
             except nv.NVMLError as e:
                 if getattr(e, "value", None) == ERR_FUNCTION_NOT_FOUND and \
                         self._proc_version[kind] + 1 < len(PROC_VERSIONS):
@@ -325,8 +352,12 @@ class NvmlBackend(Backend):
 
     def _sm_utils(self, index: int, h) -> dict[int, float]:
         nv = self._nv
+        since = ctypes.c_ulonglong(self._last_seen.get(index, 0))
         try:
-            samples = nv.nvmlDeviceGetProcessUtilization(h, self._last_seen.get(index, 0))
+            fn = self._fn("nvmlDeviceGetProcessUtilization")
+            buf, n = self._fill(("nvmlDeviceGetProcessUtilization", index), _ProcessUtilizationSample,
+                                lambda b, c: fn(h, b, c, since))
+            samples = [buf[i] for i in range(n)]
         except nv.NVMLError as e:
             code = getattr(e, "value", None)
             if code == ERR_GPU_IS_LOST:
@@ -351,7 +382,7 @@ class NvmlBackend(Backend):
                 lists = {}
                 for kind in ("Compute", "Graphics"):
                     try:
-                        lists[kind] = self._list(kind, h)
+                        lists[kind] = self._list(kind, h, index)
                     except self._nv.NVMLError as e:
                         code = getattr(e, "value", None)
                         if code == ERR_GPU_IS_LOST:

@@ -327,6 +327,33 @@ def test_config_is_reread_and_exited_holders_vanish(nvml, procs):
     assert out["devices"][0]["memory_used"] == GiB
 
 
+def test_reused_list_buffers_grow_and_shrink_with_the_holders(nvml, procs):
+    # gputop keeps one ctypes buffer per list call and device; a list that outgrows it is read again.
+    ps = [procs.sleeper(f"grow{i}") for i in range(30)]
+    env = nvml(1, [{"pid": ps[0].pid, "memory": GiB, "sm": 5}])
+    out = run_py(f"""
+        import ctypes, json, pynvml
+        from gputop.backends import nvml as m
+        from tests.fakenvml.build import write_fake_nvml_config
+        layouts = [ctypes.sizeof(m._ProcessInfoV2) == ctypes.sizeof(pynvml.c_nvmlProcessInfo_v3_t),
+                   ctypes.sizeof(m._ProcessUtilizationSample) ==
+                   ctypes.sizeof(pynvml.c_nvmlProcessUtilizationSample_t)]
+        nv = m.NvmlBackend()
+        pids = {[p.pid for p in ps]!r}
+        seen = []
+        for n in (1, 30, 2):
+            write_fake_nvml_config({str(nvml.path)!r}, [{{}}],
+                                   [{{"pid": p, "memory": (i + 1) << 20, "sm": i}} for i, p in enumerate(pids[:n])])
+            procs = nv.processes(0)
+            seen.append([[p.pid, p.used_memory, p.sm_util] for p in sorted(procs, key=lambda p: p.used_memory)])
+        print(json.dumps({{"layouts": layouts, "seen": seen}}))
+    """, env)
+    assert out["layouts"] == [True, True]
+    pids = [p.pid for p in ps]
+    for n, seen in zip((1, 30, 2), out["seen"]):
+        assert seen == [[pids[i], (i + 1) << 20, float(i)] for i in range(n)]
+
+
 def test_process_utilisation_without_samples_is_none_not_error(nvml, procs):
     a = procs.sleeper("quiet")
     env = nvml(1, [{"pid": a.pid, "memory": GiB, "sm": None}])
