@@ -108,6 +108,7 @@ class DevicePane(Widget):
         self.history = history
         self.device: DeviceSample | None = None
         self.lines = 2
+        self._shown: Text | None = None  # what the last render drew
 
     def set_lines(self, lines: int) -> None:
         if lines != self.lines:
@@ -116,12 +117,18 @@ class DevicePane(Widget):
             self.refresh()
 
     def show(self, device: DeviceSample) -> None:
+        """Take a new sample; repaint only when the pane would look different (a steady GPU costs nothing)."""
         self.device = device
-        self.refresh()
+        if self._text() != self._shown:
+            self.refresh()
 
-    def render(self) -> Text:
+    def _text(self) -> Text:
         if self.device is None:
             return Text(f"GPU {self.index}: waiting for the first sample…", style="dim")
         if self.lines == 1:
             return line_text(self.device, self.history, self.size.width)
         return pane_text(self.device, self.history, self.size.width)
+
+    def render(self) -> Text:
+        self._shown = self._text()
+        return self._shown

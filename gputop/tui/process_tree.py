@@ -140,7 +140,8 @@ class ProcessTree(Tree[Node]):
         self.tagged: set[int] = set()
         self.compact = True
         self._max_depth = 1
-        self._dirty = False
+        self._changed: list[TreeNode[Node]] = []  # nodes whose label changed in this reconcile
+        self._structural = False  # a node was added or removed: every line may have moved
 
     # Every label gets a 2-cell expander slot, blank on leaves, so that columns line up.
     def render_label(self, node: TreeNode[Node], base_style: Style, style: Style) -> Text:
@@ -181,10 +182,9 @@ class ProcessTree(Tree[Node]):
         self._max_depth, self.compact = max_depth, compact
         if relabel:
             self._labels.clear()
-        self._dirty = False
+        self._changed, self._structural = [], False
         self._reconcile_children(self.root, groups, 0)
-        if self._dirty:
-            self.refresh()
+        self._repaint()
         # Put the cursor back on the same row (by key) if inserts or removals above moved it.
         if self.cursor_key is not None:
             node = self.nodes_by_key.get(self.cursor_key)
@@ -196,11 +196,26 @@ class ProcessTree(Tree[Node]):
     def relabel(self) -> None:
         """Re-render every label (tags or width changed)."""
         self._labels.clear()
-        self._dirty = False
+        self._changed, self._structural = [], False
         for key, node in self.nodes_by_key.items():
             self._set_label(node, node.data, self._depth(node))
-        if self._dirty:
+        self._repaint()
+
+    def _repaint(self) -> None:
+        """Repaint what changed: the whole tree after an insert or removal, else only the changed lines.
+
+        Most refreshes change a few columns of some rows (TIME, CPU%); repainting only those lines keeps
+        Textual's compositor from re-rendering every visible row every second.
+        """
+        if self._structural:
             self.refresh()
+        elif self._changed:
+            top, height = self.scroll_offset.y, self.size.height
+            for tnode in self._changed:
+                line = tnode.line
+                if top <= line < top + height:
+                    self._refresh_line(line)
+        self._changed = []
 
     @staticmethod
     def _depth(node: TreeNode) -> int:
@@ -220,7 +235,7 @@ class ProcessTree(Tree[Node]):
             # after the whole reconcile (the line cache is keyed on each node's _updates).
             tnode._label = text
             tnode._updates += 1
-            self._dirty = True
+            self._changed.append(tnode)
 
     def _forget(self, tnode: TreeNode[Node]) -> None:
         stack = [tnode]
@@ -237,9 +252,11 @@ class ProcessTree(Tree[Node]):
             if child.data is None or child.data.key not in wanted_keys:
                 self._forget(child)
                 child.remove()
+                self._structural = True
         present = [c.data.key for c in parent.children]
         in_order = [w.key for w in wanted if w.key in set(present)]
         if present != in_order:  # the sort order changed: re-add (expansion is kept by key)
+            self._structural = True
             for child in list(parent.children):
                 self._forget(child)
                 child.remove()
@@ -253,9 +270,11 @@ class ProcessTree(Tree[Node]):
                                    expand=w.key not in self._collapsed, allow_expand=bool(w.children))
                 self.nodes_by_key[w.key] = tnode
                 self._labels[w.key] = cells
+                self._structural = True
             else:
                 tnode.data = w
                 self._set_label(tnode, w, depth)
                 if tnode.allow_expand != bool(w.children):
                     tnode.allow_expand = bool(w.children)
+                    self._changed.append(tnode)
             self._reconcile_children(tnode, w.children, depth + 1)

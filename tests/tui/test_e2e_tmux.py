@@ -45,6 +45,17 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"{text!r} never appeared on the screen:\n{screen}")
 
+    def wait_for_row(self, *parts: str, timeout: float = 15.0) -> str:
+        """Wait for one screen line that holds every one of ``parts``."""
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if any(all(p in line for p in parts) for line in screen.splitlines()):
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"no line with {parts!r} on the screen:\n{screen}")
+
     def keys(self, *keys: str) -> None:
         self("send-keys", "-t", "e2e", *keys)
 
@@ -72,7 +83,11 @@ def test_installed_gputop_kills_a_process_from_the_keyboard(procs, scenario, tmp
     subprocess.run(tmux.base + ["-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "80", "-y", "24",
                                 cmd], env=env, check=True, timeout=10)
     try:
-        tmux.wait_for(f"{victim.pid}")
+        tmux.wait_for_row(f"{victim.pid}", "4.0GiB", "80%")
+        # A refresh that changes only some values of a row repaints that row on the real terminal.
+        scenario([{"pid": victim.pid, "gpu": 0, "memory": "6GiB", "sm": 55},
+                  {"pid": bystander.pid, "gpu": 1, "memory": "2GiB"}])
+        tmux.wait_for_row(f"{victim.pid}", "6.0GiB", "55%")
         tmux.keys("/")
         tmux.wait_for("filter: pid")  # the filter box is open and focused
         tmux.keys("-l", "e2evictim")
