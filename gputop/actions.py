@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import pwd
 import signal
 import socket
 import sys
@@ -109,19 +108,7 @@ def _proc_dict(p: ProcInfo | None) -> dict | None:
             "cmdline": list(p.cmdline), "user": p.user, "uid": p.uid}
 
 
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def _actor() -> dict:
-    uid = os.geteuid() if hasattr(os, "geteuid") else None
-    out = {"user": _user_name(uid) if uid is not None else os.environ.get("USERNAME", "?"), "uid": uid}
-    if os.environ.get("SUDO_USER"):
-        out["sudo_user"] = os.environ["SUDO_USER"]
-    return out
+_actor = auditlog.actor
 
 
 def _target(pid: int | None, info: ProcInfo | None, gpus: Iterable[int] = (),

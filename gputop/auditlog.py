@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -55,11 +56,32 @@ def check_writable(config: Config | None = None, path: str | os.PathLike | None 
     return None
 
 
+def actor() -> dict:
+    """Who is acting: the effective user (and the sudo user behind it)."""
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    name = os.environ.get("USERNAME", "?")
+    if uid is not None:
+        try:
+            import pwd
+
+            name = pwd.getpwuid(uid).pw_name
+        except (ImportError, KeyError):
+            name = str(uid)
+    out: dict = {"user": name, "uid": uid}
+    if os.environ.get("SUDO_USER"):
+        out["sudo_user"] = os.environ["SUDO_USER"]
+    return out
+
+
 def append(record: dict, config: Config | None = None, path: str | os.PathLike | None = None) -> Path:
-    """Append ``record`` as one JSON line; flush and fsync. Raises AuditLogError (after a loud warning)."""
+    """Append ``record`` as one JSON line; flush and fsync. Raises AuditLogError (after a loud warning).
+
+    Every record says when, on which host and by whom, whichever face wrote it."""
     p = log_path(config, path)
     rec = dict(record)
     rec.setdefault("time", iso(rec.get("at") or _now()))
+    rec.setdefault("host", socket.gethostname())
+    rec.setdefault("actor", actor())
     line = json.dumps(rec, default=str, sort_keys=False) + "\n"
     try:
         with _LOCK:

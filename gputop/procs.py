@@ -8,7 +8,10 @@ is meant for the reap path, which needs children.
 from __future__ import annotations
 
 import os
-import pwd
+try:
+    import pwd
+except ImportError:  # Windows: user names come from psutil there
+    pwd = None  # type: ignore[assignment]
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache

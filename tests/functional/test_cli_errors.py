@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -270,6 +271,10 @@ def test_log_shows_what_guard_records_changed(tmp_path, scenario):
     rows = {ln.split()[3]: ln for ln in r.stdout.splitlines()[1:]}
     assert "policy policy.yaml" in rows["guard-policy"]
     assert "mode off -> dry-run" in rows["guard-mode"]
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert f"cli/{me}" in rows["guard-mode"] and f"cli/{me}" in rows["guard-policy"]  # who did it
+    records = json.loads(run_gputop("log", "--json").stdout)
+    assert all(r["actor"]["uid"] == os.geteuid() and r["host"] for r in records)
 
 
 def test_try_scenario_script(tmp_path):
