@@ -6,8 +6,10 @@ expansion of every node survive a refresh. Names and command lines are wrapped i
 
 from __future__ import annotations
 
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.strip import Strip
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
 
@@ -153,6 +155,107 @@ class ProcessTree(Tree[Node]):
             prefix = (" " * EXPANDER, base_style)
         return Text.assemble(prefix, label)
 
+    # ---- line rendering ---------------------------------------------------------------------------
+    # Every second the TIME column of each visible holder changes, so its line is rendered again. Tree's
+    # own _render_line looks up six component styles, builds a guides Text, copies the label twice and
+    # appends it for every such line; here the styles are worked out once per style change, and a line
+    # is guide segments plus the label rendered once. The output is the same (the snapshot tests check).
+
+    def _line_styles(self) -> dict:
+        key = (self._updates, self._pseudo_class_state, self.has_focus)
+        cached = getattr(self, "_line_styles_cache", None)
+        if cached is not None and cached["key"] == key:
+            return cached
+        base = self.get_component_rich_style("tree--guides", partial=True)
+        st = {
+            "key": key,
+            "base_hidden": self.get_component_styles("tree--guides").color.a == 0,
+            "hover_hidden": self.get_component_styles("tree--guides-hover").color.a == 0,
+            "selected_hidden": self.get_component_styles("tree--guides-selected").color.a == 0,
+            "guide": base,
+            "guide_hover": base + self.get_component_rich_style("tree--guides-hover", partial=True),
+            "guide_selected": base + self.get_component_rich_style("tree--guides-selected", partial=True),
+            "highlight_line": self.get_component_rich_style("tree--highlight-line"),
+            "label": self.get_component_rich_style("tree--label", partial=True),
+            "highlight": self.get_component_rich_style("tree--highlight", partial=True),
+            "cursor": self.get_component_rich_style("tree--cursor", partial=False),
+            "guides": {},
+        }
+        self._line_styles_cache = st
+        return st
+
+    def _guides(self, st: dict, style: Style, hidden: bool) -> tuple[str, str, str, str]:
+        key = (style, hidden)
+        out = st["guides"].get(key)
+        if out is None:
+            if self.show_guides and not hidden:
+                lines = self.LINES["bold"] if style.bold else (
+                    self.LINES["double"] if style.underline2 else self.LINES["default"])
+            else:
+                lines = ("  ", "  ", "  ", "  ")
+            depth = max(0, self.guide_depth - 2)
+            out = st["guides"][key] = tuple(f"{c[0]}{c[1] * depth} " for c in lines)  # type: ignore[assignment]
+        return out  # type: ignore[return-value]
+
+    def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Strip:
+        tree_lines = self._tree_lines
+        width = self.size.width
+        if y >= len(tree_lines):
+            return Strip.blank(width, base_style)
+        line = tree_lines[y]
+        is_hover = self.hover_line >= 0 and any(node._hover for node in line.path)
+        cache_key = (y, is_hover, width, self._updates, self._pseudo_class_state,
+                     tuple(node._updates for node in line.path))
+        strip = self._line_cache.get(cache_key)
+        if strip is None:
+            strip = self._line_cache[cache_key] = self._build_line(y, line, is_hover, width, base_style)
+        return strip.crop(x1, x2)
+
+    def _build_line(self, y: int, line, is_hover: bool, width: int, base_style: Style) -> Strip:
+        st = self._line_styles()
+        has_focus = self.has_focus
+        line_style = (st["highlight_line"] if is_hover else base_style) + Style(meta={"line": y})
+        path = line.path
+        hover = path[0]._hover
+        selected = path[0]._selected and has_focus
+        segments: list[Segment] = []
+        guide_style, hidden = st["guide"], True
+        for node in path[1:]:
+            hidden = st["base_hidden"]
+            if hover:
+                guide_style, hidden = st["guide_hover"], st["hover_hidden"]
+            if selected:
+                guide_style, hidden = st["guide_selected"], st["selected_hidden"]
+            if node is not path[-1]:
+                space, vertical, _, _ = self._guides(st, guide_style, hidden)
+                segments.append(Segment(space if node.is_last else vertical, line_style + guide_style))
+            hover = hover or node._hover
+            selected = (selected or node._selected) and has_focus
+        if len(path) > 1:
+            _, _, terminator, cross = self._guides(st, guide_style, hidden)
+            segments.append(Segment(terminator if line.last else cross, line_style + guide_style))
+
+        label_style = st["label"]
+        if self.hover_line == y:
+            label_style += st["highlight"]
+        if self.cursor_line == y:
+            label_style += st["cursor"]
+        node = line.node
+        node_meta = Style(meta={"node": node._id})  # a click on the row (expander included) selects the node
+        prefix = (self.ICON_NODE_EXPANDED if node.is_expanded else self.ICON_NODE) if node._allow_expand \
+            else " " * EXPANDER
+        segments.append(Segment(prefix, line_style + node_meta))
+        label = node._label.copy()
+        label.style = line_style + self.app.console.get_style(label.style)
+        label.stylize(label_style)
+        label.stylize(node_meta)
+        segments.extend(label.render(self.app.console))
+        pad_width = max(self.virtual_size.width, width)
+        used = sum(seg.cell_length for seg in segments)
+        if pad_width > used:
+            segments.append(Segment(" " * (pad_width - used), line_style))
+        return Strip(segments)
+
     def process_label(self, label) -> Text:  # never parse markup; keep one line
         if isinstance(label, str):
             label = Text(label)
@@ -184,7 +287,10 @@ class ProcessTree(Tree[Node]):
             self._labels.clear()
         self._changed, self._structural = [], False
         self._reconcile_children(self.root, groups, 0)
+        structural = self._structural
         self._repaint()
+        if structural:
+            self._tree_lines  # noqa: B018 -- lay the lines out now, so that node.line below is current
         # Put the cursor back on the same row (by key) if inserts or removals above moved it.
         if self.cursor_key is not None:
             node = self.nodes_by_key.get(self.cursor_key)

@@ -1,0 +1,40 @@
+"""ProcessTree renders its lines itself (cheaper than Tree's); each line must equal what Tree would draw."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Tree
+
+from gputop.tui.process_tree import ProcessTree
+from tests.tui.helpers import run_async, wait_until
+from tests.tui.test_snapshots import make_app
+
+
+def _lines_differing(tree: ProcessTree) -> list[int]:
+    style, width = tree.rich_style, tree.size.width
+    bad = []
+    for y in range(len(tree._tree_lines)):
+        tree._line_cache.clear()
+        theirs = list(Tree._render_line(tree, y, 0, width, style))
+        tree._line_cache.clear()
+        ours = list(tree._render_line(y, 0, width, style))
+        if theirs != ours:  # text, colours, attributes and the click metadata of every segment
+            bad.append(y)
+    return bad
+
+
+@pytest.mark.parametrize("size", [(150, 40), (80, 24)])
+@run_async
+async def test_every_line_matches_what_tree_would_draw(size):
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        assert await wait_until(pilot, lambda: app.snapshot is not None)
+        await pilot.pause()
+        tree = app.query_one(ProcessTree)
+        assert len(tree._tree_lines) > 5
+        assert _lines_differing(tree) == []
+        for keys in (["down", "down", "down"], ["space"], ["left"], ["tab"]):  # cursor, tag, collapse, blur
+            for k in keys:
+                await pilot.press(k)
+            await pilot.pause()
+            assert _lines_differing(tree) == [], keys
