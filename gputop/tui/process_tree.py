@@ -143,11 +143,12 @@ class ProcessTree(Tree[Node]):
         self.compact = True
         self._max_depth = 1
         self._changed: list[TreeNode[Node]] = []  # nodes whose label changed in this reconcile
+        self._pending: dict[int, tuple] = {}  # id(node) -> cells whose Text is built when the line is drawn
         self._structural = False  # a node was added or removed: every line may have moved
 
     # Every label gets a 2-cell expander slot, blank on leaves, so that columns line up.
     def render_label(self, node: TreeNode[Node], base_style: Style, style: Style) -> Text:
-        label = node._label.copy()
+        label = self._label_of(node).copy()
         label.stylize(style)
         if node._allow_expand:
             prefix = (self.ICON_NODE_EXPANDED if node.is_expanded else self.ICON_NODE, base_style)
@@ -245,7 +246,7 @@ class ProcessTree(Tree[Node]):
         prefix = (self.ICON_NODE_EXPANDED if node.is_expanded else self.ICON_NODE) if node._allow_expand \
             else " " * EXPANDER
         segments.append(Segment(prefix, line_style + node_meta))
-        label = node._label.copy()
+        label = self._label_of(node).copy()
         label.style = line_style + self.app.console.get_style(label.style)
         label.stylize(label_style)
         label.stylize(node_meta)
@@ -255,6 +256,16 @@ class ProcessTree(Tree[Node]):
         if pad_width > used:
             segments.append(Segment(" " * (pad_width - used), line_style))
         return Strip(segments)
+
+    def _label_of(self, tnode: TreeNode[Node]) -> Text:
+        pending = self.__dict__.get("_pending")  # get_label_width runs inside Tree.__init__, before it is set
+        cells = pending.pop(id(tnode), None) if pending else None
+        if cells is not None:
+            tnode._label = text_from_cells(cells)
+        return tnode._label
+
+    def get_label_width(self, node: TreeNode[Node]) -> int:  # what render_label would draw, without drawing it
+        return EXPANDER + self._label_of(node).cell_len
 
     def process_label(self, label) -> Text:  # never parse markup; keep one line
         if isinstance(label, str):
@@ -336,10 +347,10 @@ class ProcessTree(Tree[Node]):
                           self.compact)
         if self._labels.get(node.key) != cells:
             self._labels[node.key] = cells
-            text = text_from_cells(cells)
             # Batched: TreeNode.set_label schedules one refresh per node; here the tree repaints once
-            # after the whole reconcile (the line cache is keyed on each node's _updates).
-            tnode._label = text
+            # after the whole reconcile (the line cache is keyed on each node's _updates). The Text is
+            # built when the line is drawn: most rows are off screen, and their TIME changes every second.
+            self._pending[id(tnode)] = cells
             tnode._updates += 1
             self._changed.append(tnode)
 
@@ -350,6 +361,7 @@ class ProcessTree(Tree[Node]):
             if n.data is not None:
                 self.nodes_by_key.pop(n.data.key, None)
                 self._labels.pop(n.data.key, None)
+            self._pending.pop(id(n), None)
             stack.extend(n.children)
 
     def _reconcile_children(self, parent: TreeNode[Node], wanted: list[Node], depth: int) -> None:
