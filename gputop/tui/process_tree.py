@@ -43,14 +43,21 @@ def use_palette(no_color: bool) -> None:
 use_palette(False)
 
 
-def _cols(compact: bool) -> list[tuple[str, int, str]]:
-    """(title, width, align) of the columns after PID."""
+def _make_cols(compact: bool) -> tuple[tuple[str, int, str], ...]:
     cols = [("USER", 6 if compact else 8, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 8, ">"),
             ("SM%", 4, ">"), ("CPU%", 5, ">")]
     if not compact:
         cols.append(("HOST", 6, ">"))
     cols += [("TIME", 7, ">"), ("COMMAND", 0, "<")]
-    return cols
+    return tuple(cols)
+
+
+_COLS = {c: _make_cols(c) for c in (False, True)}
+
+
+def _cols(compact: bool) -> tuple[tuple[str, int, str], ...]:
+    """(title, width, align) of the columns after PID."""
+    return _COLS[compact]
 
 
 def _cell(text: str, width: int, align: str) -> str:
@@ -98,7 +105,7 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
         values = {"USER": user, "HOST": fmt_bytes(p.rss) if p is not None else ""}
         cmd = p.cmd if p is not None else ""
     head = ("*" if tagged else " ") + flag + str(node.pid).rjust(7) + " " * max(0, (max_depth - depth) * GUIDE)
-    cells = tuple(_cell(values.get(title, ""), width, align) for title, width, align in _cols(compact)[:-1])
+    cells = tuple([_cell(values.get(title, ""), width, align) for title, width, align in _COLS[compact][:-1]])
     return ("row", style, tagged, head, cells, h.ctx if h is not None else None, cmd, h is not None)
 
 
@@ -372,7 +379,8 @@ class ProcessTree(Tree[Node]):
                 child.remove()
                 self._structural = True
         present = [c.data.key for c in parent.children]
-        in_order = [w.key for w in wanted if w.key in set(present)]
+        present_set = set(present)
+        in_order = [w.key for w in wanted if w.key in present_set]
         if present != in_order:  # the sort order changed: re-add (expansion is kept by key)
             self._structural = True
             for child in list(parent.children):
