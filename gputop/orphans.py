@@ -85,11 +85,15 @@ def classify(
     protect: re.Pattern[str] | None = None,
     nohup_protects: bool = True,
     max_chain: int = DEFAULT_MAX_CHAIN,
+    walked: list[ProcInfo] | None = None,
 ) -> Verdict:
-    """The verdict for GPU holder ``pid``. Pure: reads only ``table``."""
+    """The verdict for GPU holder ``pid``. Pure: reads only ``table``.
+
+    ``walked``, when given, receives the chain the POSIX rule walked (the holder, then its ancestors up to
+    but not including PID 1), so that a caller needs not walk it again."""
     if platform == "windows":
         return _classify_windows(pid, table, protect, max_chain)
-    return _classify_posix(pid, table, protect, nohup_protects, max_chain)
+    return _classify_posix(pid, table, protect, nohup_protects, max_chain, walked)
 
 
 def _walk(pid: int, table: Table, max_chain: int) -> tuple[list[ProcInfo], str | None]:
@@ -120,11 +124,14 @@ def _init_in_hidden_session(table: Table) -> bool:
 
 
 def _classify_posix(
-    pid: int, table: Table, protect: re.Pattern[str] | None, nohup_protects: bool, max_chain: int
+    pid: int, table: Table, protect: re.Pattern[str] | None, nohup_protects: bool, max_chain: int,
+    walked: list[ProcInfo] | None = None,
 ) -> Verdict:
     chain, err = _walk(pid, table, max_chain)
     if err:
         return Verdict(UNKNOWN, err)
+    if walked is not None:
+        walked.extend(chain)
     holder = chain[0]
     if holder.pid == 1 or holder.kthread:
         return Verdict(NOT_ORPHAN, "init or a kernel thread")

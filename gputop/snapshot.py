@@ -249,9 +249,15 @@ class Sampler:
                 holders.append(Holder(pid, tuple(uses[pid]), None, (), verdict))
                 warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
                 continue
+            walked: list = []
             verdict = classify(pid, table, platform=self.platform, protect=self._protect,
-                               nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain)
-            chain = tuple(table.ancestors(pid, limit=self.config.max_chain))
+                               nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
+                               walked=walked)
+            if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
+                init = table.get(1) if walked[-1].ppid == 1 else None
+                chain = tuple(walked[1:]) + ((init,) if init is not None else ())
+            else:
+                chain = tuple(table.ancestors(pid, limit=self.config.max_chain))
             cpu = None
             if info.cpu_time is not None:
                 key = info.identity

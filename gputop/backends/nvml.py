@@ -20,8 +20,8 @@ import threading
 from typing import Any, Callable
 
 from gputop.backends.base import (
-    CTX_COMPUTE, CTX_GRAPHICS, Backend, BackendUnavailable, DeviceSample, GpuProcess,
-    ResetError, merge_ctx,
+    CTX_BOTH, CTX_COMPUTE, CTX_GRAPHICS, Backend, BackendUnavailable, DeviceSample, GpuProcess,
+    ResetError,
 )
 
 # NVML return codes (nvml.h); kept here so the pure helpers below need no pynvml.
@@ -102,10 +102,15 @@ def merge_process_lists(compute: list[tuple[int, int | None]],
 
     c, g = per_pid(compute), per_pid(graphics)
     merged: dict[int, tuple[str, int | None]] = {}
-    for pid in list(c) + [p for p in g if p not in c]:
-        ctx = merge_ctx(CTX_COMPUTE if pid in c else None, CTX_GRAPHICS if pid in g else None)
-        mems = [m for m in (c.get(pid), g.get(pid)) if m is not None]
-        merged[pid] = (ctx, max(mems) if mems else None)
+    for pid, mem in c.items():
+        if pid in g:
+            gmem = g[pid]
+            merged[pid] = (CTX_BOTH, gmem if mem is None else (mem if gmem is None else max(mem, gmem)))
+        else:
+            merged[pid] = (CTX_COMPUTE, mem)
+    for pid, mem in g.items():
+        if pid not in c:
+            merged[pid] = (CTX_GRAPHICS, mem)
     return merged
 
 

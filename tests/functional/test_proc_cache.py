@@ -118,6 +118,25 @@ def test_sampler_keeps_verdicts_with_and_without_the_cache(procs, scenario):
     os.kill(job, signal.SIGKILL)
 
 
+def test_a_holders_chain_is_its_ancestors_up_to_init(procs, scenario):
+    # The sampler reuses the chain the orphan rule walked; it must equal a plain walk up to init.
+    from gputop.backends.simulated import SimulatedBackend
+    from gputop.procs import ProcTable
+
+    job = procs.orphan("sleep 63", "sleep 63")
+    mine = procs.spawn(["sleep", "64"])
+    path = scenario([{"pid": job, "gpu": 0, "memory": "1GiB"}, {"pid": mine.pid, "gpu": 1, "memory": "1GiB"},
+                     {"pid": 1, "gpu": 1, "memory": "1GiB"}])
+    snap = Sampler([SimulatedBackend(path)]).sample()
+    table = ProcTable()
+    assert len(snap.holders) == 3
+    for h in snap.holders:
+        want = [p.pid for p in table.ancestors(h.pid)]
+        assert [p.pid for p in h.chain] == want, h.pid
+        assert h.pid == 1 or want  # PID 1 has no ancestors; everything else has some
+    os.kill(job, signal.SIGKILL)
+
+
 def test_scan_all_finds_the_same_children_as_full_reads(procs):
     from gputop.procs import ProcTable
 
