@@ -453,6 +453,33 @@ def test_reset_without_nvidia_smi_says_so(nvml):
     assert out["after"] is not None
 
 
+@pytest.mark.parametrize("outcome", ["ok", "in-use"])
+def test_reset_runs_nvidia_smi_on_the_pci_bus_id_and_reopens_nvml(nvml, tmp_path, outcome):
+    # A stand-in nvidia-smi: it records its arguments and answers as the real one does.
+    if os.geteuid() != 0:
+        pytest.skip("the reset itself comes after the root check")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    args_file = tmp_path / "args"
+    smi = bin_dir / "nvidia-smi"
+    if outcome == "ok":
+        body = 'echo "GPU $3 was successfully reset."; echo "All done."'
+    else:
+        body = ('echo "Unable to reset this GPU because it\'s being used by some other process '
+                '(e.g. CUDA application, graphics application like X server, monitoring application '
+                'like other instance of nvidia-smi)." >&2; exit 255')
+    smi.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {args_file}\n{body}\n')
+    smi.chmod(0o755)
+    env = nvml(1, [])
+    out = _reset({**env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert args_file.read_text().split() == ["--gpu-reset", "-i", "00000000:10:00.0"]
+    if outcome == "ok":
+        assert out["kind"] is None and "successfully reset" in out["msg"] and "00000000:10:00.0" in out["msg"]
+    else:
+        assert out["kind"] == "busy" and "being used by some other process" in out["msg"]
+    assert out["after"] is not None  # NVML was opened again after the reset, whatever happened
+
+
 def test_reset_needs_root(nvml):
     env = nvml(1, [])
     code = textwrap.dedent(RESET.format(index=0))
