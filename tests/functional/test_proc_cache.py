@@ -147,7 +147,9 @@ def test_scan_all_finds_the_same_children_as_full_reads(procs):
         table = ProcTable()
         kids = table.children(parent.pid)
         members = table.descendants(parent.pid)
-        if len(kids) == 2 and all(m.name == "sleep" for m in members) or time.time() > deadline:
+        # exec sets the name a moment before the new command line is readable: wait for both
+        if len(kids) == 2 and all(m.name == "sleep" and m.cmdline == ("sleep", "60") for m in members) \
+                or time.time() > deadline:
             break
         time.sleep(0.02)
     assert len(kids) == 2
