@@ -20,6 +20,26 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config):
+    """Give the test processes a session whose leader this PID namespace can see.
+
+    A runner started from outside the namespace without setsid (a container's init, `docker exec`)
+    leaves every process with session id 0. gputop then judges them by the container rule (see
+    gputop/orphans.py and tests/unit/test_orphans.py); the functional tests want the ordinary case,
+    a live login session, wherever they run. Only done when our own session leader is invisible.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            sid = int(f.read().rsplit(b")", 1)[1].split()[3])
+    except (OSError, ValueError, IndexError):
+        return  # not Linux
+    if sid == 0:
+        try:
+            os.setsid()
+        except OSError:  # already a process group leader: keep the session we have
+            pass
+
+
 def _default_sighup():
     # A test runner started under nohup would pass "SIGHUP ignored" on to every child, and gputop would
     # then (correctly) call them "detached with nohup". Tests want plain processes.
