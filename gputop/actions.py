@@ -108,9 +108,6 @@ def _proc_dict(p: ProcInfo | None) -> dict | None:
             "cmdline": list(p.cmdline), "user": p.user, "uid": p.uid}
 
 
-_actor = auditlog.actor
-
-
 def _target(pid: int | None, info: ProcInfo | None, gpus: Iterable[int] = (),
             expected_start: float | None = None) -> dict:
     return {"pid": pid, "start_time": info.start_time if info else expected_start,
@@ -301,7 +298,7 @@ def _log(record: dict, ctx_config: Config | None, details: dict) -> None:
 def _record(action: str, face: str, outcome: str, ok: bool, message: str, target: dict,
             signals: list[dict], reason: str | None, **extra) -> dict:
     now = time.time()
-    rec = {"at": now, "time": auditlog.iso(now), "host": socket.gethostname(), "actor": _actor(),
+    rec = {"at": now, "time": auditlog.iso(now), "host": socket.gethostname(), "actor": auditlog.actor(),
            "face": face, "action": action, "target": target, "signals": signals, "outcome": outcome,
            "ok": ok, "message": message}
     if reason:

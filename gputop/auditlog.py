@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gputop.config import Config
 from gputop.errors import GputopError
+from gputop.procs import user_name
 
 _LOCK = threading.Lock()
 
@@ -59,15 +60,7 @@ def check_writable(config: Config | None = None, path: str | os.PathLike | None 
 def actor() -> dict:
     """Who is acting: the effective user (and the sudo user behind it)."""
     uid = os.geteuid() if hasattr(os, "geteuid") else None
-    name = os.environ.get("USERNAME", "?")
-    if uid is not None:
-        try:
-            import pwd
-
-            name = pwd.getpwuid(uid).pw_name
-        except (ImportError, KeyError):
-            name = str(uid)
-    out: dict = {"user": name, "uid": uid}
+    out: dict = {"user": user_name(uid) if uid is not None else os.environ.get("USERNAME", "?"), "uid": uid}
     if os.environ.get("SUDO_USER"):
         out["sudo_user"] = os.environ["SUDO_USER"]
     return out

@@ -54,7 +54,10 @@ class ProcInfo:
 
 
 @lru_cache(maxsize=4096)
-def _user_name(uid: int) -> str:
+def user_name(uid: int) -> str:
+    """The login name of ``uid``, or the number when it has none (or there is no passwd database)."""
+    if pwd is None:
+        return str(uid)
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -259,7 +262,7 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
             name = exe_name
     info = ProcInfo(
         pid=pid, ppid=ppid, name=name, cmdline=cmdline, start_time=start, uid=uid,
-        user=_user_name(uid) if uid is not None else None, sid=sid, state=state,
+        user=user_name(uid) if uid is not None else None, sid=sid, state=state,
         sighup_ignored=sighup, kthread=bool(flags & PF_KTHREAD),  # not "ppid == 2": in a PID namespace that is a user process
         rss=rss, cpu_time=cpu,
     )

@@ -338,7 +338,7 @@ class NvmlBackend(Backend):
             buf = self._bufs[key] = (struct * (count.value * 2 + 8))()  # room for processes that start meanwhile
         raise self._nv.NVMLError(ERR_INSUFFICIENT_SIZE)
 
-    def _list(self, kind: str, h, index: int = -1) -> list[tuple[int, int | None]]:
+    def _list(self, kind: str, h, index: int) -> list[tuple[int, int | None]]:
         """One process list ("Compute" or "Graphics"), trying _v3, _v2, then v1 on FunctionNotFound."""
         nv = self._nv
         while True:

@@ -108,7 +108,8 @@ class DevicePane(Widget):
         self.history = history
         self.device: DeviceSample | None = None
         self.lines = 2
-        self._shown: Text | None = None  # what the last render drew
+        self._shown: Text | None = None  # what the pane shows, made by show() or render()
+        self._shown_for: tuple[int, int] = (0, 0)  # the (width, lines) it was made for
 
     def set_lines(self, lines: int) -> None:
         if lines != self.lines:
@@ -119,7 +120,9 @@ class DevicePane(Widget):
     def show(self, device: DeviceSample) -> None:
         """Take a new sample; repaint only when the pane would look different (a steady GPU costs nothing)."""
         self.device = device
-        if self._text() != self._shown:
+        text = self._text()
+        if text != self._shown:
+            self._shown, self._shown_for = text, (self.size.width, self.lines)
             self.refresh()
 
     def _text(self) -> Text:
@@ -130,5 +133,6 @@ class DevicePane(Widget):
         return pane_text(self.device, self.history, self.size.width)
 
     def render(self) -> Text:
-        self._shown = self._text()
+        if self._shown is None or self._shown_for != (self.size.width, self.lines):  # resized, or re-laid out
+            self._shown, self._shown_for = self._text(), (self.size.width, self.lines)
         return self._shown

@@ -44,6 +44,7 @@ use_palette(False)
 
 
 def _make_cols(compact: bool) -> tuple[tuple[str, int, str], ...]:
+    """(title, width, align) of the columns after PID."""
     cols = [("USER", 6 if compact else 8, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 8, ">"),
             ("SM%", 4, ">"), ("CPU%", 5, ">")]
     if not compact:
@@ -52,12 +53,7 @@ def _make_cols(compact: bool) -> tuple[tuple[str, int, str], ...]:
     return tuple(cols)
 
 
-_COLS = {c: _make_cols(c) for c in (False, True)}
-
-
-def _cols(compact: bool) -> tuple[tuple[str, int, str], ...]:
-    """(title, width, align) of the columns after PID."""
-    return _COLS[compact]
+_COLS = {c: _make_cols(c) for c in (False, True)}  # compact -> columns
 
 
 def _cell(text: str, width: int, align: str) -> str:
@@ -72,7 +68,7 @@ def header_text(depth_pad: int, compact: bool, sort: str, reverse: bool) -> Text
     arrow = "▲" if (SORTS[sort][1] == reverse) else "▼"
     sort_title = SORTS[sort][0]
     out = Text(" " * (GUIDE + EXPANDER) + "  " + "PID".rjust(7) + " " * depth_pad, style="bold")
-    for title, width, align in _cols(compact):
+    for title, width, align in _COLS[compact]:
         t = title + arrow if title == sort_title else title
         out.append(" ")
         out.append(_cell(t, width, align), style="bold reverse" if t != title else "bold")
@@ -150,7 +146,8 @@ class ProcessTree(Tree[Node]):
         self.compact = True
         self._max_depth = 1
         self._changed: list[TreeNode[Node]] = []  # nodes whose label changed in this reconcile
-        self._pending: dict[int, tuple] = {}  # id(node) -> cells whose Text is built when the line is drawn
+        self._pending: dict[int, tuple] = {}
+        self._line_styles_cache: dict | None = None  # see _line_styles  # id(node) -> cells whose Text is built when the line is drawn
         self._structural = False  # a node was added or removed: every line may have moved
 
     # Every label gets a 2-cell expander slot, blank on leaves, so that columns line up.
@@ -171,7 +168,7 @@ class ProcessTree(Tree[Node]):
 
     def _line_styles(self) -> dict:
         key = (self._updates, self._pseudo_class_state, self.has_focus)
-        cached = getattr(self, "_line_styles_cache", None)
+        cached = self._line_styles_cache
         if cached is not None and cached["key"] == key:
             return cached
         base = self.get_component_rich_style("tree--guides", partial=True)
@@ -248,15 +245,9 @@ class ProcessTree(Tree[Node]):
             label_style += st["highlight"]
         if self.cursor_line == y:
             label_style += st["cursor"]
-        node = line.node
-        node_meta = Style(meta={"node": node._id})  # a click on the row (expander included) selects the node
-        prefix = (self.ICON_NODE_EXPANDED if node.is_expanded else self.ICON_NODE) if node._allow_expand \
-            else " " * EXPANDER
-        segments.append(Segment(prefix, line_style + node_meta))
-        label = self._label_of(node).copy()
-        label.style = line_style + self.app.console.get_style(label.style)
-        label.stylize(label_style)
-        label.stylize(node_meta)
+        label = self.render_label(line.node, line_style, label_style)
+        label.style = line_style  # what Tree's guides Text gives the label it appends
+        label.stylize(Style(meta={"node": line.node._id}))  # a click on the row (expander included) selects it
         segments.extend(label.render(self.app.console))
         pad_width = max(self.virtual_size.width, width)
         used = sum(seg.cell_length for seg in segments)
