@@ -209,6 +209,11 @@ class Sampler:
             out.extend((b, i) for i in range(n))
         return out
 
+    def owner_of(self, proc: ProcInfo) -> Owner | None:
+        """Who owns ``proc`` (its cgroup), from this sampler's cache; None off Linux or when unreadable.
+        Pass it as ``classify(..., owner_of=sampler.owner_of)`` so a verdict follows the ownership rules."""
+        return self._owners.of(proc) if self._owners is not None else None
+
     def locate(self, index: int) -> tuple[Backend, int]:
         mapping = self._index_map()
         if not 0 <= index < len(mapping):
@@ -269,7 +274,7 @@ class Sampler:
                 warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
                 continue
             walked: list = []
-            owner_of = self._owners.of if self._owners is not None else None
+            owner_of = self.owner_of if self._owners is not None else None
             verdict = classify(pid, table, platform=self.platform, protect=self._protect,
                                nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
                                walked=walked, owner_of=owner_of)
