@@ -219,6 +219,11 @@ def _run_daemon(args) -> int:
         daemon = GuardDaemon(sampler, path, config=config, interval=interval,
                              config_loader=lambda: config_from(args))
         daemon.install_signal_handlers()
-        return daemon.run()
+        trail = daemon.start_node_trail()
+        try:
+            return daemon.run()
+        finally:
+            if trail is not None:
+                trail.close()
     finally:
         sampler.close()

@@ -264,6 +264,26 @@ class GuardDaemon:
         except OSError as e:
             self.say(f"cannot write the daemon status: {e}", LOG_WARNING)
 
+    def start_node_trail(self) -> "auditlog.NodeAuditServer | None":
+        """Serve the node audit trail (root, or a socket path given in the environment). A failure is an
+        error in the journal, not a reason to stop guarding."""
+        auditlog.set_warn_writer(lambda m: self.say(m, LOG_ERR))
+        problem = auditlog.check_writable(self.config)
+        if problem:
+            self.say(f"{problem}: actions are recorded in the node trail only", LOG_ERR)
+        if os.geteuid() != 0 and not os.environ.get("GPUTOP_AUDIT_SOCKET"):
+            self.say("not root: the node audit trail is not served (run the guard as root, see "
+                     "packaging/gputop-guard.service)", LOG_NOTICE)
+            return None
+        try:
+            server = auditlog.NodeAuditServer().start()
+        except OSError as e:
+            self.say(f"cannot serve the node audit trail on {auditlog.node_socket_path()}: "
+                     f"{e.strerror or e}", LOG_ERR)
+            return None
+        self.say(f"node audit trail: {server.log} (socket {server.sock_path})")
+        return server
+
     def run(self, iterations: int | None = None) -> int:
         self.say(f"running (pid {os.getpid()}), mode {self.mode}, interval {self.interval:g}s, policy "
                  f"{self.policy_path}: rules {', '.join(r.name for r in self.policy.rules)}")
