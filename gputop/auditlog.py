@@ -221,8 +221,12 @@ def send_node(data: bytes, timeout: float = 3.0) -> bool | None:
     True: the server wrote it; False: it could not (warned once per process)."""
     global _node_warned
     sock_path = node_socket_path()
-    if not sock_path.exists():
+    try:
+        os.stat(sock_path)
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError):
+        pass  # there, but not for us to see: the connect below says why
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
