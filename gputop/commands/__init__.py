@@ -13,4 +13,6 @@ COMMANDS: list[str] = [
     "mcp",
     "guard",
     "audit",
+    "install_units",
+    "completion",
 ]
