@@ -15,8 +15,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -27,7 +26,7 @@ from gputop import __version__, faces
 from gputop.config import state_dir
 from gputop.errors import GputopError, RefusedError, UsageError
 from gputop.faces import HTTP_STATUS, LiveSnapshot
-from gputop.metrics import FindingCounter, GuardHitCounter, SnapshotCollector
+from gputop.metrics import FindingCounter, GuardHitCounter, SnapshotCollector, exposition
 
 TOKEN_FILE = "api-token"
 FACE = "api"
@@ -116,8 +115,8 @@ def create_app(live: LiveSnapshot, token_path: Path | None) -> Starlette:
         return JSONResponse(await run_in_threadpool(faces.guard_status))
 
     async def metrics(request: Request):
-        data = await run_in_threadpool(generate_latest, registry)
-        return Response(data, media_type=CONTENT_TYPE_LATEST)
+        data, ctype = await run_in_threadpool(exposition, registry, request.headers.get("accept"))
+        return Response(data, media_type=ctype)
 
     async def root(request: Request):
         return JSONResponse({"service": "gputop", "version": __version__, "read_only": token_path is None,
