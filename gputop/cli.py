@@ -107,7 +107,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             sp.add_argument("_lazy_rest", nargs=argparse.REMAINDER)
             sp.set_defaults(_lazy=name)
             continue
-        mod = importlib.import_module(f"gputop.commands.{name}")
+        mod = importlib.import_module(f"gputop.commands.{name.replace('-', '_')}")
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         add_common(sp, suppress=True)
