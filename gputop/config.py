@@ -125,7 +125,8 @@ def _read_yaml(p: Path) -> dict:
         with open(p, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
-        raise UsageError(f"config file {p} cannot be read: {e.strerror or e}") from None
+        raise UsageError(f"config file {p} cannot be read: {e.strerror or e} (make it readable; "
+                         "/etc/gputop/config.yaml must be readable by every user: chmod 644)") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise UsageError(f"config file {p} is larger than {MAX_CONFIG_BYTES // 1024} KiB")
     text = raw.decode("utf-8", "replace")
@@ -214,17 +215,27 @@ def _merge(node: tuple[dict, dict], user: tuple[dict, dict]) -> tuple[dict, dict
     return kw, extra
 
 
+def _exists(p: Path) -> bool:
+    """Whether ``p`` is there; a directory on the way we may not search counts as "not there" (a file we
+    may see but not read is an error from _read_yaml, naming it)."""
+    try:
+        p.stat()
+    except OSError:
+        return False
+    return True
+
+
 def load_config(path: str | None = None) -> Config:
     """The node's config (/etc/gputop/config.yaml) merged with the user's (see _merge); a missing default
     file means defaults. Bad content raises UsageError naming the file and line."""
     p = config_path(path)
     user: tuple[dict, dict] = ({}, {})
-    if p.exists():
+    if _exists(p):
         user = _parse(_read_yaml(p), p)
     elif path or os.environ.get("GPUTOP_CONFIG"):
         raise UsageError(f"config file {p} does not exist: create it or drop --config/GPUTOP_CONFIG")
     sp = system_config_path()
-    if sp.exists() and sp.resolve() != p.resolve():
+    if _exists(sp) and sp.resolve() != p.resolve():
         kw, extra = _merge(_parse(_read_yaml(sp), sp), user)
     else:
         kw, extra = user

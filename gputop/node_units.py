@@ -49,6 +49,7 @@ GUARD = """\
 #   systemctl reload gputop-guard   -> SIGHUP: re-read /etc/gputop/config.yaml and the policy
 #                                      (a bad file keeps the last valid one)
 #   journalctl -p warning -u gputop-guard   -> errors and rule hits only
+# The policy: guard.policy in /etc/gputop/config.yaml, or 'sudo gputop guard --policy-file FILE'.
 [Unit]
 Description=gputop guard: enforce the GPU node policy and keep the node audit trail
 Documentation=https://github.com/gputop/gputop#running-on-a-node

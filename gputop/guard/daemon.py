@@ -229,6 +229,10 @@ class GuardDaemon:
                 self.config = new
                 self.engine.config = new
                 self.say("config reloaded", LOG_NOTICE)
+        wanted = _state.get_policy_path()  # guard.json's choice, else guard.policy in the config
+        if wanted and str(Path(wanted).resolve()) != self.policy_path:
+            self.say(f"policy file changed to {wanted}", LOG_NOTICE)
+            self.policy_path = str(Path(wanted).resolve())
         self.policy_sig = None  # force a load attempt (an unchanged file reloads to the same rules)
 
     def tick(self) -> list[dict]:
