@@ -183,7 +183,6 @@ def second_user():
     try:
         yield pwd.getpwnam(USER)
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True)
         subprocess.run(["userdel", USER], capture_output=True)
 
 
@@ -202,8 +201,6 @@ def _as_user(pw, cmd: list[str], env: dict, **kw):
 
 
 def _second_user_kill(pw, shared: Path, tmp_path: Path):
-    import yaml
-
     home = shared / "home"
     home.mkdir()
     os.chown(home, pw.pw_uid, pw.pw_gid)
@@ -212,6 +209,17 @@ def _second_user_kill(pw, shared: Path, tmp_path: Path):
            "GPUTOP_NODE_AUDIT_LOG": str(shared / "log" / "audit.jsonl"),
            "GPUTOP_SYSTEM_CONFIG": str(shared / "none.yaml"), "GPUTOP_BACKEND": "simulated"}
     victim = _as_user(pw, ["sleep", "300"], env, preexec_fn=_default_sighup)
+    try:
+        _kill_as_user(pw, env, victim, shared, tmp_path)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+        victim.wait(10)
+
+
+def _kill_as_user(pw, env: dict, victim, shared: Path, tmp_path: Path):
+    import yaml
+
     scn = shared / "scenario.yaml"
     scn.write_text(yaml.safe_dump({"gpus": [{"name": "Sim"}], "holders": [
         {"pid": victim.pid, "gpu": 0, "memory": "1GiB"}]}))
