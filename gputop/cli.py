@@ -14,7 +14,8 @@ from gputop.errors import GputopError
 EPILOG = """\
 exit codes:
   0 success   1 action failed   2 bad usage or input   3 not found
-  4 permission denied   5 refused by a safety rule   6 backend, tool or host unavailable
+  4 permission denied   5 refused by a safety rule
+  6 backend, tool, host or optional package unavailable (serve: gputop[serve], mcp: gputop[mcp])
 
 environment:
   GPUTOP_BACKEND    auto|nvml|amd|intel|simulated (same as --backend)
@@ -22,12 +23,29 @@ environment:
   GPUTOP_CONFIG     config file (default: <XDG config>/gputop/config.yaml)
   GPUTOP_STATE_DIR  state directory: audit log, guard state (default: <XDG state>/gputop)
   GPUTOP_AUDIT_LOG  audit log file (default: <state dir>/audit.jsonl, or the config key audit_log)
+  GPUTOP_SYSTEM_CONFIG the node's config (default: /etc/gputop/config.yaml; merged under yours)
+  GPUTOP_NODE_AUDIT_LOG the node audit trail (default: /var/log/gputop/audit.jsonl)
+  GPUTOP_AUDIT_SOCKET   the node audit server's socket (default: /run/gputop/audit.sock)
   GPUTOP_PROC_ROOT  read processes and DRM fdinfo from this /proc (testing; default /proc)
   GPUTOP_SYS_ROOT   read DRM devices from this /sys (testing; default /sys)
   GPUTOP_RUN_ROOT   read logind's sessions (systemd/sessions/N) from this /run (testing; default /run)
   GPUTOP_REMOTE_CMD the gputop command on --remote/--hosts hosts (same as --remote-gputop)
   GPUTOP_SSH        the local ssh command (default: ssh)
 """
+
+
+# Optional packages and the extra that installs them (pyproject.toml [project.optional-dependencies]).
+EXTRAS = {"prometheus_client": "serve", "starlette": "serve", "uvicorn": "serve", "mcp": "mcp"}
+
+
+def missing_extra(command: str | None, e: ModuleNotFoundError) -> str | None:
+    """The one-line message for a subcommand whose optional packages are not installed, or None."""
+    root = (e.name or "").split(".")[0]
+    if root not in EXTRAS:
+        return None
+    extra = "mcp" if command == "mcp" else EXTRAS[root]
+    return (f"'gputop {command}' needs the optional packages of gputop[{extra}] ({root} is not installed): "
+            f"pip install 'gputop[{extra}]' (or 'gputop[all]')")
 
 
 class Parser(argparse.ArgumentParser):
@@ -90,7 +108,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             sp.add_argument("_lazy_rest", nargs=argparse.REMAINDER)
             sp.set_defaults(_lazy=name)
             continue
-        mod = importlib.import_module(f"gputop.commands.{name}")
+        mod = importlib.import_module(f"gputop.commands.{name.replace('-', '_')}")
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         add_common(sp, suppress=True)
@@ -131,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     except GputopError as e:
         print(f"gputop: {e}", file=sys.stderr)
         return e.exit_code
+    except ModuleNotFoundError as e:
+        msg = missing_extra(getattr(args, "command", None), e)
+        if msg is None:
+            raise
+        print(f"gputop: {msg}", file=sys.stderr)
+        return 6
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -1,6 +1,9 @@
 """User configuration (YAML) and the XDG paths gputop uses.
 
-Lookup order for the config file: ``--config``, ``$GPUTOP_CONFIG``, ``<XDG config>/gputop/config.yaml``.
+Lookup order for the user's config file: ``--config``, ``$GPUTOP_CONFIG``, ``<XDG config>/gputop/config.yaml``.
+The node's file ``/etc/gputop/config.yaml`` (``$GPUTOP_SYSTEM_CONFIG``) is read first and merged: a user
+may add protections but not remove the node's, and the node's ``guard`` settings win (see ``_merge``).
+Unknown keys are an error naming the file and line.
 State (audit log, guard state) lives in ``$GPUTOP_STATE_DIR`` or ``<XDG state>/gputop``.
 """
 
@@ -8,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
@@ -50,7 +53,8 @@ def guard_dir() -> Path:
 
 @dataclass(frozen=True)
 class Config:
-    protect: tuple[str, ...] = DEFAULT_PROTECT  # case-insensitive regexes over name and cmdline
+    protect: tuple[str, ...] = DEFAULT_PROTECT  # case-insensitive regexes over name and argv[0]
+    protect_cmdline: tuple[str, ...] = ()  # regexes over the full command line (an explicit list)
     nohup_protects: bool = True  # a chain member that ignores SIGHUP counts as protected
     max_chain: int = DEFAULT_MAX_CHAIN
     reap_interval: float = 60.0  # seconds between watchdog scans
@@ -67,50 +71,111 @@ class Config:
         return Path(env) if env else state_dir() / "audit.jsonl"
 
 
-_KNOWN = {f.name for f in fields(Config)} - {"extra"}
+# Every key a config file may hold. A leaf is None; a section is a dict of its keys; OPEN marks a section
+# whose module checks its own keys (rogue.AuditConfig checks 'audit'). To add a key: add it here (and to
+# Config, or read it from Config.extra in its module).
+OPEN = "open"
+SCHEMA: dict = {
+    "protect": None, "protect_cmdline": None, "nohup_protects": None, "max_chain": None,
+    "reap_interval": None, "reap_grace": None, "kill_timeout": None, "audit_log": None, "interval": None,
+    "reap": {"interval": None, "grace": None, "protect": None},
+    "guard": {"policy": None, "policy_file": None, "interval": None,
+              "smtp": {"host": None, "port": None, "ssl": None, "starttls": None, "from": None,
+                       "username": None, "password_env": None}},
+    "audit": OPEN,
+}
 _NESTED = {"reap": {"interval": "reap_interval", "grace": "reap_grace", "protect": "protect"}}
+_FLAT = {k for k, v in SCHEMA.items() if v is None}
+MAX_CONFIG_BYTES = 1024 * 1024
+SYSTEM_CONFIG = Path("/etc/gputop/config.yaml")
 
 
-def load_config(path: str | None = None) -> Config:
-    """Load the config file; a missing default file means defaults. Bad content raises UsageError."""
-    p = config_path(path)
-    if not p.exists():
-        if path or os.environ.get("GPUTOP_CONFIG"):
-            raise UsageError(f"config file {p} does not exist: create it or drop --config/GPUTOP_CONFIG")
-        return Config()
+def system_config_path() -> Path:
+    """The node's config (``$GPUTOP_SYSTEM_CONFIG``, default /etc/gputop/config.yaml)."""
+    env = os.environ.get("GPUTOP_SYSTEM_CONFIG")
+    return Path(env) if env else SYSTEM_CONFIG
+
+
+def _unknown_keys(node, schema: dict, prefix: str, p: Path) -> None:
+    """Raise UsageError (file, line, the key and a guess) for the first key the schema does not know."""
+    import difflib
+
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for knode, vnode in node.value:
+        if not isinstance(knode, yaml.ScalarNode):
+            continue
+        key = str(knode.value).replace("-", "_")
+        if key not in schema:
+            close = difflib.get_close_matches(key, list(schema), n=1, cutoff=0.6)
+            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known: {', '.join(sorted(schema))}"
+            raise UsageError(f"config file {p} line {knode.start_mark.line + 1}: unknown key "
+                             f"'{prefix}{knode.value}': {hint}")
+        if isinstance(schema[key], dict):
+            _unknown_keys(vnode, schema[key], f"{prefix}{key}.", p)
+
+
+def _read_yaml(p: Path) -> dict:
+    """The file's top-level mapping, every key checked against SCHEMA. Bad content raises UsageError."""
     import yaml  # only when there is a file: it costs ~10 ms of start-up
 
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        with open(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"config file {p} cannot be read: {e.strerror or e} (make it readable; "
+                         "/etc/gputop/config.yaml must be readable by every user: chmod 644)") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise UsageError(f"config file {p} is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+    text = raw.decode("utf-8", "replace")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise UsageError(f"config file {p}{where}: YAML syntax error: {getattr(e, 'problem', e)}") from None
+    except RecursionError:
+        raise UsageError(f"config file {p}: nested too deeply") from None
     if not isinstance(data, dict):
         raise UsageError(f"config file {p}: expected a mapping at the top level")
+    _unknown_keys(node, SCHEMA, "", p)
+    return data
+
+
+def _patterns(value, key: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, list):
+        raise ValueError(f"'{key}' must be a list of patterns")
+    out = tuple(str(x) for x in value)
+    for pat in out:
+        try:
+            re.compile(pat)
+        except re.error as e:
+            raise ValueError(f"{key} pattern {pat!r} is not a regular expression: {e}") from None
+    return out
+
+
+def _parse(data: dict, p: Path) -> tuple[dict, dict]:
+    """(Config keyword arguments, extra sections) from one file's mapping."""
     kw: dict = {}
     extra: dict = {}
     for key, value in data.items():
         key_ = str(key).replace("-", "_")
-        if key_ in _NESTED and isinstance(value, dict):
+        if key_ in _NESTED:
+            if not isinstance(value, dict):
+                raise UsageError(f"config file {p}: '{key}' must be a mapping")
             for sub, sv in value.items():
-                if sub not in _NESTED[key_]:
-                    raise UsageError(f"config file {p}: unknown key '{key}.{sub}'")
-                kw[_NESTED[key_][sub]] = sv
-        elif key_ in _KNOWN:
+                kw[_NESTED[key_][str(sub).replace("-", "_")]] = sv
+        elif key_ in _FLAT:
             kw[key_] = value
         else:
-            extra[key_] = value  # e.g. 'guard', 'audit' sections read by their own modules
+            extra[key_] = value  # 'guard', 'audit': read by their own modules
     try:
-        if "protect" in kw:
-            if isinstance(kw["protect"], str) or not isinstance(kw["protect"], list):
-                raise ValueError("'protect' must be a list of patterns")
-            kw["protect"] = tuple(str(x) for x in kw["protect"])
-            for pat in kw["protect"]:
-                try:
-                    re.compile(pat)
-                except re.error as e:
-                    raise ValueError(f"protect pattern {pat!r} is not a regular expression: {e}") from None
+        for k in ("protect", "protect_cmdline"):
+            if k in kw:
+                kw[k] = _patterns(kw[k], k)
         for k in ("reap_interval", "reap_grace", "kill_timeout", "interval"):
             if k in kw:
                 kw[k] = parse_duration(kw[k])
@@ -118,6 +183,60 @@ def load_config(path: str | None = None) -> Config:
             kw["max_chain"] = int(kw["max_chain"])
         if "nohup_protects" in kw and not isinstance(kw["nohup_protects"], bool):
             raise ValueError("'nohup_protects' must be true or false")
+        for k in ("guard", "audit"):
+            if k in extra and not isinstance(extra[k], dict):
+                raise ValueError(f"'{k}' must be a mapping")
     except (TypeError, ValueError) as e:
         raise UsageError(f"config file {p}: {e}") from None
+    return kw, extra
+
+
+def _merge(node: tuple[dict, dict], user: tuple[dict, dict]) -> tuple[dict, dict]:
+    """The node's file and a user's file together (README 'Configuration': which file wins per key).
+
+    Protections only grow: ``protect`` and ``protect_cmdline`` are the node's list plus the user's, and
+    ``nohup_protects`` is on if either file turns it on. The ``guard`` section (policy, interval, smtp)
+    is the node's: its keys win. Everything else is the user's to choose."""
+    (nkw, nextra), (ukw, uextra) = node, user
+    kw = {**nkw, **ukw}
+    for k in ("protect", "protect_cmdline"):
+        if k in ukw:
+            base = nkw.get(k, DEFAULT_PROTECT if k == "protect" else ())
+            kw[k] = base + tuple(x for x in ukw[k] if x not in base)
+    if nkw.get("nohup_protects") is True:
+        kw["nohup_protects"] = True
+    extra = {**nextra, **uextra}
+    for sec, node_wins in (("guard", True), ("audit", False)):
+        n, u = nextra.get(sec) or {}, uextra.get(sec) or {}
+        if n or u:
+            extra[sec] = {**u, **n} if node_wins else {**n, **u}
+            if node_wins and isinstance(n.get("smtp"), dict) and isinstance(u.get("smtp"), dict):
+                extra[sec]["smtp"] = n["smtp"]  # the node's mail settings, whole
+    return kw, extra
+
+
+def _exists(p: Path) -> bool:
+    """Whether ``p`` is there; a directory on the way we may not search counts as "not there" (a file we
+    may see but not read is an error from _read_yaml, naming it)."""
+    try:
+        p.stat()
+    except OSError:
+        return False
+    return True
+
+
+def load_config(path: str | None = None) -> Config:
+    """The node's config (/etc/gputop/config.yaml) merged with the user's (see _merge); a missing default
+    file means defaults. Bad content raises UsageError naming the file and line."""
+    p = config_path(path)
+    user: tuple[dict, dict] = ({}, {})
+    if _exists(p):
+        user = _parse(_read_yaml(p), p)
+    elif path or os.environ.get("GPUTOP_CONFIG"):
+        raise UsageError(f"config file {p} does not exist: create it or drop --config/GPUTOP_CONFIG")
+    sp = system_config_path()
+    if _exists(sp) and sp.resolve() != p.resolve():
+        kw, extra = _merge(_parse(_read_yaml(sp), sp), user)
+    else:
+        kw, extra = user
     return Config(**kw, extra=extra)

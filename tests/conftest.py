@@ -55,6 +55,10 @@ def isolated_dirs(tmp_path_factory, monkeypatch):
         d.mkdir()
         monkeypatch.setenv(var, str(d))
     monkeypatch.setenv("GPUTOP_STATE_DIR", str(base / "state"))
+    # never the node's real trail, socket or /etc config
+    monkeypatch.setenv("GPUTOP_AUDIT_SOCKET", str(base / "run" / "audit.sock"))
+    monkeypatch.setenv("GPUTOP_NODE_AUDIT_LOG", str(base / "node-log" / "audit.jsonl"))
+    monkeypatch.setenv("GPUTOP_SYSTEM_CONFIG", str(base / "etc" / "config.yaml"))
     for var in ("GPUTOP_CONFIG", "GPUTOP_SCENARIO", "GPUTOP_BACKEND", "GPUTOP_AUDIT_LOG", "NO_COLOR"):
         monkeypatch.delenv(var, raising=False)
     return base

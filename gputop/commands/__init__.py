@@ -1,6 +1,7 @@
 """Subcommands. Each module defines NAME, HELP, ``add_arguments(parser)`` and ``run(args) -> int``.
 
-Add a subcommand by writing a module here and listing it below; cli.py needs no change.
+Add a subcommand by writing a module here and listing it below (by its command name: a "-" in it is a
+"_" in the module name); cli.py needs no change.
 """
 
 COMMANDS: list[str] = [
@@ -13,4 +14,6 @@ COMMANDS: list[str] = [
     "mcp",
     "guard",
     "audit",
+    "install-units",
+    "completion",
 ]

@@ -27,6 +27,9 @@ unknown processes are never signalled).
   gputop guard status [--json]
   gputop guard run [--interval S] [--enforce|--dry-run]
 
+'guard run' reloads the config and the policy on SIGHUP (systemctl reload gputop-guard) and stops on
+SIGTERM. Its stderr lines carry syslog priorities (<3> error, <4> warning/hit, <5> notice, <6> info)
+for journald. Exit 5: another guard daemon already runs for this state directory.
 An invalid policy makes --policy-file, --test-policies and 'guard run' exit 2 with every problem listed
 (file, line, rule). A running daemon given an invalid new file keeps enforcing its last valid policy."""
 
@@ -213,8 +216,14 @@ def _run_daemon(args) -> int:
         state.set_mode(args.run_mode, face="guard")
     sampler = open_sampler(args, config)
     try:
-        daemon = GuardDaemon(sampler, path, config=config, interval=interval)
+        daemon = GuardDaemon(sampler, path, config=config, interval=interval,
+                             config_loader=lambda: config_from(args))
         daemon.install_signal_handlers()
-        return daemon.run()
+        trail = daemon.start_node_trail()
+        try:
+            return daemon.run()
+        finally:
+            if trail is not None:
+                trail.close()
     finally:
         sampler.close()

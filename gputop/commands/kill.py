@@ -63,8 +63,7 @@ def _print_results(results, as_json: bool, extra: dict | None = None) -> int:
             print(line) if r.ok else print(f"gputop: {line}", file=sys.stderr)
             if r.ok and mem and "memory" not in r.message:
                 print(mem.strip())
-            if r.details.get("audit_error"):
-                print(f"gputop: warning: {r.details['audit_error']}", file=sys.stderr)
+            # an audit-log failure was already printed once, loudly, by auditlog.warn()
     return code
 
 

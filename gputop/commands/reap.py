@@ -132,8 +132,7 @@ def _apply(args, config, sampler) -> int:
                 print(f"root {r.pid}: {r.outcome}: {r.message}")
             else:
                 print(f"gputop: root {r.pid}: {r.outcome}: {r.message}", file=sys.stderr)
-            if r.details.get("audit_error"):
-                print(f"gputop: warning: {r.details['audit_error']}", file=sys.stderr)
+            # an audit-log failure was already printed once, loudly, by auditlog.warn()
     return next((r.exit_code for r in results if not r.ok), EXIT_OK)
 
 

@@ -47,6 +47,5 @@ def run(args) -> int:
         if not r.ok and r.outcome == "busy":
             for h in r.details.get("holders", []):
                 print(f"  holder pid {h['pid']} ({h['name']}, user {h['user']}, {h['verdict']}): {h['cmd'][:70]}")
-        if r.details.get("audit_error"):
-            print(f"gputop: warning: {r.details['audit_error']}", file=sys.stderr)
+        # an audit-log failure was already printed once, loudly, by auditlog.warn()
     return r.exit_code

@@ -31,6 +31,9 @@ def add_arguments(p) -> None:
     p.add_argument("--create-token", action="store_true",
                    help="create the token file (mode 0600) with a random token if it does not exist")
     p.add_argument("--read-only", action="store_true", help="refuse every write, even with a token file")
+    p.add_argument("--metrics-only", action="store_true",
+                   help="serve only GET /metrics (no action API, no token): for Prometheus scraping from "
+                        "other hosts")
 
 
 def bind_error(host: str, port: int, e: OSError, bind_option: str | None) -> GputopError:
@@ -68,6 +71,8 @@ def _listen(bind: str, port: int) -> socket.socket:
 def run(args) -> int:
     if args.interval <= 0:
         raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
+    if args.metrics_only and (args.create_token or args.token_file):
+        raise UsageError("--metrics-only serves no action API: drop --create-token/--token-file")
     if args.read_only and args.create_token:
         raise UsageError("--read-only and --create-token contradict each other")
     # Listen first: a busy port or a wrong --bind fails at once, before a token file is created.
@@ -85,7 +90,9 @@ def _serve(args, sock: socket.socket) -> int:
     from gputop.serve import create_app, create_token, default_token_path, read_token
 
     token_path: Path | None = Path(args.token_file).expanduser() if args.token_file else default_token_path()
-    if args.read_only:
+    if args.metrics_only:
+        token_path, note = None, "metrics only: GET /metrics, no action API"
+    elif args.read_only:
         token_path, note = None, "read-only (--read-only)"
     else:
         token = read_token(token_path)  # refuses a token file others can read: the service does not start
@@ -104,7 +111,12 @@ def _serve(args, sock: socket.socket) -> int:
     live = LiveSnapshot(sampler, config, interval=args.interval)
     try:
         live.start()
-        app = create_app(live, token_path)
+        if args.metrics_only:
+            from gputop.metrics import create_metrics_app
+
+            app = create_metrics_app(live)
+        else:
+            app = create_app(live, token_path)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"gputop serve: listening on http://{shown}:{port}  ({note})", file=sys.stderr, flush=True)

@@ -5,6 +5,12 @@ once, evaluates the policy (unless the mode is off), records hits and writes gua
 
 A policy file that becomes invalid is reported (stderr, the state's last_error, the audit log) and the
 daemon KEEPS ENFORCING the last valid policy. Only an invalid policy at start-up stops it (exit 2).
+
+SIGHUP (``systemctl reload gputop-guard``) re-reads the config and the policy at once; a bad file keeps the
+last valid one, exactly as the file watcher does. SIGTERM and SIGINT stop it cleanly.
+
+Every line on stderr starts with a syslog priority prefix (``<4>`` warning, ``<6>`` info, ...), which
+journald turns into the entry's priority, so ``journalctl -p warning -u gputop-guard`` works.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Callable
 
 from gputop import auditlog
 from gputop.config import Config, guard_dir
-from gputop.errors import RefusedError
+from gputop.errors import GputopError, RefusedError
 from gputop.guard import state as _state
 from gputop.guard.engine import Engine
 from gputop.guard.policy import Issue, Policy, PolicyError, load_policy
@@ -67,6 +73,37 @@ def acquire_lock() -> int:
     return fd
 
 
+# syslog priorities (RFC 5424), as journald reads them from a "<N>" line prefix on stderr.
+LOG_ERR, LOG_WARNING, LOG_NOTICE, LOG_INFO = 3, 4, 5, 6
+
+
+def prefixed(text: str, priority: int) -> str:
+    """Every line of ``text`` with the "<N>gputop guard: " prefix (journald reads one entry per line)."""
+    return "".join(f"<{priority}>gputop guard: {line}\n" for line in text.splitlines() or [""])
+
+
+class JournalStream:
+    """A text stream that gives every line without a "<N>" prefix the priority ``priority``.
+
+    The engine writes one line per hit (and notify lines under it): those are warnings in the journal."""
+
+    def __init__(self, out, priority: int = LOG_WARNING):
+        self.out = out
+        self.priority = priority
+        self._buf = ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        *lines, self._buf = self._buf.split("\n")
+        if lines:
+            self.out.write("".join(ln + "\n" if ln.startswith("<") else f"<{self.priority}>{ln}\n"
+                                   for ln in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
 class _ModeWatch:
     """Reads guard.json again only when its mtime changes."""
 
@@ -84,7 +121,8 @@ class _ModeWatch:
 
 class GuardDaemon:
     def __init__(self, sampler, policy_path: str, *, config: Config | None = None, interval: float = 5.0,
-                 out=None, sleep: Callable[[float], None] | None = None):
+                 out=None, sleep: Callable[[float], None] | None = None,
+                 config_loader: Callable[[], Config] | None = None):
         self.sampler = sampler
         self.config = config or Config()
         self.interval = interval
@@ -93,10 +131,14 @@ class GuardDaemon:
         self.policy: Policy = _load(self.policy_path)  # PolicyError at start-up: the caller exits 2
         self.policy_sig = _file_sig(self.policy_path)
         self.policy_loaded_at = time.time()
-        self.engine = Engine(self.policy, config=self.config, sampler=sampler, out=self.out)
+        self.engine = Engine(self.policy, config=self.config, sampler=sampler, out=JournalStream(self.out))
         self.mode_watch = _ModeWatch()
         self.mode = _state.get_mode()
         self.stop_event = threading.Event()
+        self.reload_event = threading.Event()  # set by SIGHUP
+        self._wake = threading.Event()  # ends the sleep between ticks early (stop or reload)
+        self.config_loader = config_loader
+        self.reloads = 0
         self._sleep = sleep
         self.started_at = time.time()
         self.ticks = 0
@@ -106,11 +148,11 @@ class GuardDaemon:
 
     # ---- output ----
 
-    def say(self, line: str) -> None:
+    def say(self, line: str, priority: int = LOG_INFO) -> None:
         try:
-            self.out.write(f"gputop guard: {line}\n")
+            self.out.write(prefixed(line, priority))
             self.out.flush()
-        except OSError:
+        except (OSError, ValueError):  # stderr closed or gone: keep guarding
             pass
 
     def _audit(self, record: dict) -> None:
@@ -125,7 +167,7 @@ class GuardDaemon:
         data = self.mode_watch.read()
         mode = data.get("mode") if data.get("mode") in _state.MODES else _state.DEFAULT_MODE
         if mode != self.mode:
-            self.say(f"mode {self.mode} -> {mode} (set by {data.get('updated_by') or '?'})")
+            self.say(f"mode {self.mode} -> {mode} (set by {data.get('updated_by') or '?'})", LOG_NOTICE)
             if mode == "off":
                 self.engine.reset()
             else:
@@ -151,7 +193,7 @@ class GuardDaemon:
                    f"({self.policy.path}, loaded {time.strftime('%H:%M:%S', time.localtime(self.policy_loaded_at))}"
                    f", rules: {kept}):\n{e}")
             self.last_error = str(e)
-            self.say(msg)
+            self.say(msg, LOG_ERR)
             _state.set_last_error(str(e), face="guard")
             self._audit({"action": "guard-policy", "outcome": "rejected", "ok": False,
                          "policy_file": self.policy_path, "kept_policy": self.policy.path,
@@ -162,14 +204,41 @@ class GuardDaemon:
         self.engine.set_policy(new)
         self.last_error = None
         _state.set_last_error(None, face="guard")
-        self.say(f"policy reloaded from {self.policy_path}: rules {', '.join(r.name for r in new.rules)}")
+        self.say(f"policy reloaded from {self.policy_path}: rules {', '.join(r.name for r in new.rules)}",
+                 LOG_NOTICE)
         self._audit({"action": "guard-policy", "outcome": "loaded", "ok": True,
                      "policy_file": self.policy_path, "rules": [r.name for r in new.rules],
                      "message": f"guard policy reloaded from {self.policy_path}"})
 
     # ---- one interval ----
 
+    def reload(self) -> None:
+        """SIGHUP: re-read the config and the policy now. A bad file keeps the last valid one."""
+        self.reloads += 1
+        self.say("SIGHUP: reloading the config and the policy", LOG_NOTICE)
+        if self.config_loader is not None:
+            try:
+                new = self.config_loader()
+            except GputopError as e:
+                self.errors += 1
+                self.last_error = f"config reload failed, keeping the last valid config: {e}"
+                self.say(self.last_error, LOG_ERR)
+                self._audit({"action": "guard-config", "outcome": "rejected", "ok": False,
+                             "message": self.last_error})
+            else:
+                self.config = new
+                self.engine.config = new
+                self.say("config reloaded", LOG_NOTICE)
+        wanted = _state.get_policy_path()  # guard.json's choice, else guard.policy in the config
+        if wanted and str(Path(wanted).resolve()) != self.policy_path:
+            self.say(f"policy file changed to {wanted}", LOG_NOTICE)
+            self.policy_path = str(Path(wanted).resolve())
+        self.policy_sig = None  # force a load attempt (an unchanged file reloads to the same rules)
+
     def tick(self) -> list[dict]:
+        if self.reload_event.is_set():
+            self.reload_event.clear()
+            self.reload()
         self.check_mode()
         self.check_policy()
         hits: list[dict] = []
@@ -180,7 +249,7 @@ class GuardDaemon:
             except Exception as e:  # one bad sample must not stop the guard
                 self.errors += 1
                 self.last_error = f"evaluation failed: {type(e).__name__}: {e}"
-                self.say(self.last_error)
+                self.say(self.last_error, LOG_ERR)
         self.ticks += 1
         self.write_status()
         return hits
@@ -197,13 +266,34 @@ class GuardDaemon:
                 "counts": counts,
             })
         except OSError as e:
-            self.say(f"cannot write the daemon status: {e}")
+            self.say(f"cannot write the daemon status: {e}", LOG_WARNING)
+
+    def start_node_trail(self) -> "auditlog.NodeAuditServer | None":
+        """Serve the node audit trail (root, or a socket path given in the environment). A failure is an
+        error in the journal, not a reason to stop guarding."""
+        auditlog.set_warn_writer(lambda m: self.say(m, LOG_ERR))
+        problem = auditlog.check_writable(self.config)
+        if problem:
+            self.say(f"{problem}: actions are recorded in the node trail only", LOG_ERR)
+        if os.geteuid() != 0 and not os.environ.get("GPUTOP_AUDIT_SOCKET"):
+            self.say("not root: the node audit trail is not served (run the guard as root, see "
+                     "packaging/gputop-guard.service)", LOG_NOTICE)
+            return None
+        try:
+            server = auditlog.NodeAuditServer().start()
+        except OSError as e:
+            self.say(f"cannot serve the node audit trail on {auditlog.node_socket_path()}: "
+                     f"{e.strerror or e}", LOG_ERR)
+            return None
+        self.say(f"node audit trail: {server.log} (socket {server.sock_path})")
+        return server
 
     def run(self, iterations: int | None = None) -> int:
         self.say(f"running (pid {os.getpid()}), mode {self.mode}, interval {self.interval:g}s, policy "
                  f"{self.policy_path}: rules {', '.join(r.name for r in self.policy.rules)}")
         if self.mode == "off":
-            self.say("mode is off: nothing is evaluated until 'gputop guard --enable' (or the TUI) turns it on")
+            self.say("mode is off: nothing is evaluated until 'gputop guard --enable' (or the TUI) turns it on",
+                     LOG_NOTICE)
         self._audit({"action": "guard-start", "outcome": "ok", "ok": True, "mode": self.mode,
                      "policy_file": self.policy_path, "message": f"guard daemon started, mode {self.mode}"})
         n = 0
@@ -218,16 +308,23 @@ class GuardDaemon:
                 if self._sleep is not None:
                     self._sleep(max(0.0, left))
                 elif left > 0:
-                    self.stop_event.wait(left)
+                    self._wake.wait(left)
+                    self._wake.clear()
         finally:
             self._audit({"action": "guard-stop", "outcome": "ok", "ok": True, "mode": self.mode,
                          "message": "guard daemon stopped"})
-            self.say("stopped")
+            self.say("stopped", LOG_NOTICE)
         return 0
 
     def install_signal_handlers(self) -> None:
         def stop(signum, frame):
             self.stop_event.set()
+            self._wake.set()
+
+        def hup(signum, frame):
+            self.reload_event.set()
+            self._wake.set()
 
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, stop)
+        signal.signal(signal.SIGHUP, hup)

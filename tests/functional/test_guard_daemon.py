@@ -194,3 +194,59 @@ def test_a_policy_file_that_crashes_the_yaml_reader_is_rejected_and_the_old_poli
     # ... and at start-up it is a clear error (exit 2 from 'guard run'), not a traceback
     with pytest.raises(PolicyError, match="cannot load the policy|nesting too deep"):
         GuardDaemon(sampler_for(path, Clock()), str(policy), interval=0.1, out=out)
+
+
+def _lines_with(out: str, text: str) -> list[str]:
+    return [ln for ln in out.splitlines() if text in ln]
+
+
+def test_sighup_reloads_a_good_policy_keeps_the_last_valid_one_on_a_bad_one_and_keeps_running(
+        procs, scenario, tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(KILL_VICTIMS)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("kill_timeout: 3\n")
+    bystander = named(procs, "bystander")
+    scenario(holders=holders(bystander), gpus=1)
+    log = open(tmp_path / "guard.log", "w+")
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "gputop", "--config", str(cfg), "guard", "run", "--interval", "0.3", "--enforce",
+         "--policy-file", str(policy)],
+        stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=_default_sighup)
+    try:
+        poll(lambda: state.daemon_status().get("alive"), what="the daemon")
+        # a good new policy, with the same size and mtime as before: only SIGHUP makes the daemon look
+        st = os.stat(policy)
+        policy.write_text(KILL_VICTIMS.replace("victims", "victimz"))
+        os.utime(policy, ns=(st.st_atime_ns, st.st_mtime_ns))
+        daemon.send_signal(signal.SIGHUP)
+        poll(lambda: state.daemon_status().get("rules") == ["kill-victimz"], what="the reloaded policy")
+        # a bad policy and a bad config: both reported, the last valid ones kept, the daemon runs on
+        policy.write_text(BAD)
+        cfg.write_text("kill_timeout: [\n")
+        daemon.send_signal(signal.SIGHUP)
+        poll(lambda: state.status()["last_error"], what="the policy error")
+        time.sleep(0.7)
+        assert daemon.poll() is None, "SIGHUP ended the daemon"
+        assert state.daemon_status()["rules"] == ["kill-victimz"]
+        v = named(procs, "victim")
+        scenario(holders=holders(bystander, v), gpus=1)
+        policy.write_text(KILL_VICTIMS)  # enforcement still works after the bad reload
+        daemon.send_signal(signal.SIGHUP)
+        assert wait_gone(v.pid, 30), "the guard stopped enforcing after SIGHUP"
+        assert bystander.poll() is None
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        rc = daemon.wait(20)
+    log.seek(0)
+    out = log.read()
+    assert rc == 0, out
+    assert _lines_with(out, "config reload failed, keeping the last valid config")
+    # every daemon line carries a syslog priority for journald; errors and hits are at warning or worse
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert lines and all(ln[:3] in ("<3>", "<4>", "<5>", "<6>") for ln in lines), out
+    assert all(ln.startswith("<3>") for ln in _lines_with(out, "config reload failed"))
+    assert all(ln.startswith("<3>") for ln in _lines_with(out, "still enforcing the last valid policy"))
+    assert all(ln.startswith("<4>") for ln in _lines_with(out, "[kill-victims] kill"))
+    assert _lines_with(out, "[kill-victims] kill")
+    assert all(ln.startswith("<6>") for ln in _lines_with(out, "running (pid"))

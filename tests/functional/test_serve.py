@@ -128,13 +128,14 @@ def test_metrics_values_and_dead_series_removed(server, demo, token_file):
     assert series(m, "gputop_gpu_memory_total_bytes", gpu=2) == [40 * GiB]
     assert series(m, "gputop_gpu_temperature_celsius", gpu=0) == [67]
     assert series(m, "gputop_gpu_power_watts", gpu=3) == [300]
-    assert series(m, "gputop_gpu_utilization_percent", gpu=1) == [93]
+    assert series(m, "gputop_gpu_utilization_ratio", gpu=1) == [0.93]
     w1 = demo.pid("worker1")
-    assert series(m, "gputop_process_gpu_memory_bytes", pid=w1, gpu=1, ctx="C", verdict="not-orphan") == [61 * GiB]
-    assert series(m, "gputop_process_sm_utilization_percent", pid=w1) == [93]
-    assert series(m, "gputop_process_gpu_memory_bytes", pid=demo.pid("retry-worker"), verdict="orphan") == [18 * GiB]
-    assert series(m, "gputop_process_gpu_memory_bytes", pid=demo.pid("jupyter"), ctx="C+G",
-                  verdict="protected") == [9 * GiB]
+    assert series(m, "gputop_process_gpu_memory_bytes", pid=w1, gpu=1, ctx="C") == [61 * GiB]
+    assert series(m, "gputop_process_sm_utilization_ratio", pid=w1) == [0.93]
+    assert series(m, "gputop_process_gpu_memory_bytes", pid=demo.pid("retry-worker")) == [18 * GiB]
+    assert series(m, "gputop_process_verdict_info", pid=demo.pid("retry-worker"), verdict="orphan") == [1]
+    assert series(m, "gputop_process_gpu_memory_bytes", pid=demo.pid("jupyter"), ctx="C+G") == [9 * GiB]
+    assert series(m, "gputop_process_verdict_info", pid=demo.pid("jupyter"), verdict="protected") == [1]
     assert series(m, "gputop_orphan_trees") == [1]
     assert series(m, "gputop_guard_mode", mode="off") == [1]
     # The miner-named process is a rogue-audit finding: counted once per rule and severity.
@@ -142,14 +143,14 @@ def test_metrics_values_and_dead_series_removed(server, demo, token_file):
     assert rules and all(series(m, "gputop_audit_findings_total", rule=r) for r in rules)
     assert series(m, "gputop_audit_findings_current", severity="high")
     # The unknown fan of an H100 is left out, never exported as 0; there is no fan metric at all.
-    assert not series(m, "gputop_gpu_fan_percent")
+    assert not series(m, "gputop_gpu_fan_speed_ratio", gpu=0)
 
     r = httpx.post(server.url + "/v1/kill", json={"pid": w1}, headers=auth(token_file), timeout=30)
     assert r.status_code == 200, r.text
     assert wait_gone(w1)
     m = metrics(server.url)
     assert series(m, "gputop_process_gpu_memory_bytes", pid=w1) == []
-    assert series(m, "gputop_process_sm_utilization_percent", pid=w1) == []
+    assert series(m, "gputop_process_sm_utilization_ratio", pid=w1) == []
     assert series(m, "gputop_process_gpu_memory_bytes", pid=demo.pid("worker0")) == [61 * GiB]
 
 

@@ -45,10 +45,10 @@ def test_config_defaults_without_file():
 def test_config_file(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("protect: [myjob]\nnohup_protects: false\nreap:\n  interval: 10s\n  grace: 2m\n"
-                 "guard: {x: 1}\n")
+                 "guard: {interval: 1}\n")
     c = load_config(str(p))
     assert c.protect == ("myjob",) and not c.nohup_protects
-    assert c.reap_interval == 10 and c.reap_grace == 120 and c.extra == {"guard": {"x": 1}}
+    assert c.reap_interval == 10 and c.reap_grace == 120 and c.extra == {"guard": {"interval": 1}}
 
 
 @pytest.mark.parametrize("text,msg", [
