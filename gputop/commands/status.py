@@ -7,6 +7,7 @@ import time
 from gputop.backends import no_gpu_message
 from gputop.commands._common import open_sampler, print_json, table
 from gputop.errors import UsageError
+from gputop.textsafe import visible
 from gputop.snapshot import Snapshot
 from gputop.units import fmt_bytes, fmt_duration, fmt_opt
 
@@ -89,17 +90,17 @@ def render(snap: Snapshot, chains: bool = False) -> str:
                                 "COMMAND"], right={0, 4, 5, 6, 7}))
         for h in snap.holders:
             if h.verdict.kind != "not-orphan":
-                out.append(f"  pid {h.pid}: {h.verdict.kind}: {h.verdict.reason}")
+                out.append(f"  pid {h.pid}: {h.verdict.kind}: {visible(h.verdict.reason)}")
             if chains and h.chain:
-                out.append(f"  pid {h.pid} chain: " + " <- ".join(f"{c.pid}({c.name})" for c in h.chain))
+                out.append(f"  pid {h.pid} chain: " + " <- ".join(f"{c.pid}({visible(c.name)})" for c in h.chain))
     if snap.roots:
         out.append("")
         out.append("orphan trees (reap with 'gputop reap --apply'):")
         for r in snap.roots:
-            out.append(f"  root {r.pid} ({r.proc.name}, {r.proc.user}): holders {list(r.holders)} on GPU "
-                       f"{','.join(map(str, r.gpus))}, {fmt_bytes(r.gpu_memory)}; {r.reason}")
+            out.append(f"  root {r.pid} ({visible(r.proc.name)}, {visible(r.proc.user)}): holders {list(r.holders)} on GPU "
+                       f"{','.join(map(str, r.gpus))}, {fmt_bytes(r.gpu_memory)}; {visible(r.reason)}")
     for w in snap.warnings:
-        out.append(f"warning: {w}")
+        out.append(f"warning: {visible(w)}")
     unavailable = [s for s in snap.backends if not s.available]
     if unavailable and snap.devices:
         out.append("backends unavailable: " + "; ".join(s.reason for s in unavailable))
