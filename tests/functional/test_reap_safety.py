@@ -227,6 +227,7 @@ def test_a_protect_word_inside_an_argument_protects_nothing(procs, scenario, tmp
     m = unique("gti11-arg")
     procs.spawn(["setsid", "sh", "-c", f"{PY} -c '{SLEEP}' train.py --out=/data/screenshots {m} & exit 0"]).wait(10)
     [job] = find(m)
+    procs.pids.append(job)
     tmux_named = procs.sleeper("tmux: server")  # the name says tmux: protected (not an orphan either)
     scenario(holders=[{"pid": job, "gpu": 0, "memory": "1GiB"}, {"pid": tmux_named.pid, "gpu": 1, "memory": "1GiB"}])
     st = {h["pid"]: h["verdict"] for h in json.loads(run_gputop("status", "--json").stdout)["holders"]}
@@ -302,13 +303,14 @@ def hidden_user(request):
                            capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot mount /proc with hidepid=2 in a private mount namespace: {probe.stderr.strip()}")
-    subprocess.run(["userdel", USER], capture_output=True)
+    subprocess.run(["userdel", "-f", USER], capture_output=True)
     subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
-    request.addfinalizer(lambda: subprocess.run(["userdel", USER], capture_output=True))
+    request.addfinalizer(lambda: subprocess.run(["userdel", "-f", USER], capture_output=True))
     return pwd.getpwnam(USER)
 
 
-def test_a_session_leader_that_cannot_be_seen_is_not_gone(procs, hidden_user, tmp_path):
+def test_a_session_leader_that_cannot_be_seen_is_not_gone(hidden_user, procs, tmp_path):
+    # (hidden_user first: its user is removed after procs has ended the user's processes)
     import tempfile
 
     shared = Path(tempfile.mkdtemp(prefix="gti11-"))
