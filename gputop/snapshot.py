@@ -23,7 +23,7 @@ from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
 from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
 from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
-from gputop.procs import ProcInfo, ProcTable, StaticCache, tgid_of
+from gputop.procs import ProcInfo, ProcTable, StaticCache, hidepid_note, tgid_of
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
 
@@ -211,6 +211,9 @@ class Sampler:
     def sample(self) -> Snapshot:
         now = self.clock()
         warnings: list[str] = []
+        note = hidepid_note(self.proc_root)
+        if note:
+            warnings.append(note)
         devices: list[DeviceSample] = []
         uses: dict[int, list[GpuUse]] = {}
         visible: dict[int, bool] = {}

@@ -354,8 +354,10 @@ def test_a_session_leader_that_cannot_be_seen_is_not_gone(hidden_user, procs, tm
 
     r = as_user("status", "--json")
     assert r.returncode == 0, r.stderr
-    [h] = json.loads(r.stdout)["holders"]
+    st = json.loads(r.stdout)
+    [h] = st["holders"]
     assert h["verdict"]["kind"] == "unknown" and "cannot be seen" in h["verdict"]["reason"], h["verdict"]
+    assert any("hidepid" in w for w in st["warnings"]), st["warnings"]
     r = as_user("reap", "--apply", "--grace", "0.5")
     assert r.returncode == 0 and "nothing to reap" in r.stdout, r.stdout + r.stderr
     r = as_user("kill", "--pid", str(holder), "--force")
