@@ -17,7 +17,7 @@ from pathlib import Path
 import platformdirs
 
 from gputop.errors import UsageError
-from gputop.orphans import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT
+from gputop.orphans import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE
 from gputop.units import parse_duration
 
 
@@ -54,7 +54,7 @@ def guard_dir() -> Path:
 @dataclass(frozen=True)
 class Config:
     protect: tuple[str, ...] = DEFAULT_PROTECT  # case-insensitive regexes over name and argv[0]
-    protect_cmdline: tuple[str, ...] = ()  # regexes over the full command line (an explicit list)
+    protect_cmdline: tuple[str, ...] = DEFAULT_PROTECT_CMDLINE  # regexes over the whole command line
     nohup_protects: bool = True  # a chain member that ignores SIGHUP counts as protected
     max_chain: int = DEFAULT_MAX_CHAIN
     reap_interval: float = 60.0  # seconds between watchdog scans
@@ -78,13 +78,14 @@ OPEN = "open"
 SCHEMA: dict = {
     "protect": None, "protect_cmdline": None, "nohup_protects": None, "max_chain": None,
     "reap_interval": None, "reap_grace": None, "kill_timeout": None, "audit_log": None, "interval": None,
-    "reap": {"interval": None, "grace": None, "protect": None},
+    "reap": {"interval": None, "grace": None, "protect": None, "protect_cmdline": None},
     "guard": {"policy": None, "policy_file": None, "interval": None,
               "smtp": {"host": None, "port": None, "ssl": None, "starttls": None, "from": None,
                        "username": None, "password_env": None}},
     "audit": OPEN,
 }
-_NESTED = {"reap": {"interval": "reap_interval", "grace": "reap_grace", "protect": "protect"}}
+_NESTED = {"reap": {"interval": "reap_interval", "grace": "reap_grace", "protect": "protect",
+                    "protect_cmdline": "protect_cmdline"}}
 _FLAT = {k for k, v in SCHEMA.items() if v is None}
 MAX_CONFIG_BYTES = 1024 * 1024
 SYSTEM_CONFIG = Path("/etc/gputop/config.yaml")
@@ -201,7 +202,7 @@ def _merge(node: tuple[dict, dict], user: tuple[dict, dict]) -> tuple[dict, dict
     kw = {**nkw, **ukw}
     for k in ("protect", "protect_cmdline"):
         if k in ukw:
-            base = nkw.get(k, DEFAULT_PROTECT if k == "protect" else ())
+            base = nkw.get(k, DEFAULT_PROTECT if k == "protect" else DEFAULT_PROTECT_CMDLINE)
             kw[k] = base + tuple(x for x in ukw[k] if x not in base)
     if nkw.get("nohup_protects") is True:
         kw["nohup_protects"] = True

@@ -24,7 +24,7 @@ from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
 from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
 from gputop.ownership import Owner, OwnerCache
-from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, start_time
+from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, hidepid_note, start_time, tgid_of
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
 
@@ -179,6 +179,7 @@ class Sampler:
         self.clock = clock
         self.platform = platform
         self._protect = compile_protect(self.config.protect)
+        self._protect_cmdline = compile_protect(self.config.protect_cmdline)
         self._cpu_prev: dict[tuple[int, float], tuple[float, float]] = {}
         # Command lines and uids of known processes, re-read every static_ttl seconds (0: every sample),
         # so that a refresh reads one /proc file per known process instead of three.
@@ -238,7 +239,7 @@ class Sampler:
         owner_of = self.owner_of if self._owners is not None else None
         verdict = classify(pid, table, platform=self.platform, protect=self._protect,
                            nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
-                           walked=walked, owner_of=owner_of)
+                           walked=walked, owner_of=owner_of, protect_cmdline=self._protect_cmdline)
         if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
             init = table.get(1) if walked[-1].ppid == 1 else None
             chain = tuple(walked[1:]) + ((init,) if init is not None else ())
@@ -262,6 +263,9 @@ class Sampler:
     def sample(self) -> Snapshot:
         now = self.clock()
         warnings: list[str] = []
+        note = hidepid_note(self.proc_root)
+        if note:
+            warnings.append(note)
         devices: list[DeviceSample] = []
         uses: dict[int, list[GpuUse]] = {}
         visible: dict[int, bool] = {}
@@ -280,8 +284,9 @@ class Sampler:
                 warnings.append(f"GPU {gi}: process list failed: {e}")
                 procs = []
             for p in procs:
-                uses.setdefault(p.pid, []).append(GpuUse(gi, p.ctx, p.used_memory, p.sm_util))
-                visible[p.pid] = visible.get(p.pid, True) and p.visible
+                pid = tgid_of(p.pid, self.proc_root) if p.visible else p.pid  # NVML may report a thread id
+                uses.setdefault(pid, []).append(GpuUse(gi, p.ctx, p.used_memory, p.sm_util))
+                visible[pid] = visible.get(pid, True) and p.visible
         for b in self.backends:
             try:
                 warnings.extend(b.warnings())

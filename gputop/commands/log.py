@@ -119,6 +119,10 @@ def _row(r: dict) -> list[str]:
     msg = msg if isinstance(msg, str) else json.dumps(msg, default=str)[:200]
     if r.get("reason"):
         msg = f"[{r['reason']}] {msg}"
+    details = r.get("details")
+    survivors = details.get("survivors") if isinstance(details, dict) else None
+    if survivors:  # a partial failure: say who is still alive before the message is cut short
+        msg = f"[survivors {', '.join(map(str, survivors)) if isinstance(survivors, list) else survivors}] {msg}"
     row = [_when(r.get("at")), f"{r.get('face', '?')}/{_who(r)}", r.get("action", "?"),
            _target(r, r.get("target")), r.get("outcome", "?"), _signals(r.get("signals")) or "-", msg]
     return [_clean(c) for c in row]
