@@ -44,8 +44,7 @@ def _proc_line(p: ProcInfo, mark: str = "", owner: Owner | None = None) -> Text:
     t.append("  ")
     t.append(Text(visible(p.cmd), style="dim"))
     if owner is not None and owner.kind != NONE:
-        t.append(f"  [{owner.label}]", style="italic")
-    t.append(Text(visible(p.cmd), style="dim"))
+        t.append(f"  [{visible(owner.label)}]", style="italic")
     if mark:
         t.append(f"  {mark}", style="bold red")
     return t
