@@ -321,3 +321,90 @@ def ms(x: float) -> str:
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
+
+
+# ---- ratios under load: median, spread, and a verdict that admits doubt -------------------------------
+
+@dataclass
+class Ratio:
+    """Per-round (or per-window) ratios of gputop to its reference, taken within one run."""
+
+    values: list[float]
+
+    @property
+    def median(self) -> float:
+        return median(self.values)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The middle half (25th-75th percentile) of the ratios when there are 8 or more, else min-max."""
+        xs = sorted(self.values)
+        if not xs:
+            return float("nan"), float("nan")
+        if len(xs) < 8:
+            return xs[0], xs[-1]
+        q = statistics.quantiles(xs, n=4, method="inclusive")
+        return q[0], q[2]
+
+    def verdict(self, goal: float) -> str:
+        """PASS when the whole spread is within ``goal``, MISS when the whole spread is over it, else
+        "not shown": under this run's load the figures cannot tell."""
+        lo, hi = self.spread
+        if not self.values:
+            return "not measured"
+        if hi <= goal:
+            return "PASS"
+        if lo > goal:
+            return "MISS"
+        return "not shown"
+
+    def cell(self) -> str:
+        lo, hi = self.spread
+        return f"{self.median:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def missing_tools(*names: str) -> list[str]:
+    """Which of ``names`` are not installed next to this interpreter nor on $PATH."""
+    venv_bin = Path(PY).parent
+    return [n for n in names if not (venv_bin / n).exists() and shutil.which(n) is None]
+
+
+BENCH_EXTRA_HINT = "install the bench extra: .venv/bin/pip install -e '.[bench]' (nvitop, py-spy)"
+
+
+# ---- the sizes every benchmark runs at -----------------------------------------------------------------
+
+HOLDER_COUNTS = (16, 128, 1024)  # on 8 GPUs
+HOST_COUNTS = (200, 10000)  # host processes in all (the holder trees and whatever else runs included)
+GPUS = 8
+
+
+@dataclass
+class Setup:
+    """One size: ``holders`` GPU holders on 8 fake GPUs, the host topped up to about ``host_target``."""
+
+    holders: int
+    host_target: int
+    forest: "HolderForest"
+    field: object  # benchmarks.fake_gpus.Field
+
+    @property
+    def hosts(self) -> int:
+        return host_process_count()
+
+    @property
+    def label(self) -> str:
+        return f"{self.holders:,} holders, {host_process_count():,} host procs"
+
+
+def setups(holder_counts=HOLDER_COUNTS, host_counts=HOST_COUNTS):
+    """Yield a Setup per (holders, host processes), building each forest once and topping up the host in
+    ascending order. The host cannot be brought below what already runs: the real count is reported."""
+    from benchmarks.fake_gpus import make_field
+
+    for n in holder_counts:
+        with HolderForest(gpus=GPUS, per_gpu=max(1, n // GPUS)) as forest:
+            field = make_field(GPUS, forest.holders())
+            for target in sorted(host_counts):
+                with top_up_host(target):
+                    yield Setup(len(forest.holders()), target, forest, field)

@@ -20,7 +20,8 @@ With no GPU, lists each backend with the reason it is unavailable and exits 0.""
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON: {at, gpu: {gpus, holders}, holders, roots, warnings, ...}")
+    p.add_argument("--json", action="store_true", help="print JSON: {at, gpu: {gpus, holders}, holders, roots, warnings, ...}; "
+                                                        "indented at a terminal, one line to a pipe or file")
     p.add_argument("--chains", action="store_true", help="table: print each holder's ancestor chain")
     p.add_argument("--sample-time", type=float, default=None, metavar="S",
                    help="where utilisation is a counter delta (AMD/Intel DRM fdinfo), sample twice, S seconds "
@@ -51,7 +52,7 @@ def run(args) -> int:
     finally:
         sampler.close()
     if args.json:
-        print_json(snap.to_dict())
+        print_json(snap.to_dict(), compact=None)  # one line to a pipe, indented at a terminal
     else:
         print(render(snap, chains=args.chains))
     return 0
