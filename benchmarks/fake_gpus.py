@@ -74,7 +74,7 @@ class Field:
     def env(self, backend: str) -> dict[str, str]:
         """A full environment for a subprocess that uses ``backend`` ('nvml' or 'simulated')."""
         env = dict(os.environ)
-        for var in ("GPUTOP_SCENARIO", "GPUTOP_BACKEND", "GPUTOP_CONFIG"):
+        for var in ("GPUTOP_SCENARIO", "GPUTOP_BACKEND", "GPUTOP_CONFIG", "PYTHONDONTWRITEBYTECODE"):
             env.pop(var, None)
         # A user with no config file: the user's own config and state stay out of the measurements.
         env["XDG_CONFIG_HOME"] = str(self.dir / "config")

@@ -159,6 +159,10 @@ class StaticCache:
             return None
         return last[1]
 
+    def knows(self, pid: int) -> bool:
+        """Whether an earlier sample read ``pid`` (if not, its command line and uid must be read)."""
+        return pid in self._last
+
     def remember(self, pid: int, stat: bytes, info: ProcInfo, key: tuple[int, int]) -> None:
         self._last[pid] = (stat, info, key)
 
@@ -187,9 +191,11 @@ def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
     base = f"{proc_root}/{pid}"
     dfd = None
     try:
-        if stat is None and static is not None:
+        if stat is None and static is not None and static.knows(pid):
             # A long-lived sampler: usually only the stat line is needed (the rest is cached), so read
             # it by path; a cache miss pins the process before reading more (see _parse_linux).
+            # (A process no sample has read yet is a certain miss: pinned at once below, so that its
+            # stat line is not read twice, which the first sample would do for every process.)
             stat = _read(f"{base}/stat")
         elif stat is None:
             dfd = _open_dir(base)

@@ -260,6 +260,18 @@ class Sampler:
         return Holder(pid, uses, info, chain, verdict, cpu, max(0.0, now - info.start_time), owner,
                       chain_owners)
 
+    def _device(self, gi: int, backend: Backend, local: int) -> DeviceSample:
+        try:
+            dev = backend.sample(local)
+        except Exception as e:  # a backend bug must degrade one device, not the program
+            dev = DeviceSample(index=local, lost=True, errors=(f"sample failed: {e}",))
+        return dataclasses.replace(dev, index=gi, backend=backend.name, backend_index=local)
+
+    def sample_devices(self) -> tuple[DeviceSample, ...]:
+        """The devices alone (no processes, no /proc): what a screen can show before the first full
+        sample, which at a thousand holders takes most of a second to read and classify."""
+        return tuple(self._device(gi, b, local) for gi, (b, local) in enumerate(self._index_map()))
+
     def sample(self) -> Snapshot:
         now = self.clock()
         warnings: list[str] = []
@@ -270,11 +282,8 @@ class Sampler:
         uses: dict[int, list[GpuUse]] = {}
         visible: dict[int, bool] = {}
         for gi, (backend, local) in enumerate(self._index_map()):
-            try:
-                dev = backend.sample(local)
-            except Exception as e:  # a backend bug must degrade one device, not the program
-                dev = DeviceSample(index=local, lost=True, errors=(f"sample failed: {e}",))
-            devices.append(dataclasses.replace(dev, index=gi, backend=backend.name, backend_index=local))
+            dev = self._device(gi, backend, local)
+            devices.append(dev)
             if dev.lost:
                 warnings.append(f"GPU {gi} ({dev.name or backend.name}) is lost or unreachable")
                 continue

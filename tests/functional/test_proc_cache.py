@@ -176,3 +176,27 @@ def test_a_scanned_stat_line_for_a_reused_pid_is_not_mixed_with_the_new_process(
     same = _read_linux(p.pid, "/proc", None, stat=real)
     assert same is not None and same.name == "newproc"
     assert _read_linux(p.pid, "/proc").cmdline == same.cmdline
+
+
+def test_a_process_seen_for_the_first_time_has_its_stat_read_once(procs, monkeypatch):
+    # The first sample (the TUI's first frame, every 'status') used to read each stat line twice: by path,
+    # then again through the pinned directory on the certain cache miss.
+    import gputop.procs as procs_mod
+
+    p = procs.sleeper("gt-once")
+    reads = []
+    real = procs_mod._read
+
+    def counting(path, dir_fd=None):
+        reads.append(path)
+        return real(path, dir_fd)
+
+    monkeypatch.setattr(procs_mod, "_read", counting)
+    cache = StaticCache(ttl=60)
+    first = read_proc(p.pid, static=cache)
+    assert first is not None and "gt-once" in " ".join(first.cmdline)
+    assert sum(1 for r in reads if r.endswith("stat")) == 1, reads
+    reads.clear()
+    again = read_proc(p.pid, static=cache)  # known now: only the stat line, by path
+    assert again is not None and again.cmdline == first.cmdline
+    assert [r for r in reads if not r.endswith("stat")] == [] and len(reads) == 1, reads

@@ -186,3 +186,47 @@ def test_kill_and_wait_gone_helper_sanity(procs):
     assert not wait_gone(p.pid, timeout=0.2)
     p.kill()
     assert wait_gone(p.pid, timeout=5)
+
+
+def test_status_json_is_compact_to_a_pipe_and_indented_at_a_terminal(procs, scenario):
+    # A pipe gets one line (the C encoder; a third of the time at 1,024 holders), a person the indented form.
+    import pty
+    import subprocess
+    import sys
+
+    worker = procs.sleeper().pid
+    path = str(scenario([{"pid": worker, "gpu": 0, "memory": "1GiB"}]))
+    piped = run_gputop("status", "--json", "--scenario", path)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.count("\n") == 1 and '"pid":' in piped.stdout
+    doc = json.loads(piped.stdout)
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "gputop", "status", "--json", "--scenario", path],
+                           stdout=slave, stderr=subprocess.PIPE, timeout=60)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the other side is closed and drained
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+    assert p.returncode == 0, p.stderr
+    shown = b"".join(chunks).decode().replace("\r\n", "\n")
+    assert '\n  "at": ' in shown
+    assert json.loads(shown)["holders"][0]["pid"] == doc["holders"][0]["pid"] == worker
+
+
+def test_sample_devices_reads_no_processes(procs, scenario, tmp_path):
+    # The TUI's first frame shows the devices before the first full sample; that pass must not read /proc.
+    worker = procs.sleeper().pid
+    s = Sampler([SimulatedBackend(scenario([{"pid": worker, "gpu": 1, "memory": "1GiB"}], gpus=2))],
+                config=Config(), proc_root=str(tmp_path / "no-proc"))
+    devs = s.sample_devices()
+    assert [d.index for d in devs] == [0, 1] and all(d.backend == "simulated" and not d.lost for d in devs)
+    assert [(d.index, d.name) for d in devs] == [(d.index, d.name) for d in s.sample().devices]
