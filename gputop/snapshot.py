@@ -188,6 +188,9 @@ class Sampler:
         self._owners = OwnerCache(proc_root, run_root, ttl=static_ttl,
                                   start_of=lambda pid: start_time(pid, proc_root)) if IS_LINUX else None
         self.host = socket.gethostname()
+        # Identities (pid, start) known to lead their thread group: NVML may report a thread id instead.
+        self._leaders: set[tuple[int, float]] = set()
+        self._leaders_seen: set[tuple[int, float]] = set()
 
     @classmethod
     def open(cls, backend: str | None = None, scenario: str | None = None,
@@ -267,6 +270,19 @@ class Sampler:
             dev = DeviceSample(index=local, lost=True, errors=(f"sample failed: {e}",))
         return dataclasses.replace(dev, index=gi, backend=backend.name, backend_index=local)
 
+    def _tgid(self, pid: int, table: ProcTable) -> int:
+        """``tgid_of(pid)``, which reads /proc/<pid>/status, read once per process rather than once per
+        refresh: a process (pid, start time) found to lead its thread group leads it until it exits."""
+        info = table.get(pid) if IS_LINUX else None
+        key = info.identity if info is not None else None
+        if key is not None and key in self._leaders:
+            self._leaders_seen.add(key)
+            return pid
+        tgid = tgid_of(pid, self.proc_root)
+        if tgid == pid and key is not None:
+            self._leaders_seen.add(key)
+        return tgid
+
     def sample_devices(self) -> tuple[DeviceSample, ...]:
         """The devices alone (no processes, no /proc): what a screen can show before the first full
         sample, which at a thousand holders takes most of a second to read and classify."""
@@ -281,6 +297,7 @@ class Sampler:
         devices: list[DeviceSample] = []
         uses: dict[int, list[GpuUse]] = {}
         visible: dict[int, bool] = {}
+        table = ProcTable(self.proc_root, static=self._static)
         for gi, (backend, local) in enumerate(self._index_map()):
             dev = self._device(gi, backend, local)
             devices.append(dev)
@@ -293,7 +310,7 @@ class Sampler:
                 warnings.append(f"GPU {gi}: process list failed: {e}")
                 procs = []
             for p in procs:
-                pid = tgid_of(p.pid, self.proc_root) if p.visible else p.pid  # NVML may report a thread id
+                pid = self._tgid(p.pid, table) if p.visible else p.pid  # NVML may report a thread id
                 uses.setdefault(pid, []).append(GpuUse(gi, p.ctx, p.used_memory, p.sm_util))
                 visible[pid] = visible.get(pid, True) and p.visible
         for b in self.backends:
@@ -302,7 +319,6 @@ class Sampler:
             except Exception:
                 pass
 
-        table = ProcTable(self.proc_root, static=self._static)
         holders: list[Holder] = []
         cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
         for pid in sorted(uses):
@@ -317,6 +333,7 @@ class Sampler:
                 continue
             holders.append(self._holder(pid, tuple(uses[pid]), info, table, now, cpu_seen))
         self._cpu_prev = cpu_seen
+        self._leaders, self._leaders_seen = self._leaders_seen, set()
         if self._static is not None:
             self._static.prune()
         if self._owners is not None:
