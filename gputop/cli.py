@@ -77,6 +77,12 @@ def _named_command(argv: list[str] | None) -> str | None:
     return None
 
 
+def _tui_only(argv: list[str] | None) -> bool:
+    """True when this command line names no subcommand and asks for no help: the TUI, which then needs
+    none of the subcommands' modules (about a tenth of its start-up on a loaded machine)."""
+    return argv is not None and not any(a in COMMANDS or a == "--" or a.startswith(("-h", "--h")) for a in argv)
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The full parser; given ``argv``, only the subcommand it names is imported (start-up time).
 
@@ -84,6 +90,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     and parses again, so a wrong guess costs time, never behaviour.
     """
     wanted = _named_command(argv)
+    tui = _tui_only(argv)
     parser = Parser(
         prog="gputop",
         description="A top-like GPU process manager. With no subcommand, starts the full-screen TUI.",
@@ -103,7 +110,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         help="the gputop command on the remote host (default: gputop, or $GPUTOP_REMOTE_CMD)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        if wanted is not None and name != wanted:
+        if (wanted is not None and name != wanted) or tui:
             sp = sub.add_parser(name, add_help=False)
             sp.add_argument("_lazy_rest", nargs=argparse.REMAINDER)
             sp.set_defaults(_lazy=name)

@@ -30,3 +30,19 @@ def test_an_option_value_named_like_a_command_still_parses_the_real_one(tmp_path
     assert args._lazy == "status"
     full = build_parser().parse_args(["--scenario", "kill", "status", "--json"])
     assert full.json and full.scenario == "kill" and full.command == "status"
+
+
+def test_the_tui_command_line_imports_no_subcommand():
+    code = ("import sys; from gputop.cli import build_parser; a = build_parser(['--interval', '2']).parse_args(['--interval', '2']); "
+            "print(a.interval, getattr(a, '_run', None), ' '.join(sorted(m for m in sys.modules if m.startswith('gputop.commands.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["2.0", "None"]
+
+
+def test_a_subcommand_after_tui_options_still_runs(tmp_path):
+    # "--interval 2 status": the guess (status) is right; an unknown word is still an error, as before.
+    args = build_parser(["--interval", "2", "status"]).parse_args(["--interval", "2", "status"])
+    assert args.command == "status" and callable(args._run)
+    r = subprocess.run([sys.executable, "-m", "gputop", "--interval", "2", "nosuchcommand"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "invalid choice" in r.stderr
