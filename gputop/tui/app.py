@@ -59,6 +59,10 @@ class LockedSampler:
         with self._lock:
             return self._s.sample()
 
+    def sample_devices(self) -> tuple:
+        with self._lock:
+            return self._s.sample_devices()
+
     def reset(self, index: int) -> str:
         with self._lock:
             return self._s.reset(index)
@@ -81,6 +85,14 @@ class SnapshotReady(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, SnapshotReady)
+
+
+class DevicesReady(Message):
+    """The devices alone, read before the first full sample (see GputopApp._sample_devices_first)."""
+
+    def __init__(self, devices: tuple):
+        super().__init__()
+        self.devices = devices
 
 
 class SampleFailed(Message):
@@ -179,6 +191,7 @@ class GputopApp(App):
         self._stop = threading.Event()
         self._sample_error: str | None = None
         self._panel_user_choice: bool | None = None
+        self._devices_only = False  # the device panes are up, the first full sample is not
 
     # ---- layout ---------------------------------------------------------------------------------
 
@@ -230,6 +243,7 @@ class GputopApp(App):
 
     @work(thread=True, exclusive=True, group="sampler", name="sampler")
     def _sample_loop(self) -> None:
+        self._sample_devices_first()
         while not self._stop.is_set():
             started = time.monotonic()
             try:
@@ -240,6 +254,25 @@ class GputopApp(App):
                 self.post_message(SampleFailed(f"{type(e).__name__}: {e}"))
             self._wake.wait(max(0.05, self.interval - (time.monotonic() - started)))
             self._wake.clear()
+
+    def _sample_devices_first(self) -> None:
+        """The device panes before the first full sample, which reads and classifies every holder (most
+        of a second at a thousand holders); the tree stays empty and the top bar says so until then."""
+        try:
+            devices = self.sampler.sample_devices()
+        except Exception:
+            return  # the full sample that follows reports the failure
+        if devices:
+            self.post_message(DevicesReady(devices))
+
+    def on_devices_ready(self, message: "DevicesReady") -> None:
+        if self.snapshot is not None:  # the full sample came first: it has the devices too
+            return
+        s = self.sampler.statuses
+        self._update_devices(Snapshot(at=time.time(), host="", devices=message.devices, holders=(), roots=(),
+                                      backends=tuple(s), warnings=(), platform=""))
+        self._devices_only = True
+        self._update_topbar()
 
     def sample_now(self) -> None:
         self._wake.set()
@@ -333,7 +366,7 @@ class GputopApp(App):
         if self.demo is not None:
             t.append(" DEMO", style="bold reverse yellow")
         if s is None:
-            t.append("  waiting for the first sample…")
+            t.append("  reading processes…" if self._devices_only else "  waiting for the first sample…")
         else:
             t.append(f" {s.host}  {len(s.devices)} GPU  {len(s.holders)} holder{'s' if len(s.holders) != 1 else ''}  ")
             if s.roots:

@@ -292,3 +292,33 @@ async def test_ctrl_c_quits_like_top(scenario):
         assert await wait_until(pilot, lambda: app.snapshot is not None)
         await pilot.press("ctrl+c")
         assert await wait_until(pilot, lambda: not app.is_running)
+
+
+@run_async
+async def test_devices_show_before_the_first_full_sample(procs, scenario):
+    # The first full sample reads and classifies every holder (most of a second at a thousand); the device
+    # panes must not wait for it, and until it lands the screen says so instead of showing an empty tree
+    # that reads like "no holders".
+    import threading
+
+    worker = procs.sleeper("slowfirst")
+    app = open_app(scenario([{"pid": worker.pid, "gpu": 0, "memory": "4GiB"}]))
+    gate = threading.Event()
+    inner = app.sampler._s
+    real = inner.sample
+
+    def slow_sample():
+        gate.wait(20)
+        return real()
+
+    inner.sample = slow_sample
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert await wait_until(pilot, lambda: "Simulated H100" in screen_text(app))
+            text = screen_text(app)
+            assert "reading processes" in text and str(worker.pid) not in text and "0 holder" not in text
+            gate.set()
+            assert await wait_until(pilot, lambda: str(worker.pid) in screen_text(app))
+            assert "reading processes" not in screen_text(app)
+    finally:
+        gate.set()
