@@ -480,6 +480,7 @@ class ProcTable:
     _children: dict[int, list[int]] | None = None
     static: StaticCache | None = None  # optional: carried across samples by a long-lived Sampler
     _scan_stat: dict[int, bytes] = field(default_factory=dict)  # stat lines read by scan_all, not parsed yet
+    _hidden: dict[int, bool] = field(default_factory=dict)  # hidden(): asked once per PID per table
 
     def get(self, pid: int) -> ProcInfo | None:
         try:
@@ -497,10 +498,17 @@ class ProcTable:
         return self.get(pid) is not None
 
     def hidden(self, pid: int) -> bool:
-        """True if ``pid`` exists but cannot be read here (hidepid, permissions): never "gone"."""
+        """True if ``pid`` exists but cannot be read here (hidepid, permissions): never "gone".
+
+        Asked once per PID per table: the holders of one orphan tree all ask about the same gone session
+        leader (a /proc read and a kill(0) each, 129 times per refresh for a tree of 128 holders)."""
         if self.get(pid) is not None or self.proc_root != "/proc":
             return False
-        return visibility(pid, self.proc_root) == HIDDEN
+        try:
+            return self._hidden[pid]
+        except KeyError:
+            answer = self._hidden[pid] = visibility(pid, self.proc_root) == HIDDEN
+            return answer
 
     def scan_all(self) -> None:
         """Read every process on the host (needed only to find children).

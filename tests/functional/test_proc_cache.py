@@ -200,3 +200,18 @@ def test_a_process_seen_for_the_first_time_has_its_stat_read_once(procs, monkeyp
     again = read_proc(p.pid, static=cache)  # known now: only the stat line, by path
     assert again is not None and again.cmdline == first.cmdline
     assert [r for r in reads if not r.endswith("stat")] == [] and len(reads) == 1, reads
+
+
+def test_a_gone_pid_is_checked_once_per_table(procs, monkeypatch):
+    # Every holder of an orphan tree asks about the same gone session leader; one check per refresh.
+    import gputop.procs as procs_mod
+
+    p = procs.sleeper("gt-gone")
+    p.kill()
+    p.wait()
+    calls = []
+    real = procs_mod.visibility
+    monkeypatch.setattr(procs_mod, "visibility", lambda pid, root="/proc": calls.append(pid) or real(pid, root))
+    table = procs_mod.ProcTable()
+    assert [table.hidden(p.pid) for _ in range(5)] == [False] * 5
+    assert calls == [p.pid]
