@@ -84,13 +84,15 @@ def main(argv=None) -> int:
         texts.append(f"## benchmark {n}: not run\n\n{line}\n")
     todo = only - set(missing)
     failed = bool(only & set(missing))
+    done: list[str] = []
     try:
-        texts.extend(_run_sizes(todo, quick, holder_counts, hosts, sizes))
+        _run_sizes(todo, quick, holder_counts, hosts, sizes, done)
     except Exception:
         failed = True
         err = traceback.format_exc()
-        print(f"benchmarks could not run:\n{err}", file=sys.stderr)
-        texts.append(f"## could not run\n\n```\n{err[-2000:]}```\n")
+        print(f"benchmarks could not finish:\n{err}", file=sys.stderr)
+        done.append(f"## could not finish (the tables above hold the sizes measured before)\n\n```\n{err[-2000:]}```\n")
+    texts.extend(done)
     if 4 in todo:
         from benchmarks import reap_latency
 
@@ -101,14 +103,30 @@ def main(argv=None) -> int:
     return 2 if failed else 0
 
 
-def _run_sizes(todo: set[int], quick: bool, holder_counts, hosts, sizes) -> list[str]:
-    """Benchmarks 1, 2, 3 and 5 at every (holders, host processes), each size set up once."""
+def _run_sizes(todo: set[int], quick: bool, holder_counts, hosts, sizes, texts: list[str]) -> None:
+    """Benchmarks 1, 2, 3 and 5 at every (holders, host processes), each size set up once; their tables
+    go to ``texts`` even when a later size fails."""
     if not todo & {1, 2, 3, 5}:
-        return []
+        return
     from benchmarks import cli_once, sample_cost, tui
     from benchmarks.common import setups
 
     samples, once, screens = [], [], []
+    try:
+        _measure_sizes(todo, quick, holder_counts, hosts, sizes, samples, once, screens)
+    finally:
+        if samples:
+            texts.append(sample_cost.report(samples, rounds=20 if quick else 60))
+        if once:
+            texts.append(cli_once.report(once, runs=5 if quick else 9))
+        if screens:
+            texts.append(tui.report(screens))
+
+
+def _measure_sizes(todo, quick, holder_counts, hosts, sizes, samples, once, screens) -> None:
+    from benchmarks import cli_once, sample_cost, tui
+    from benchmarks.common import setups
+
     for setup in setups(holder_counts, hosts):
         t0 = time.time()
         print(f"-- {setup.label} (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
@@ -119,14 +137,6 @@ def _run_sizes(todo: set[int], quick: bool, holder_counts, hosts, sizes) -> list
         if todo & {3, 5}:
             screens.extend(tui.measure(setup, sizes, *((3, 5.0, 2) if quick else (6, 10.0, 3))))
         print(f"   done in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-    texts = []
-    if samples:
-        texts.append(sample_cost.report(samples, rounds=20 if quick else 60))
-    if once:
-        texts.append(cli_once.report(once, runs=5 if quick else 9))
-    if screens:
-        texts.append(tui.report(screens))
-    return texts
 
 
 if __name__ == "__main__":

@@ -90,8 +90,8 @@ class Tmux:
 
 
 # On screen only once a device row shows data: gputop's pane names the GPU; nvitop's compact mode does not,
-# so for it the memory column ("2048MiB / 140.4GiB").
-DEVICES = {"gputop": re.compile(r"H200"), "nvitop": re.compile(r"MiB / \d")}
+# so for it the memory column ("2048MiB / 140.4GiB", "128.0GiB / 140.4GiB").
+DEVICES = {"gputop": re.compile(r"H200"), "nvitop": re.compile(r"[KMG]iB / \d")}
 
 
 def wait_for(tmux: Tmux, name: str, patterns: list[re.Pattern[str]], t0: float,
