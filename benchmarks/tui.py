@@ -131,7 +131,11 @@ def startup(tmux: Tmux, session: str, holder: re.Pattern[str], runs: int) -> dic
             win = f"{name}-start{i}"
             t0 = time.perf_counter()
             pid = tmux.launch(session, win, command)
-            dev, hold = wait_for(tmux, f"{session}:{win}", [DEVICES[name], holder], t0, optional_s=15)
+            try:
+                dev, hold = wait_for(tmux, f"{session}:{win}", [DEVICES[name], holder], t0, optional_s=15)
+            except RuntimeError as e:  # the app exited at start (seen once with nvitop under heavy load)
+                print(f"   {name} launch {i} did not come up: {str(e).splitlines()[0]}", file=sys.stderr)
+                continue
             out[name]["devices"].append(dev)
             out[name]["holders"].append(hold)
             tmux.close(f"{session}:{win}")
