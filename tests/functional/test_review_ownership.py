@@ -75,3 +75,22 @@ def test_reap_never_signals_a_tree_member_in_a_service(procs, scenario, cgroups,
     assert _alive(managed), (f"the reap signalled pid {managed} of {unit}, which status calls not-orphan:\n"
                              f"{prev.stdout}\n{out.stdout}{out.stderr}")
     assert f"left alone {managed:>7}" in prev.stdout and unit in prev.stdout, prev.stdout
+
+
+def test_the_watchdog_leaves_a_service_member_alive(procs, scenario, cgroups, run_root, cfg, tmp_path):
+    script = tmp_path / "tree.sh"
+    script.write_text("sleep 741 &\nsleep 742 &\nwait\n")
+    procs.spawn(["setsid", "sh", "-c", f"bash {script} & exit 0"]).wait(10)
+    worker = procs.wait_for("sleep 741")
+    managed = procs.wait_for("sleep 742")
+    root = psutil.Process(worker).ppid()
+    procs.pids.append(root)
+    unit = f"{cgroups.tag}-agent.service"
+    cgroups.move(cgroups.systemd, f"{cgroups.tag}/system.slice/{unit}", managed)
+    scen = scenario([{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    out = run_gputop("reap", "--watch", "--apply", "--grace", "0", "--interval", "0.2", "--count", "2",
+                     "--scenario", str(scen))
+    assert out.returncode == 0, out.stderr
+    assert wait_gone(worker) and wait_gone(root), out.stdout
+    time.sleep(0.3)
+    assert _alive(managed), f"the watchdog reaped pid {managed} of {unit}: {out.stdout}"
