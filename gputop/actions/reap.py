@@ -7,7 +7,6 @@ plans again, and hands the plan to the executor (gputop.actions.executor), which
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from gputop.actions.common import (
@@ -18,8 +17,7 @@ from gputop.actions.plan import ReapPlan, Rules, plan_reap
 from gputop.config import Config, load_config
 from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
 from gputop.orphans import UNKNOWN, classify, compile_protect
-from gputop.ownership import NONE, OwnerCache
-from gputop.procs import IS_LINUX, ProcTable, read_proc, self_and_ancestors, start_time
+from gputop.procs import ProcTable, read_proc, self_and_ancestors
 
 _REFUSAL_CODES = {"not-found": ("not-found", EXIT_NOT_FOUND), "identity-changed": ("identity-changed", EXIT_REFUSED)}
 
@@ -29,32 +27,16 @@ def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[
     GPU holder the snapshot could not tie to a visible process keeps its unknown verdict."""
     protect, cmdline = compile_protect(config.protect), compile_protect(config.protect_cmdline)
     unknown = {h.pid: h.verdict for h in snapshot.holders if h.proc is None or h.verdict.kind == UNKNOWN}
-    owner_of = _owner_reader(table)  # the cgroup owner rules, as `status` applies them (a unit's process is no orphan)
 
     def verdict(pid: int):
         if pid in unknown:
             return unknown[pid]
         return classify(pid, table, platform=platform, protect=protect, nohup_protects=config.nohup_protects,
-                        max_chain=config.max_chain, protect_cmdline=cmdline, owner_of=owner_of)
-
-    def owner(pid: int) -> str | None:
-        info = table.get(pid) if owner_of is not None else None
-        o = owner_of(info) if info is not None else None
-        return o.label if o is not None and o.kind != NONE else None
+                        max_chain=config.max_chain, protect_cmdline=cmdline)
 
     hidden = getattr(table, "hidden", None) or (lambda pid: False)
     return Rules(verdict, frozenset(self_and_ancestors()) if never is None else never,
-                 frozenset(h.pid for h in snapshot.holders), hidden, owner)
-
-
-def _owner_reader(table):
-    """``ProcInfo -> Owner`` from the process's cgroup (checked against its start time); None off Linux."""
-    if not IS_LINUX:
-        return None
-    proc_root = getattr(table, "proc_root", "/proc")
-    cache = OwnerCache(proc_root, os.environ.get("GPUTOP_RUN_ROOT") or "/run", ttl=0,
-                       start_of=lambda pid: start_time(pid, proc_root))
-    return cache.of
+                 frozenset(h.pid for h in snapshot.holders), hidden)
 
 
 def orphan_trees(snapshot, table: ProcTable | None = None, config: Config | None = None) -> list[OrphanTree]:
