@@ -232,3 +232,55 @@ def _classify_windows(
     if hit:
         return Verdict(PROTECTED, hit, root=root.pid, orphan_reason=reason)
     return Verdict(ORPHAN, reason, root=root.pid, orphan_reason=reason)
+
+
+# ---- the Slurm job rule -------------------------------------------------------------------------
+
+def slurm_job_rule(
+    verdict: Verdict,
+    chain: Sequence[ProcInfo],
+    job,
+    state,
+    in_job,
+    protect: re.Pattern[str] | None = None,
+    nohup_protects: bool = True,
+) -> Verdict:
+    """The verdict for a holder that belongs to Slurm job ``job`` (a gputop.slurm.JobRef) whose state is
+    ``state`` (a gputop.slurm.JobState), given the session rule's ``verdict`` and the walked ``chain``
+    (holder first, up to but not including PID 1). ``in_job(member)`` says whether an ancestor belongs to
+    the same job. Pure but for what ``in_job`` reads.
+
+    - Job ended (a terminal state, COMPLETING, or forgotten by slurmctld): an orphan, whatever its session
+      looks like. Its tree root is the topmost ancestor of the same job and user. Protect patterns still
+      apply; the nohup mark does not (ignoring SIGHUP is how a job's process outlives it: it detaches
+      from a login session, and a job has none).
+    - Job alive (RUNNING, SUSPENDED, PENDING, ...): not an orphan, even if its session leader is gone.
+      Protect patterns and the nohup mark apply as for any live process.
+    - State unknown (no scontrol, a timeout): the session rule stands, except that its "orphan" becomes
+      "unknown": gputop cannot tell whether the job still runs, and unknown is never killed.
+    """
+    if not chain or chain[0].pid == 1 or chain[0].kthread:
+        return verdict  # the chain could not be walked (unknown stays unknown), or init / a kernel thread
+    holder = chain[0]
+    ended = state.ended
+    if ended is None:
+        if verdict.kind != ORPHAN:
+            return verdict
+        return Verdict(UNKNOWN, f"{state.describe()}: the session rule says orphan ({verdict.reason}), "
+                                "but whether its job still runs cannot be told", root=verdict.root,
+                       reaper=verdict.reaper, orphan_reason=verdict.reason)
+    if not ended:
+        hit = _protect_hit([m for m in chain if m.pid != 1], protect, nohup_protects)
+        if hit:
+            return Verdict(PROTECTED, hit)
+        return Verdict(NOT_ORPHAN, f"{state.describe()}: a process of a live job is not an orphan")
+    top_i = 0
+    for i, member in enumerate(chain[1:], 1):
+        if member.kthread or member.uid != holder.uid or not in_job(member):
+            break
+        top_i = i
+    root = chain[top_i]
+    reason = f"{state.describe()}; tree root pid {root.pid} ({root.name})"
+    hit = _protect_hit(chain[: top_i + 1], protect, False)
+    kind = PROTECTED if hit else ORPHAN
+    return Verdict(kind, hit or reason, root=root.pid, reaper=root.ppid, orphan_reason=reason)

@@ -22,8 +22,9 @@ from gputop.backends import probe
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
 from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
-from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
+from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect, slurm_job_rule
 from gputop.procs import ProcInfo, ProcTable, StaticCache
+from gputop.slurm import JobRef, JobState, JobStates, process_job
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
 
@@ -49,6 +50,8 @@ class Holder:
     verdict: Verdict
     cpu_percent: float | None = None
     runtime: float | None = None  # seconds
+    job: JobRef | None = None  # the Slurm job it belongs to (cgroup path or environ)
+    job_state: JobState | None = None  # what slurmctld says about that job
 
     @property
     def visible(self) -> bool:
@@ -170,6 +173,29 @@ class Sampler:
         # so that a refresh reads one /proc file per known process instead of three.
         self._static = StaticCache(static_ttl) if static_ttl > 0 else None
         self.host = socket.gethostname()
+        self.job_states = JobStates(ttl=max(0.5, self.config.interval * 0.9))
+        self._job_refs: dict[tuple[int, float], JobRef | None] = {}
+
+    def _job_of(self, info: ProcInfo) -> JobRef | None:
+        """The Slurm job of a process, read once per identity (a process's job never changes)."""
+        key = info.identity
+        try:
+            return self._job_refs[key]
+        except KeyError:
+            ref = self._job_refs[key] = process_job(info.pid, self.proc_root)
+            return ref
+
+    def _holder_jobs(self, table: ProcTable, pids) -> tuple[dict[int, JobRef], dict[int, JobState]]:
+        """The job of each visible holder, and the state of each of those jobs (one scontrol per job)."""
+        jobs: dict[int, JobRef] = {}
+        for pid in pids:
+            info = table.get(pid)
+            if info is not None and not info.zombie:
+                ref = self._job_of(info)
+                if ref is not None:
+                    jobs[pid] = ref
+        states = self.job_states.get_many({j.job_id for j in jobs.values()}) if jobs else {}
+        return jobs, states
 
     @classmethod
     def open(cls, backend: str | None = None, scenario: str | None = None,
@@ -239,6 +265,7 @@ class Sampler:
         table = ProcTable(self.proc_root, static=self._static)
         holders: list[Holder] = []
         cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
+        jobs, job_states = self._holder_jobs(table, [p for p in uses if visible[p]])
         for pid in sorted(uses):
             info = table.get(pid) if visible[pid] else None
             if info is not None and info.zombie:
@@ -253,6 +280,12 @@ class Sampler:
             verdict = classify(pid, table, platform=self.platform, protect=self._protect,
                                nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
                                walked=walked)
+            job = jobs.get(pid)
+            if job is not None:
+                jid = job.job_id
+                verdict = slurm_job_rule(verdict, walked, job, job_states[jid],
+                                         lambda m, jid=jid: (self._job_of(m) or JobRef(-1)).job_id == jid,
+                                         self._protect, self.config.nohup_protects)
             if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
                 init = table.get(1) if walked[-1].ppid == 1 else None
                 chain = tuple(walked[1:]) + ((init,) if init is not None else ())
@@ -268,8 +301,11 @@ class Sampler:
                     cpu = info.cpu_time / max(now - info.start_time, 1e-3) * 100.0
                 cpu_seen[key] = (info.cpu_time, now)
             holders.append(Holder(pid, tuple(uses[pid]), info, chain, verdict, cpu,
-                                  max(0.0, now - info.start_time)))
+                                  max(0.0, now - info.start_time), job,
+                                  job_states.get(job.job_id) if job is not None else None))
         self._cpu_prev = cpu_seen
+        live = {h.proc.identity for h in holders if h.proc is not None}
+        self._job_refs = {k: v for k, v in self._job_refs.items() if k in live}
         if self._static is not None:
             self._static.prune()
         return Snapshot(
@@ -363,8 +399,18 @@ def holder_to_dict(h: Holder) -> dict:
         "rss": h.rss, "runtime": round(h.runtime, 1) if h.runtime is not None else None,
         "uses": [dataclasses.asdict(u) for u in h.uses],
         "verdict": verdict_to_dict(h.verdict),
+        "slurm": slurm_to_dict(h),
         "chain": [proc_to_dict(c) for c in h.chain],
     }
+
+
+def slurm_to_dict(h: Holder) -> dict | None:
+    """The holder's Slurm job: id, step, uid, where it was read, and slurmctld's state; None: no job."""
+    if h.job is None:
+        return None
+    st = h.job_state
+    return {**h.job.to_dict(), "state": st.state if st else None, "ended": st.ended if st else None,
+            "state_detail": st.detail if st else None}
 
 
 def snapshot_to_dict(s: Snapshot) -> dict:
