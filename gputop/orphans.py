@@ -4,15 +4,19 @@ POSIX (Linux, macOS): a process is an orphan when its session leader is gone (or
 it is not itself a session leader, and its chain was reparented to PID 1 or a subreaper.
 Windows: an ancestor's parent PID is missing, or that parent started after the child (PID reuse).
 A cycle or an over-long chain is "unknown", and unknown is never killed.
+With ``owner_of`` (the holder's cgroup owner, see gputop.ownership), ownership rules refine the POSIX
+verdict: see apply_owner.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
+from gputop.ownership import ENDED_STATES, LIVE_STATES, SERVICE, SESSION, Owner
 from gputop.procs import ProcInfo
 
 ORPHAN = "orphan"
@@ -86,14 +90,65 @@ def classify(
     nohup_protects: bool = True,
     max_chain: int = DEFAULT_MAX_CHAIN,
     walked: list[ProcInfo] | None = None,
+    owner_of: Callable[[ProcInfo], Owner | None] | None = None,
 ) -> Verdict:
-    """The verdict for GPU holder ``pid``. Pure: reads only ``table``.
+    """The verdict for GPU holder ``pid``. Pure: reads only ``table`` (and ``owner_of``).
 
     ``walked``, when given, receives the chain the POSIX rule walked (the holder, then its ancestors up to
-    but not including PID 1), so that a caller needs not walk it again."""
+    but not including PID 1), so that a caller needs not walk it again. ``owner_of``, when given, says
+    who owns the holder (its cgroup); the ownership rules (apply_owner) then refine the verdict."""
     if platform == "windows":
         return _classify_windows(pid, table, protect, max_chain)
-    return _classify_posix(pid, table, protect, nohup_protects, max_chain, walked)
+    verdict = _classify_posix(pid, table, protect, nohup_protects, max_chain, walked)
+    if owner_of is not None:
+        holder = table.get(pid)
+        verdict = apply_owner(verdict, owner_of(holder) if holder is not None else None)
+    return verdict
+
+
+def apply_owner(verdict: Verdict, owner: Owner | None) -> Verdict:
+    """The ownership rules, in order, over the session test's verdict. They only ever take an orphan
+    verdict away or add evidence to it; unknown stays unknown, and protection still applies.
+
+    1. (issue 16 adds the Slurm job rule here, first: a job that ended makes an orphan, a running job
+       not. It must come before the service rule: on cgroup v1, proctrack/linuxproc leaves a job's
+       processes in slurmd.service.)
+    2. A process in a systemd service (system or user@UID.service) is managed by systemd: never an
+       orphan. A double-forked daemon started by a unit looks like a dead-session orphan from /proc alone.
+       Login spawners (sshd, cron, getty, slurmd) are left to the session test: without pam_systemd their
+       users' sessions live in their cgroup, and they do not stop them.
+    3. A login session that logind says is active or online: its user is logged in, not an orphan.
+       Closing, or gone from /run/systemd/sessions: evidence for orphan, stated in the reason. It never
+       makes an orphan by itself: a setsid or tmux session that outlives the login was made on purpose.
+    Containers and pods are recorded only."""
+    if owner is None or verdict.kind == UNKNOWN:
+        return verdict
+    if owner.kind == SERVICE and not owner.login_service:
+        by = f" (the user manager of uid {owner.uid}, {owner.manager})" if owner.manager else ""
+        return _owner_not_orphan(verdict, f"managed by systemd unit {owner.unit}{by}")
+    if owner.kind == SESSION and owner.session_state in LIVE_STATES:
+        return _owner_not_orphan(verdict, f"logind session {owner.session} is {owner.session_state} "
+                                          "(its user is logged in)")
+    if owner.kind == SESSION and owner.session_state in ENDED_STATES and verdict.kind in (ORPHAN, PROTECTED):
+        said = ("is closing (its user logged out)" if owner.session_state == "closing"
+                else "is gone (logind no longer knows it)")
+        ended = f"logind session {owner.session} {said}"
+        if verdict.kind == ORPHAN:
+            return dataclasses.replace(verdict, reason=f"{ended}; {verdict.reason}",
+                                       orphan_reason=f"{ended}; {verdict.orphan_reason}")
+        if verdict.orphan_reason:
+            return dataclasses.replace(verdict, orphan_reason=f"{ended}; {verdict.orphan_reason}")
+    return verdict
+
+
+def _owner_not_orphan(verdict: Verdict, why: str) -> Verdict:
+    if verdict.kind == ORPHAN:  # keep what the session test said: reap lists it as "would be an orphan"
+        return Verdict(NOT_ORPHAN, f"{why}; the session test alone said: {verdict.reason}",
+                       orphan_reason=verdict.orphan_reason)
+    if verdict.kind == NOT_ORPHAN:
+        return dataclasses.replace(verdict, reason=f"{why}; {verdict.reason}")
+    # Protected: still protected, but no longer an orphan that protection saved.
+    return dataclasses.replace(verdict, root=None, reaper=None, orphan_reason=None)
 
 
 def _walk(pid: int, table: Table, max_chain: int) -> tuple[list[ProcInfo], str | None]:
