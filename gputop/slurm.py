@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from gputop.procs import _read
 
 # Terminal states, and COMPLETING: the job's processes have ended (its epilog runs), so whatever of it is
 # still alive on the node is a stray. Every other state (RUNNING, SUSPENDED, PENDING, CONFIGURING, ...)
@@ -30,7 +29,6 @@ ENDED_STATES = frozenset({
 })
 FORGOTTEN = "FORGOTTEN"  # "Invalid job id": slurmctld no longer remembers the job (MinJobAge passed)
 DEFAULT_TIMEOUT = 2.0
-_ENVIRON_MAX = 1 << 20  # a process's environment is at most a few hundred KiB; read no more than this
 
 
 @dataclass(frozen=True)
@@ -78,79 +76,25 @@ class JobState:
 
 # ---- attribution ---------------------------------------------------------------------------------
 
-def parse_environ(raw: bytes) -> dict[str, str]:
-    """The SLURM_* variables of a /proc/PID/environ blob (NUL-separated ``KEY=value``)."""
-    out: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        if item.startswith(b"SLURM_"):
-            k, _, v = item.partition(b"=")
-            out[k.decode("ascii", "replace")] = v.decode("utf-8", "replace")
-    return out
-
-
-def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None and v.strip().isdigit() else None
-    except ValueError:
-        return None
-
-
-def job_from_environ(env: dict[str, str]) -> JobRef | None:
-    job = _int(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
-    if job is None:
-        return None
-    step = env.get("SLURM_STEP_ID") or None
-    return JobRef(job, step, _int(env.get("SLURM_JOB_UID")), "environ")
-
-
-def environ_job(pid: int, proc_root: str = "/proc") -> JobRef | None:
-    """The job named in /proc/PID/environ; None when it names none or cannot be read (another user's
-    process needs root)."""
-    raw = _read(f"{proc_root}/{pid}/environ")
-    if not raw:
-        return None
-    return job_from_environ(parse_environ(raw[:_ENVIRON_MAX]))
-
-
-_CGROUP_JOB = re.compile(r"/(?:uid_(\d+)/)?job_(\d+)(?:/step_([A-Za-z0-9_]+))?")
-
-
-def cgroup_job(text: str) -> JobRef | None:
-    """The job in /proc/PID/cgroup text (v1 ``/slurm*/uid_U/job_N/step_S``, v2 ``.../job_N/step_S``).
-
-    Used only where gputop.ownership has not parsed the cgroup already."""
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        if "slurm" not in path:
-            continue
-        m = _CGROUP_JOB.search(path)
-        if m:
-            uid, job, step = m.group(1), m.group(2), m.group(3)
-            return JobRef(int(job), step, int(uid) if uid else None, "cgroup")
-    return None
-
-
 def process_job(pid: int, proc_root: str = "/proc", owner=None) -> JobRef | None:
-    """The job of one process: the cgroup first (it cannot be changed by the job), then the environment."""
-    ref = _owner_job(owner) if owner is not None else None
-    if ref is None and owner is None:
-        raw = _read(f"{proc_root}/{pid}/cgroup")
-        ref = cgroup_job(raw.decode("utf-8", "replace")) if raw else None
-    if ref is not None:
-        if ref.uid is None:  # the v2 path has no uid: take it from the environment when it agrees
-            env = environ_job(pid, proc_root)
-            if env is not None and env.job_id == ref.job_id and env.uid is not None:
-                ref = JobRef(ref.job_id, ref.step, env.uid, ref.source)
-        return ref
-    return environ_job(pid, proc_root)
+    """The job of one process: its cgroup first (gputop.ownership; a job cannot move itself out of the
+    job's path under proctrack/cgroup without leaving the job), then SLURM_JOB_ID in its environment
+    (readable by root and by the process's own user). ``owner``: the Owner already read, if any."""
+    from gputop.ownership import SLURM, read_owner, slurm_job_from_environ
 
-
-def _owner_job(owner) -> JobRef | None:
-    """A JobRef from a gputop.ownership Owner (its Slurm fields), when it names a job."""
-    job = getattr(owner, "slurm_job", None)
-    if job is None:
-        return None
-    return JobRef(int(job), getattr(owner, "slurm_step", None), getattr(owner, "slurm_uid", None), "cgroup")
+    if owner is None:
+        owner = read_owner(pid, proc_root)
+    if owner is not None and owner.kind == SLURM and owner.job is not None:
+        uid = owner.uid
+        if uid is None:  # the v2 path has no uid: take it from the environment when that names the same job
+            env = slurm_job_from_environ(pid, proc_root)
+            if env is not None and env.job == owner.job:
+                uid = env.uid
+        return JobRef(owner.job, owner.step, uid, "cgroup")
+    env = slurm_job_from_environ(pid, proc_root)
+    if env is not None:
+        return JobRef(env.job, env.step, env.uid, "environ")
+    return None
 
 
 # ---- job state -----------------------------------------------------------------------------------
@@ -295,3 +239,52 @@ def job_gpus(env: dict[str, str], job_id: int | None, states: JobStates | None =
     if gpus is None:
         return None, f"job {job_id} has no GPU GRES (scontrol show job -d)"
     return gpus, "scontrol show job -d (GRES IDX)"
+
+
+# ---- a job's processes (epilog) ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobProcess:
+    proc: "ProcInfo"
+    job: JobRef
+
+
+def job_processes(job_id: int, job_uid: int, table, exclude: Iterable[int] = ()) -> list[JobProcess]:
+    """Every live process of job ``job_id`` (by cgroup or environ) that runs as ``job_uid``.
+
+    A process of another user is never one of them, whatever its environment claims (a process writes its
+    own environment), and neither is PID 1, a kernel thread or anything in ``exclude`` (gputop and its
+    ancestors: slurmd, which runs the epilog)."""
+    from gputop.procs import _linux_pids
+
+    skip = set(exclude) | {1}
+    out = []
+    for pid in sorted(_linux_pids(table.proc_root)):
+        if pid in skip:
+            continue
+        info = table.get(pid)
+        if info is None or info.zombie or info.kthread or info.uid != job_uid:
+            continue
+        ref = process_job(pid, table.proc_root)
+        if ref is None or ref.job_id != job_id or (ref.uid is not None and ref.uid != job_uid):
+            continue
+        out.append(JobProcess(info, ref))
+    return out
+
+
+def tree_roots(members: list[JobProcess], first: Iterable[int] = ()) -> list[int]:
+    """The topmost members: those whose parent is not a member. Roots above a PID in ``first`` (GPU
+    holders) come first, then the rest, each group in PID order."""
+    pids = {m.proc.pid for m in members}
+    parent = {m.proc.pid: m.proc.ppid for m in members}
+
+    def top(pid: int) -> int:
+        seen = {pid}
+        while parent.get(pid) in pids and parent[pid] not in seen:
+            pid = parent[pid]
+            seen.add(pid)
+        return pid
+
+    roots = sorted({top(p) for p in pids})
+    lead = sorted({top(p) for p in first if p in pids})
+    return lead + [r for r in roots if r not in lead]

@@ -13,4 +13,5 @@ COMMANDS: list[str] = [
     "mcp",
     "guard",
     "audit",
+    "slurm",
 ]
