@@ -24,6 +24,7 @@ environment:
   GPUTOP_AUDIT_LOG  audit log file (default: <state dir>/audit.jsonl, or the config key audit_log)
   GPUTOP_PROC_ROOT  read processes and DRM fdinfo from this /proc (testing; default /proc)
   GPUTOP_SYS_ROOT   read DRM devices from this /sys (testing; default /sys)
+  GPUTOP_RUN_ROOT   read logind's sessions (systemd/sessions/N) from this /run (testing; default /run)
   GPUTOP_REMOTE_CMD the gputop command on --remote/--hosts hosts (same as --remote-gputop)
   GPUTOP_SSH        the local ssh command (default: ssh)
 """

@@ -91,15 +91,29 @@ def classify(
     max_chain: int = DEFAULT_MAX_CHAIN,
     walked: list[ProcInfo] | None = None,
     owner_of: Callable[[ProcInfo], Owner | None] | None = None,
+    job_of: Callable[[ProcInfo], object] | None = None,
+    job_state: Callable[[int], object] | None = None,
 ) -> Verdict:
     """The verdict for GPU holder ``pid``. Pure: reads only ``table`` (and ``owner_of``).
 
     ``walked``, when given, receives the chain the POSIX rule walked (the holder, then its ancestors up to
     but not including PID 1), so that a caller needs not walk it again. ``owner_of``, when given, says
-    who owns the holder (its cgroup); the ownership rules (apply_owner) then refine the verdict."""
+    who owns the holder (its cgroup); the ownership rules (apply_owner) then refine the verdict.
+    ``job_of`` (a process's Slurm JobRef, or None) and ``job_state`` (job id -> JobState), when given, add
+    the Slurm job rule (slurm_job_rule) first: a holder whose job's state is known is judged by it alone."""
     if platform == "windows":
         return _classify_windows(pid, table, protect, max_chain)
-    verdict = _classify_posix(pid, table, protect, nohup_protects, max_chain, walked)
+    chain: list[ProcInfo] = walked if walked is not None else []
+    verdict = _classify_posix(pid, table, protect, nohup_protects, max_chain, chain)
+    job = job_of(chain[0]) if job_of is not None and job_state is not None and chain else None
+    if job is not None:
+        state = job_state(job.job_id)  # type: ignore[attr-defined]
+        if state is not None:
+            jid = job.job_id  # type: ignore[attr-defined]
+            verdict = slurm_job_rule(verdict, chain, job, state,
+                                     lambda m: getattr(job_of(m), "job_id", None) == jid, protect, nohup_protects)
+            if state.ended is not None:
+                return verdict  # the job rule decided: a job's process is judged by its job, not its session
     if owner_of is not None:
         holder = table.get(pid)
         verdict = apply_owner(verdict, owner_of(holder) if holder is not None else None)

@@ -402,18 +402,20 @@ class OwnerCache:
         self.clock = clock or time.monotonic
         self._entries: dict[tuple[int, float], tuple[float, Owner | None]] = {}
         self._used: set[tuple[int, float]] = set()
+        self._fresh: set[tuple[int, float]] = set()  # read since the last prune (one sample)
 
     def get(self, pid: int, start: float) -> Owner | None:
         key = (pid, start)
         self._used.add(key)
         now = self.clock()
         e = self._entries.get(key)
-        if e is not None and (self.ttl > 0 and now - e[0] < self.ttl):
+        if e is not None and (key in self._fresh or now - e[0] < self.ttl):
             return e[1]
         owner = read_owner(pid, self.proc_root, self.run_root)
         if owner is not None and self.start_of is not None and self.start_of(pid) != start:
             owner = None  # the PID now names another process (or none): its cgroup is not this one's
         self._entries[key] = (now, owner)
+        self._fresh.add(key)
         return owner
 
     def of(self, proc) -> Owner | None:
@@ -424,3 +426,4 @@ class OwnerCache:
         used = self._used | set(keep)
         self._entries = {k: v for k, v in self._entries.items() if k in used}
         self._used = set()
+        self._fresh = set()

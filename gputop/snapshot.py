@@ -1,6 +1,6 @@
 """The sampler and the Snapshot it produces: an immutable value that every face reads.
 
-backends -> Sampler.sample() -> Snapshot (devices, holders with ancestry and verdicts, orphan roots).
+backends -> Sampler.sample() -> Snapshot (devices, holders with ancestry, owners and verdicts, orphan roots).
 Device indexes are global: backends are numbered in probe order (NVIDIA first, then AMD, then Intel).
 """
 
@@ -22,8 +22,9 @@ from gputop.backends import probe
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
 from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
-from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect, slurm_job_rule
-from gputop.procs import ProcInfo, ProcTable, StaticCache
+from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
+from gputop.ownership import Owner, OwnerCache
+from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, start_time
 from gputop.slurm import JobRef, JobState, JobStates, process_job
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
@@ -50,6 +51,8 @@ class Holder:
     verdict: Verdict
     cpu_percent: float | None = None
     runtime: float | None = None  # seconds
+    owner: Owner | None = None  # who owns it, from its cgroup (None: not read, or not readable)
+    chain_owners: tuple[Owner | None, ...] = ()  # the owner of each chain member, in chain order
     job: JobRef | None = None  # the Slurm job it belongs to (cgroup path or environ)
     job_state: JobState | None = None  # what slurmctld says about that job
 
@@ -143,6 +146,16 @@ class Snapshot:
     def holders_on(self, index: int) -> list[Holder]:
         return [h for h in self.holders if index in h.gpus]
 
+    def owner(self, pid: int) -> Owner | None:
+        """The owner of a holder or of a member of a holder's chain (an orphan root), if it was read."""
+        for h in self.holders:
+            if h.pid == pid:
+                return h.owner
+            for c, o in zip(h.chain, h.chain_owners):
+                if c.pid == pid:
+                    return o
+        return None
+
     def to_dict(self) -> dict:
         return snapshot_to_dict(self)
 
@@ -157,6 +170,7 @@ class Sampler:
         config: Config | None = None,
         *,
         proc_root: str = "/proc",
+        run_root: str = "/run",
         clock: Callable[[], float] = time.time,
         platform: str = PLATFORM,
         static_ttl: float = 5.0,
@@ -172,6 +186,9 @@ class Sampler:
         # Command lines and uids of known processes, re-read every static_ttl seconds (0: every sample),
         # so that a refresh reads one /proc file per known process instead of three.
         self._static = StaticCache(static_ttl) if static_ttl > 0 else None
+        # Owners (cgroups) of holders and their chains, by identity, re-read as often as command lines.
+        self._owners = OwnerCache(proc_root, run_root, ttl=static_ttl,
+                                  start_of=lambda pid: start_time(pid, proc_root)) if IS_LINUX else None
         self.host = socket.gethostname()
         self.job_states = JobStates(ttl=max(0.5, self.config.interval * 0.9))
         self._job_refs: dict[tuple[int, float], JobRef | None] = {}
@@ -182,7 +199,8 @@ class Sampler:
         try:
             return self._job_refs[key]
         except KeyError:
-            ref = self._job_refs[key] = process_job(info.pid, self.proc_root)
+            owner = self._owners.of(info) if self._owners is not None else None
+            ref = self._job_refs[key] = process_job(info.pid, self.proc_root, owner)
             return ref
 
     def _holder_jobs(self, table: ProcTable, pids) -> tuple[dict[int, JobRef], dict[int, JobState]]:
@@ -203,6 +221,8 @@ class Sampler:
         result = probe(backend, scenario)
         # $GPUTOP_PROC_ROOT: read host processes from a fixture /proc (tests; see README "AMD and Intel").
         kw.setdefault("proc_root", os.environ.get("GPUTOP_PROC_ROOT") or "/proc")
+        # $GPUTOP_RUN_ROOT: read logind's sessions from a fixture /run (tests; see docs/orphans.md).
+        kw.setdefault("run_root", os.environ.get("GPUTOP_RUN_ROOT") or "/run")
         return cls(result.backends, result.statuses, config, **kw)
 
     def _index_map(self) -> list[tuple[Backend, int]]:
@@ -277,15 +297,13 @@ class Sampler:
                 warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
                 continue
             walked: list = []
+            owner_of = self._owners.of if self._owners is not None else None
+            job_of = self._job_of if jobs else None
             verdict = classify(pid, table, platform=self.platform, protect=self._protect,
                                nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
-                               walked=walked)
+                               walked=walked, owner_of=owner_of, job_of=job_of,
+                               job_state=job_states.get)
             job = jobs.get(pid)
-            if job is not None:
-                jid = job.job_id
-                verdict = slurm_job_rule(verdict, walked, job, job_states[jid],
-                                         lambda m, jid=jid: (self._job_of(m) or JobRef(-1)).job_id == jid,
-                                         self._protect, self.config.nohup_protects)
             if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
                 init = table.get(1) if walked[-1].ppid == 1 else None
                 chain = tuple(walked[1:]) + ((init,) if init is not None else ())
@@ -300,14 +318,19 @@ class Sampler:
                 elif now > info.start_time:  # first sight: lifetime average, as ps shows
                     cpu = info.cpu_time / max(now - info.start_time, 1e-3) * 100.0
                 cpu_seen[key] = (info.cpu_time, now)
+            owner, chain_owners = None, ()
+            if owner_of is not None:
+                owner, chain_owners = owner_of(info), tuple(owner_of(c) for c in chain)
             holders.append(Holder(pid, tuple(uses[pid]), info, chain, verdict, cpu,
-                                  max(0.0, now - info.start_time), job,
+                                  max(0.0, now - info.start_time), owner, chain_owners, job,
                                   job_states.get(job.job_id) if job is not None else None))
         self._cpu_prev = cpu_seen
         live = {h.proc.identity for h in holders if h.proc is not None}
         self._job_refs = {k: v for k, v in self._job_refs.items() if k in live}
         if self._static is not None:
             self._static.prune()
+        if self._owners is not None:
+            self._owners.prune()
         return Snapshot(
             at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
@@ -388,8 +411,13 @@ def verdict_to_dict(v: Verdict) -> dict:
             "orphan_reason": v.orphan_reason}
 
 
+def owner_to_dict(o: Owner | None) -> dict | None:
+    return o.to_dict() if o is not None else None
+
+
 def holder_to_dict(h: Holder) -> dict:
     p = h.proc
+    owners = h.chain_owners or (None,) * len(h.chain)
     return {
         "pid": h.pid, "visible": h.visible, "start_time": h.start_time,
         "user": h.user, "name": h.name if p else None, "cmdline": list(p.cmdline) if p else None,
@@ -399,8 +427,9 @@ def holder_to_dict(h: Holder) -> dict:
         "rss": h.rss, "runtime": round(h.runtime, 1) if h.runtime is not None else None,
         "uses": [dataclasses.asdict(u) for u in h.uses],
         "verdict": verdict_to_dict(h.verdict),
+        "owner": owner_to_dict(h.owner),
         "slurm": slurm_to_dict(h),
-        "chain": [proc_to_dict(c) for c in h.chain],
+        "chain": [{**proc_to_dict(c), "owner": owner_to_dict(o)} for c, o in zip(h.chain, owners)],
     }
 
 
@@ -428,7 +457,8 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "holders": [holder_to_dict(h) for h in s.holders],
         "roots": [
             {**proc_to_dict(r.proc), "holders": list(r.holders), "gpus": list(r.gpus),
-             "gpu_memory": r.gpu_memory, "reason": r.reason, "reaper": r.reaper}
+             "gpu_memory": r.gpu_memory, "reason": r.reason, "reaper": r.reaper,
+             "owner": owner_to_dict(s.owner(r.pid))}
             for r in s.roots
         ],
         "warnings": list(s.warnings),

@@ -7,12 +7,14 @@ import time
 from gputop.backends import no_gpu_message
 from gputop.commands._common import open_sampler, print_json, table
 from gputop.errors import UsageError
+from gputop.ownership import NONE, Owner
 from gputop.snapshot import Snapshot
 from gputop.units import fmt_bytes, fmt_duration, fmt_opt
 
 NAME = "status"
 HELP = "show GPUs and the processes holding them (table, or --json)"
-DESCRIPTION = """Show every GPU and every GPU-holding process with its ancestor chain and orphan verdict.
+DESCRIPTION = """Show every GPU and every GPU-holding process with its ancestor chain, owner (systemd unit, login
+session, container, pod or Slurm job, from its cgroup) and orphan verdict.
 With no GPU, lists each backend with the reason it is unavailable and exits 0."""
 
 
@@ -54,6 +56,15 @@ def run(args) -> int:
     return 0
 
 
+OWNER_WIDTH = 28
+
+
+def owner_cell(owner: Owner | None) -> str:
+    """The OWNER cell: a short label ('?' when the cgroup could not be read), cut to OWNER_WIDTH."""
+    text = owner.label if owner is not None else "?"
+    return text if len(text) <= OWNER_WIDTH else text[: OWNER_WIDTH - 1] + "~"
+
+
 def _pct(v) -> str:
     return fmt_opt(v, "{:.0f}%")
 
@@ -86,20 +97,25 @@ def render(snap: Snapshot, chains: bool = False) -> str:
                          right={0, 2, 4, 6}))
     if snap.holders:
         out.append("")
+        owners = any(h.owner is not None for h in snap.holders)  # not read off Linux: no column
         rows = []
         for h in snap.holders:
             rows.append([
                 str(h.pid), h.user or "?", job_cell(h), h.ctx, ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
                 _pct(h.sm_util), fmt_opt(h.cpu_percent, "{:.0f}%"), fmt_duration(h.runtime),
-                h.verdict.kind, h.cmd[:60],
+                h.verdict.kind, *([owner_cell(h.owner)] if owners else []), h.cmd[:60],
             ])
         out.append(table(rows, ["PID", "USER", "JOB", "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME", "VERDICT",
-                                "COMMAND"], right={0, 5, 6, 7, 8}))
+                                *(["OWNER"] if owners else []), "COMMAND"], right={0, 5, 6, 7, 8}))
         for h in snap.holders:
-            if h.verdict.kind != "not-orphan":
+            # Not-orphan with an orphan test on record: an ownership rule (systemd unit, live login) overruled it.
+            if h.verdict.kind != "not-orphan" or h.verdict.orphan_reason:
                 out.append(f"  pid {h.pid}: {h.verdict.kind}: {h.verdict.reason}")
             if chains and h.chain:
-                out.append(f"  pid {h.pid} chain: " + " <- ".join(f"{c.pid}({c.name})" for c in h.chain))
+                owned = h.chain_owners or (None,) * len(h.chain)
+                out.append(f"  pid {h.pid} chain: " + " <- ".join(
+                    f"{c.pid}({c.name})" + (f"[{o.label}]" if o is not None and o.kind != NONE else "")
+                    for c, o in zip(h.chain, owned)))
     if snap.roots:
         out.append("")
         out.append("orphan trees (reap with 'gputop reap --apply'):")

@@ -487,7 +487,8 @@ class GputopApp(App):
         if sel.pid is None:
             self.notify("Select a process first.", severity="warning")
             return
-        self.push_screen(DetailsScreen(sel.holder, sel.proc, sel.root))
+        owner = self.snapshot.owner(sel.pid) if self.snapshot is not None else None
+        self.push_screen(DetailsScreen(sel.holder, sel.proc, sel.root, owner))
 
     def _selected_gpu(self) -> int | None:
         sel = self.selection()

@@ -1,4 +1,4 @@
-"""Details of the selected process: identity, GPU use, verdict and why, and the full ancestor chain."""
+"""Details of the selected process: identity, GPU use, owner, verdict and why, and the full ancestor chain."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from gputop.ownership import NONE, Owner
 from gputop.procs import ProcInfo
 from gputop.snapshot import Holder
 from gputop.units import fmt_bytes, fmt_duration
@@ -22,19 +23,40 @@ def _when(t: float | None) -> str:
     return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _proc_line(p: ProcInfo, mark: str = "") -> Text:
+def _visible(s: str) -> str:
+    """Control characters (C0, DEL, C1) as escapes: a cgroup path is any bytes a delegated user chose."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in s)
+
+
+def _owner_text(owner: Owner | None) -> Text:
+    t = Text()
+    t.append("owner: ", style="bold")
+    if owner is None:
+        t.append("unknown (its cgroup could not be read)")
+        return t
+    t.append(owner.describe())
+    if owner.cgroup and owner.kind != NONE:
+        t.append(f"\n  cgroup {_visible(owner.cgroup)}", style="dim")
+    return t
+
+
+def _proc_line(p: ProcInfo, mark: str = "", owner: Owner | None = None) -> Text:
     t = Text()
     t.append(f"{p.pid:>7} ", style="bold")
     t.append(f"ppid {p.ppid:<7} sid {p.sid if p.sid is not None else '?':<7} {(p.user or '?'):<8} ")
     t.append(Text(p.name, style="bold"))
     t.append("  ")
     t.append(Text(p.cmd, style="dim"))
+    if owner is not None and owner.kind != NONE:
+        t.append(f"  [{owner.label}]", style="italic")
     if mark:
         t.append(f"  {mark}", style="bold red")
     return t
 
 
-def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None) -> Text:
+def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None,
+                 owner: Owner | None = None) -> Text:
+    """``owner``: for a process that is not a holder (a holder's owner is its own)."""
     out = Text()
     if holder is not None:
         v = holder.verdict
@@ -49,6 +71,9 @@ def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None)
                        f"{'N/A' if u.sm_util is None else f'{u.sm_util:.0f}%'}\n")
         out.append("command: ", style="bold")
         out.append(Text(holder.cmd))
+        if holder.proc is not None:
+            out.append("\n")
+            out.append(_owner_text(holder.owner))
         out.append("\n\nverdict: ", style="bold")
         out.append(v.kind, style="bold red" if v.kind == "orphan" else "bold")
         out.append("\nwhy: ", style="bold")
@@ -65,15 +90,19 @@ def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None)
         if proc is not None and root is not None and proc.pid == root:
             out.append(" (the root of an orphan tree: r reaps it)", style="bold red")
         out.append("\n")
+        if owner is not None:
+            out.append(_owner_text(owner))
+            out.append("\n")
         chain = ()
         me = proc
     out.append("\n\nchain (the process, then its parent, up to init):\n", style="bold")
     if me is not None:
-        out.append(_proc_line(me, "this process"))
+        out.append(_proc_line(me, "this process", holder.owner if holder is not None else owner))
         out.append("\n")
-    for p in chain:
+    owners = (holder.chain_owners if holder is not None else ()) or (None,) * len(chain)
+    for p, o in zip(chain, owners):
         mark = "orphan root" if holder is not None and p.pid == holder.verdict.root else ""
-        out.append(_proc_line(p, mark))
+        out.append(_proc_line(p, mark, o))
         out.append("\n")
     if holder is None and proc is not None:
         out.append("(select a GPU holder to see its full chain)\n", style="dim")
@@ -85,16 +114,17 @@ class DetailsScreen(ModalScreen):
     AUTO_FOCUS = "#cancel"
     BINDINGS = [Binding("escape,q,d", "close", "Close")]
 
-    def __init__(self, holder: Holder | None, proc: ProcInfo | None, root: int | None):
+    def __init__(self, holder: Holder | None, proc: ProcInfo | None, root: int | None,
+                 owner: Owner | None = None):
         super().__init__()
-        self.holder, self.proc, self.root = holder, proc, root
+        self.holder, self.proc, self.root, self.owner = holder, proc, root, owner
 
     def compose(self) -> ComposeResult:
         pid = self.holder.pid if self.holder else (self.proc.pid if self.proc else "?")
         with Vertical(classes="dialog details"):
             yield Static(f"Process {pid}", classes="dialog-title")
             with VerticalScroll(classes="dialog-body"):
-                yield Static(details_text(self.holder, self.proc, self.root))
+                yield Static(details_text(self.holder, self.proc, self.root, self.owner))
             yield Button("Close", id="cancel", variant="primary", compact=True)
 
     def action_close(self) -> None:
