@@ -80,10 +80,10 @@ def run(args) -> int:
 def _emit(args, result: dict, lines: list[str], errors: list[str]) -> None:
     if args.json:
         print_json(result)
-        return
-    for line in lines:
-        print(line)
-    for e in errors:
+    else:
+        for line in lines:
+            print(line)
+    for e in errors:  # always on stderr: slurmd logs a failed hook's stderr
         print(f"gputop: {e}", file=sys.stderr)
 
 

@@ -54,6 +54,7 @@ WRAPPER = """#!/bin/sh
 # {kind} for the test's Slurm: run the worktree's gputop on the test's scenario, config and audit log.
 export PYTHONPATH={root} GPUTOP_SCENARIO={d}/scenario.yaml GPUTOP_CONFIG={d}/config.yaml
 export GPUTOP_AUDIT_LOG={d}/audit.jsonl GPUTOP_STATE_DIR={d}/gstate SLURM_CONF={d}/slurm.conf
+[ -e {d}/skip.{kind}.$SLURM_JOB_ID ] && exit 0
 n=0
 while [ -e {d}/hold.{kind}.$SLURM_JOB_ID ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done
 {python} -m gputop slurm {kind} --json > {d}/{kind}.$SLURM_JOB_ID.out 2> {d}/{kind}.$SLURM_JOB_ID.err
@@ -179,7 +180,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
                 return tok[9:]
         return "FORGOTTEN" if "Invalid job id" in p.stderr else "?"
 
-    def submit(self, script: str, user: str | None = None, gres: str | None = None, hold_epilog: bool = False) -> int:
+    def submit(self, script: str, user: str | None = None, gres: str | None = None, hold_epilog: bool = False,
+               skip_epilog: bool = False) -> int:
         path = self.dir / f"job-{time.monotonic_ns()}.sh"
         path.write_text("#!/bin/sh\n" + script)
         path.chmod(0o755)
@@ -189,10 +191,20 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         job = int(self.run(*args, str(path), user=user).stdout.strip().split(";")[0])
         if hold_epilog:
             self.hold("epilog", job)
+        if skip_epilog:
+            self.skip("epilog", job)
         return job
 
     def hold(self, kind: str, job: int) -> None:
         (self.dir / f"hold.{kind}.{job}").touch()
+
+    def skip(self, kind: str, job: int) -> None:
+        (self.dir / f"skip.{kind}.{job}").touch()
+
+    def restart(self, proctrack: str) -> None:
+        self.stop()
+        self.write(proctrack)
+        self.start()
 
     def release(self, kind: str, job: int) -> None:
         (self.dir / f"hold.{kind}.{job}").unlink(missing_ok=True)
@@ -384,3 +396,106 @@ def test_job_leftovers_are_named_then_orphans_then_reaped_by_the_epilog(slurm_no
     _wait(lambda: not alive(b), 10, "job b's leftover to be gone")
     assert alive(by)
     os.kill(by, signal.SIGKILL)
+
+
+def test_epilog_of_another_users_job_reaps_only_that_users_leftovers(slurm_node):
+    node = slurm_node
+    uid = pwd.getpwnam(USER).pw_uid
+    job = node.submit(escapees(node, "u", ("setsid", "nohup")), user=USER, hold_epilog=True)
+    mine = wait_marked(node, "u", ("setsid", "nohup"))
+    assert all(psutil.Process(p).uids().real == uid for p in mine.values())
+    # A root process that claims the same job in its environment: another user, so never the job's.
+    env = {**os.environ, "SLURM_JOB_ID": str(job), "SLURM_JOB_UID": str(uid)}
+    subprocess.Popen(["setsid", "sh", "-c", f"sh -c 'sleep 600; : {node.dir} u-forged' & exit 0"], env=env,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).wait(10)
+    forged = wait_marked(node, "u", ("forged",))["forged"]
+    node.scenario([{"pid": p, "gpu": 0, "memory": "1GiB"} for p in [*mine.values(), forged]])
+    hs = holders_by_pid(status_json(node))
+    assert hs[mine["setsid"]]["slurm"]["uid"] == uid and hs[mine["setsid"]]["user"] == USER
+    node.go("u")
+    node.release("epilog", job)
+    rc, out, err = node.hook_result("epilog", job)
+    assert rc == 0, err
+    assert set(out["holders"]) == set(mine.values())
+    for pid in mine.values():
+        _wait(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
+    assert alive(forged)
+    recs = [r for r in node.audit() if (r.get("target") or {}).get("pid") in mine.values() and r["ok"]]
+    assert {r["target"]["pid"] for r in recs} == set(mine.values())
+    for r in recs:
+        assert r["target"]["uid"] == uid and f"job {job} (uid {uid})" in r["reason"]
+    summary = [r for r in node.audit() if r.get("action") == "slurm-epilog" and r["slurm"]["job_id"] == job][-1]
+    assert summary["slurm"]["uid"] == uid and summary["ok"]
+    assert {m["pid"] for m in summary["members"]} >= set(mine.values())
+    assert forged not in {m["pid"] for m in summary["members"]}
+    os.kill(forged, signal.SIGKILL)
+
+
+def test_prolog_reaps_an_ended_jobs_stray_before_the_next_job_starts(slurm_node):
+    node = slurm_node
+    old = node.submit(escapees(node, "s", ("setsid",)), skip_epilog=True)
+    stray = wait_marked(node, "s", ("setsid",))["setsid"]
+    node.scenario([{"pid": stray, "gpu": 0, "memory": "1GiB"}])
+    node.go("s")
+    _wait(lambda: node.job_state(old) == "COMPLETED", 30, f"job {old} to complete")
+    assert alive(stray)
+    # Read-only checks see the stray and change nothing.
+    chk = node.gputop("slurm", "check")
+    assert chk.returncode == 1 and f"pid {stray}" in chk.stderr and f"Slurm job {old} ended" in chk.stderr
+    assert node.gputop("slurm", "check", "--job", "999999", "--gpus", "0").returncode == 1
+    assert node.gputop("slurm", "check", "--job", "999999", "--gpus", "1").returncode == 0
+    assert alive(stray)
+    seen = node.dir / "seen.n"
+    # A zombie is gone (init here reaps late): the job looks at the state, not at kill -0.
+    job = node.submit(f"st=$(cut -d' ' -f3 /proc/{stray}/stat 2>/dev/null)\n"
+                      f"case \"$st\" in ''|Z|X) echo gone > {seen};; *) echo alive > {seen};; esac\n", gres="gpu:2")
+    rc, out, err = node.hook_result("prolog", job)
+    assert rc == 0, err
+    assert out["gpus"] == [0, 1]  # Slurm 22.05 gives the prolog no SLURM_JOB_GPUS: from the GRES IDX
+    assert out["source"] in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "scontrol show job -d (GRES IDX)")
+    assert [r["outcome"] for r in out["results"]] == ["reaped"]
+    _wait(seen.exists, 30, "the next job to run")
+    assert seen.read_text().strip() == "gone"
+    assert not alive(stray)
+    rec = [r for r in node.audit() if r.get("action") == "reap" and r["target"]["pid"] == stray][-1]
+    assert rec["ok"] and f"prolog of job {job}" in rec["reason"]
+
+
+def test_prolog_fails_on_a_running_jobs_holder_and_slurm_drains_the_node(slurm_node):
+    node = slurm_node
+    running = node.submit(escapees(node, "r", ("setsid",)))
+    holder = wait_marked(node, "r", ("setsid",))["setsid"]
+    node.scenario([{"pid": holder, "gpu": 1, "memory": "1GiB"}])
+    try:
+        job = node.submit("true\n", gres="gpu:2")
+        rc, out, err = node.hook_result("prolog", job)
+        assert rc == 1
+        assert f"pid {holder}" in err and f"Slurm job {running}" in err and "RUNNING" in err
+        assert alive(holder)
+        _wait(lambda: "drain" in node.node_state(), 30, "sinfo to show the node draining")
+        reason = node.run("sinfo", "-h", "-N", "-o", "%E").stdout
+        assert "prolog" in reason.lower(), reason
+        node.run("scancel", str(job))
+    finally:
+        node.go("r")
+        node.run("scontrol", "update", f"nodename={node.host}", "state=resume", check=False)
+    _wait(lambda: node.node_state() == "idle", 60, "the node to be idle again", step=0.2)
+    _wait(lambda: not alive(holder), 30, "job r's leftover to be reaped by its epilog")
+
+
+def test_cgroup_variant_attributes_by_cgroup_path(slurm_node):
+    node = slurm_node
+    node.restart("cgroup")
+    d = node.dir
+    job = node.submit(f"sh -c 'sleep 600; : {d} c-plain' </dev/null >/dev/null 2>&1 &\n"
+                      f"n=0; while [ ! -e {d}/go.c ] && [ $n -lt 900 ]; do sleep 0.1; n=$((n+1)); done\n")
+    pid = wait_marked(node, "c", ("plain",))["plain"]
+    assert f"/job_{job}/" in Path(f"/proc/{pid}/cgroup").read_text()
+    node.scenario([{"pid": pid, "gpu": 0, "memory": "1GiB"}])
+    h = holders_by_pid(status_json(node))[pid]
+    assert h["slurm"]["source"] == "cgroup" and h["slurm"]["job_id"] == job and h["slurm"]["step"] == "batch"
+    assert h["slurm"]["state"] == "RUNNING" and h["verdict"]["kind"] != "orphan"
+    node.go("c")
+    rc, out, err = node.hook_result("epilog", job)
+    assert rc == 0, err
+    _wait(lambda: not alive(pid), 10, "the job's process to be gone")
