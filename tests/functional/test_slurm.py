@@ -72,6 +72,7 @@ class SlurmNode:
         self.host = socket.gethostname()
         self.env = {**os.environ, "SLURM_CONF": str(base / "slurm.conf")}
         self.own_munged = False
+        self.seen: list[int] = []  # every marked process a test found: their trees are killed at the end
 
     # -- bring-up
     def write(self, proctrack: str = "linuxproc") -> None:
@@ -276,6 +277,8 @@ def slurm_node():
     node.run("scancel", "--full", "-u", "root", check=False)
     node.run("scancel", "--full", "-u", USER, check=False)
     node.stop()
+    for pid in node.seen:
+        kill_tree(pid)
     _kill_marked(str(base))
     if made_user:
         subprocess.run(["userdel", USER], capture_output=True)
@@ -319,7 +322,22 @@ def wait_marked(node: SlurmNode, tag: str, kinds=("setsid", "nohup", "dfork")) -
         got = {k: marked(f"{node.dir} {tag}-{k}") for k in kinds}
         return {k: v[0] for k, v in got.items() if len(v) == 1} if all(len(v) == 1 for v in got.values()) else None
 
-    return _wait(find, 30, f"the processes of job {tag}")
+    got = _wait(find, 30, f"the processes of job {tag}")
+    node.seen.extend(got.values())
+    return got
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        p = psutil.Process(pid)
+        procs = [p] + p.children(recursive=True)
+    except psutil.Error:
+        return
+    for q in procs:
+        try:
+            q.kill()
+        except psutil.Error:
+            pass
 
 
 def alive(pid: int) -> bool:
@@ -395,7 +413,7 @@ def test_job_leftovers_are_named_then_orphans_then_reaped_by_the_epilog(slurm_no
     assert rc == 0, err
     _wait(lambda: not alive(b), 10, "job b's leftover to be gone")
     assert alive(by)
-    os.kill(by, signal.SIGKILL)
+    kill_tree(by)
 
 
 def test_epilog_of_another_users_job_reaps_only_that_users_leftovers(slurm_node):
@@ -428,7 +446,7 @@ def test_epilog_of_another_users_job_reaps_only_that_users_leftovers(slurm_node)
     assert summary["slurm"]["uid"] == uid and summary["ok"]
     assert {m["pid"] for m in summary["members"]} >= set(mine.values())
     assert forged not in {m["pid"] for m in summary["members"]}
-    os.kill(forged, signal.SIGKILL)
+    kill_tree(forged)
 
 
 def test_prolog_reaps_an_ended_jobs_stray_before_the_next_job_starts(slurm_node):
