@@ -14,7 +14,7 @@ from pathlib import Path
 import platformdirs
 
 from gputop.errors import UsageError
-from gputop.orphans import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT
+from gputop.orphans import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE
 from gputop.units import parse_duration
 
 
@@ -50,7 +50,8 @@ def guard_dir() -> Path:
 
 @dataclass(frozen=True)
 class Config:
-    protect: tuple[str, ...] = DEFAULT_PROTECT  # case-insensitive regexes over name and cmdline
+    protect: tuple[str, ...] = DEFAULT_PROTECT  # case-insensitive regexes over name and argv[0]'s basename
+    protect_cmdline: tuple[str, ...] = DEFAULT_PROTECT_CMDLINE  # regexes over the whole command line
     nohup_protects: bool = True  # a chain member that ignores SIGHUP counts as protected
     max_chain: int = DEFAULT_MAX_CHAIN
     reap_interval: float = 60.0  # seconds between watchdog scans
@@ -68,7 +69,20 @@ class Config:
 
 
 _KNOWN = {f.name for f in fields(Config)} - {"extra"}
-_NESTED = {"reap": {"interval": "reap_interval", "grace": "reap_grace", "protect": "protect"}}
+_NESTED = {"reap": {"interval": "reap_interval", "grace": "reap_grace", "protect": "protect",
+                    "protect_cmdline": "protect_cmdline"}}
+
+
+def _patterns(key: str, value) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, list):
+        raise ValueError(f"'{key}' must be a list of patterns")
+    out = tuple(str(x) for x in value)
+    for pat in out:
+        try:
+            re.compile(pat)
+        except re.error as e:
+            raise ValueError(f"{key} pattern {pat!r} is not a regular expression: {e}") from None
+    return out
 
 
 def load_config(path: str | None = None) -> Config:
@@ -102,15 +116,9 @@ def load_config(path: str | None = None) -> Config:
         else:
             extra[key_] = value  # e.g. 'guard', 'audit' sections read by their own modules
     try:
-        if "protect" in kw:
-            if isinstance(kw["protect"], str) or not isinstance(kw["protect"], list):
-                raise ValueError("'protect' must be a list of patterns")
-            kw["protect"] = tuple(str(x) for x in kw["protect"])
-            for pat in kw["protect"]:
-                try:
-                    re.compile(pat)
-                except re.error as e:
-                    raise ValueError(f"protect pattern {pat!r} is not a regular expression: {e}") from None
+        for key in ("protect", "protect_cmdline"):
+            if key in kw:
+                kw[key] = _patterns(key, kw[key])
         for k in ("reap_interval", "reap_grace", "kill_timeout", "interval"):
             if k in kw:
                 kw[k] = parse_duration(kw[k])

@@ -11,6 +11,7 @@ verdict: see apply_owner.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,6 +19,7 @@ from typing import Callable, Protocol, Sequence
 
 from gputop.ownership import ENDED_STATES, LIVE_STATES, SERVICE, SESSION, Owner
 from gputop.procs import ProcInfo
+from gputop.textsafe import visible
 
 ORPHAN = "orphan"
 NOT_ORPHAN = "not-orphan"
@@ -29,6 +31,9 @@ DEFAULT_PROTECT = (
     "jupyter", "nohup", "tmux", "screen", "code-server",
     "explorer.exe", "services.exe", "svchost.exe",
 )
+# Full-command-line patterns: a separate, explicit list (see compile_protect). The jupyter kernel runs
+# as "python -m ipykernel_launcher -f ...", so neither its name nor argv[0] says jupyter.
+DEFAULT_PROTECT_CMDLINE = (r"-m\s+(ipykernel_launcher|ipykernel|jupyter\S*)(\s|$)",)
 DEFAULT_MAX_CHAIN = 64
 # Start times are rounded to the clock tick; allow for that when comparing parent and child.
 _TICK = 0.011
@@ -36,6 +41,19 @@ _TICK = 0.011
 
 class Table(Protocol):
     def get(self, pid: int) -> ProcInfo | None: ...
+
+    # Optional: ``hidden(pid) -> bool``, True when ``pid`` exists but cannot be read (hidepid, another
+    # user's process). A table without it cannot tell hidden from gone, and treats missing as gone.
+
+
+def _hidden(table: Table, pid: int) -> bool:
+    fn = getattr(table, "hidden", None)
+    return bool(fn(pid)) if fn is not None else False
+
+
+def _n(p: ProcInfo) -> str:
+    """A process name fit for a reason string: reasons reach terminals."""
+    return visible(p.name)
 
 
 @dataclass(frozen=True)
@@ -56,29 +74,42 @@ def compile_protect(patterns: Sequence[str]) -> re.Pattern[str] | None:
 
 
 @lru_cache(maxsize=8192)
-def _protect_match(protect: re.Pattern[str], name: str, cmdline: tuple[str, ...]) -> str | None:
-    # Memoised: holders share most of their ancestors, and the same processes come back every refresh,
-    # while a search over a long command line costs microseconds.
-    hit = protect.search(name) or protect.search(" ".join(cmdline) if cmdline else f"[{name}]")
+def _protect_match(protect: re.Pattern[str], name: str, argv0: str) -> str | None:
+    # A protect pattern says what a program is: it matches the process name and argv[0]'s basename, never
+    # a word inside an argument or a path ("--out=/data/screenshots" is not "screen").
+    # Memoised: holders share most of their ancestors, and the same processes come back every refresh.
+    hit = protect.search(name) or (protect.search(os.path.basename(argv0)) if argv0 else None)
+    return hit.group(0) if hit else None
+
+
+@lru_cache(maxsize=8192)
+def _cmdline_match(protect: re.Pattern[str], cmdline: tuple[str, ...]) -> str | None:
+    hit = protect.search(" ".join(cmdline)) if cmdline else None
     return hit.group(0) if hit else None
 
 
 def _protect_hit(
-    members: Sequence[ProcInfo], protect: re.Pattern[str] | None, nohup_protects: bool
+    members: Sequence[ProcInfo], protect: re.Pattern[str] | None, nohup_protects: bool,
+    protect_cmdline: re.Pattern[str] | None = None,
 ) -> str | None:
     for m in members:
         if protect is not None:
-            hit = _protect_match(protect, m.name, m.cmdline)
+            hit = _protect_match(protect, m.name, m.cmdline[0] if m.cmdline else "")
             if hit is not None:
-                return f"pid {m.pid} ({m.name}) matches protect pattern '{hit}'"
+                return f"pid {m.pid} ({_n(m)}) matches protect pattern '{visible(hit)}'"
+        if protect_cmdline is not None:
+            hit = _cmdline_match(protect_cmdline, m.cmdline)
+            if hit is not None:
+                return f"pid {m.pid} ({_n(m)}): its command line matches protect_cmdline pattern '{visible(hit)}'"
         if nohup_protects and m.sighup_ignored:
-            return f"pid {m.pid} ({m.name}) ignores SIGHUP: detached with nohup"
+            return f"pid {m.pid} ({_n(m)}) ignores SIGHUP: detached with nohup"
     return None
 
 
-def protect_reason(member: ProcInfo, protect: re.Pattern[str] | None, nohup_protects: bool) -> str | None:
-    """Why one process is protected (protect list or nohup mark), or None: the rule every path uses."""
-    return _protect_hit((member,), protect, nohup_protects)
+def protect_reason(member: ProcInfo, protect: re.Pattern[str] | None, nohup_protects: bool,
+                   protect_cmdline: re.Pattern[str] | None = None) -> str | None:
+    """Why one process is protected (protect lists or nohup mark), or None: the rule every path uses."""
+    return _protect_hit((member,), protect, nohup_protects, protect_cmdline)
 
 
 def classify(
@@ -93,25 +124,28 @@ def classify(
     owner_of: Callable[[ProcInfo], Owner | None] | None = None,
     job_of: Callable[[ProcInfo], object] | None = None,
     job_state: Callable[[int], object] | None = None,
+    protect_cmdline: re.Pattern[str] | None = None,
 ) -> Verdict:
     """The verdict for GPU holder ``pid``. Pure: reads only ``table`` (and ``owner_of``).
 
-    ``walked``, when given, receives the chain the POSIX rule walked (the holder, then its ancestors up to
-    but not including PID 1), so that a caller needs not walk it again. ``owner_of``, when given, says
+    ``protect`` matches each chain member's name and argv[0] basename; ``protect_cmdline`` its whole
+    command line. ``walked``, when given, receives the chain the POSIX rule walked (the holder, then its
+    ancestors up to but not including PID 1), so that a caller needs not walk it again. ``owner_of``, when given, says
     who owns the holder (its cgroup); the ownership rules (apply_owner) then refine the verdict.
     ``job_of`` (a process's Slurm JobRef, or None) and ``job_state`` (job id -> JobState), when given, add
     the Slurm job rule (slurm_job_rule) first: a holder whose job's state is known is judged by it alone."""
     if platform == "windows":
-        return _classify_windows(pid, table, protect, max_chain)
+        return _classify_windows(pid, table, protect, max_chain, protect_cmdline)
     chain: list[ProcInfo] = walked if walked is not None else []
-    verdict = _classify_posix(pid, table, protect, nohup_protects, max_chain, chain)
+    verdict = _classify_posix(pid, table, _Protect(protect, protect_cmdline, nohup_protects), max_chain, chain)
     job = job_of(chain[0]) if job_of is not None and job_state is not None and chain else None
     if job is not None:
         state = job_state(job.job_id)  # type: ignore[attr-defined]
         if state is not None:
             jid = job.job_id  # type: ignore[attr-defined]
             verdict = slurm_job_rule(verdict, chain, job, state,
-                                     lambda m: getattr(job_of(m), "job_id", None) == jid, protect, nohup_protects)
+                                     lambda m: getattr(job_of(m), "job_id", None) == jid, protect, nohup_protects,
+                                     protect_cmdline)
             if state.ended is not None:
                 return verdict  # the job rule decided: a job's process is judged by its job, not its session
     if owner_of is not None:
@@ -165,10 +199,22 @@ def _owner_not_orphan(verdict: Verdict, why: str) -> Verdict:
     return dataclasses.replace(verdict, root=None, reaper=None, orphan_reason=None)
 
 
+@dataclass(frozen=True)
+class _Protect:
+    names: re.Pattern[str] | None
+    cmdline: re.Pattern[str] | None
+    nohup: bool
+
+    def hit(self, members: Sequence[ProcInfo]) -> str | None:
+        return _protect_hit(members, self.names, self.nohup, self.cmdline)
+
+
 def _walk(pid: int, table: Table, max_chain: int) -> tuple[list[ProcInfo], str | None]:
     """Holder and ancestors up to (excluding) PID 1; an error string on a cycle, gap or over-long chain."""
     holder = table.get(pid)
     if holder is None:
+        if _hidden(table, pid):
+            return [], f"pid {pid} exists but cannot be seen here (/proc hidepid, or another user's process)"
         return [], f"pid {pid} is not visible (another PID namespace, or it has exited)"
     chain = [holder]
     seen = {pid}
@@ -180,6 +226,9 @@ def _walk(pid: int, table: Table, max_chain: int) -> tuple[list[ProcInfo], str |
             return chain, f"ancestor chain is longer than {max_chain}"
         parent = table.get(cur.ppid)
         if parent is None:
+            if _hidden(table, cur.ppid):
+                return chain, (f"parent pid {cur.ppid} of pid {cur.pid} exists but cannot be seen here "
+                               "(/proc hidepid, or another user's process)")
             return chain, f"parent pid {cur.ppid} of pid {cur.pid} vanished during the scan"
         seen.add(cur.ppid)
         chain.append(parent)
@@ -193,8 +242,7 @@ def _init_in_hidden_session(table: Table) -> bool:
 
 
 def _classify_posix(
-    pid: int, table: Table, protect: re.Pattern[str] | None, nohup_protects: bool, max_chain: int,
-    walked: list[ProcInfo] | None = None,
+    pid: int, table: Table, protect: _Protect, max_chain: int, walked: list[ProcInfo] | None = None,
 ) -> Verdict:
     chain, err = _walk(pid, table, max_chain)
     if err:
@@ -214,7 +262,7 @@ def _classify_posix(
     if top_of_chain.ppid == 0 and top_of_chain.pid != 1:
         # Its parent lives outside this PID namespace (docker exec, a container runtime). An orphan is
         # reparented to the namespace's init, so a parent PID of 0 means that parent is still alive.
-        kind, reason = NOT_ORPHAN, (f"pid {top_of_chain.pid} ({top_of_chain.name}) was started from outside "
+        kind, reason = NOT_ORPHAN, (f"pid {top_of_chain.pid} ({_n(top_of_chain)}) was started from outside "
                                     "this PID namespace, and that parent is alive")
     elif holder.sid == 0 and _init_in_hidden_session(table):
         # A container started without a tty (docker run, a Kubernetes pod, a CI runner): its init did not
@@ -228,15 +276,14 @@ def _classify_posix(
     elif holder.sid == holder.pid:
         kind, reason = NOT_ORPHAN, "session leader itself (started deliberately with setsid, a daemon or a service)"
     else:
-        leader = table.get(holder.sid)
-        if leader is not None and not leader.zombie and leader.start_time <= holder.start_time + _TICK:
-            kind, reason = NOT_ORPHAN, f"session leader pid {leader.pid} ({leader.name}) is alive"
+        alive, lost = _session_leader(table, holder)
+        if alive is not None:
+            kind, reason = NOT_ORPHAN, alive
+        elif lost is None:
+            return Verdict(UNKNOWN, f"its session leader pid {holder.sid} exists but cannot be seen here "
+                                    "(/proc hidepid, or another user's process): gputop cannot tell whether "
+                                    "its session is alive")
         else:
-            lost = (
-                f"session leader pid {holder.sid} is gone"
-                if leader is None or leader.zombie
-                else f"session leader pid {holder.sid} was reused (it started after the process)"
-            )
             # The topmost member of the holder's session was reparented: its parent is init, or
             # a process outside the session, which can only be a subreaper that adopted it.
             top, top_i = chain[0], 0
@@ -247,23 +294,39 @@ def _classify_posix(
             root = top.pid
             reaper = top.ppid
             reaper_info = table.get(reaper) if reaper > 0 else None
-            reaper_name = reaper_info.name if reaper_info else "init"
+            reaper_name = _n(reaper_info) if reaper_info else "init"
             kind = ORPHAN
             via = "init" if reaper <= 1 else f"subreaper pid {reaper} ({reaper_name})"
-            reason = f"{lost}; tree root pid {root} ({top.name}) was reparented to {via}"
+            reason = f"{lost}; tree root pid {root} ({_n(top)}) was reparented to {via}"
             orphan_reason = reason
             # PID 1 and the subreaper are never checked for protection.
             protect_members = chain[: top_i + 1]
     if kind != ORPHAN:
         protect_members = [m for m in chain if m.pid != 1]
-    hit = _protect_hit(protect_members, protect, nohup_protects)
+    hit = protect.hit(protect_members)
     if hit:
         return Verdict(PROTECTED, hit, root=root, reaper=reaper, orphan_reason=orphan_reason)
     return Verdict(kind, reason, root=root, reaper=reaper, orphan_reason=orphan_reason)
 
 
+def _session_leader(table: Table, holder: ProcInfo) -> tuple[str | None, str | None]:
+    """(why the session is alive, None) or (None, why it was lost), or (None, None) when its leader exists
+    but cannot be seen: cannot see is not gone. A leader whose main thread exited while other threads
+    run (state Z, live tasks) is alive: ``ProcInfo.zombie`` is False for it."""
+    sid = holder.sid
+    leader = table.get(sid)
+    if leader is not None and not leader.zombie and leader.start_time <= holder.start_time + _TICK:
+        return f"session leader pid {leader.pid} ({_n(leader)}) is alive", None
+    if leader is not None and not leader.zombie:
+        return None, f"session leader pid {sid} was reused (it started after the process)"
+    if leader is None and _hidden(table, sid):
+        return None, None
+    return None, f"session leader pid {sid} is gone"
+
+
 def _classify_windows(
-    pid: int, table: Table, protect: re.Pattern[str] | None, max_chain: int
+    pid: int, table: Table, protect: re.Pattern[str] | None, max_chain: int,
+    protect_cmdline: re.Pattern[str] | None = None,
 ) -> Verdict:
     """Windows keeps a dead parent's PID as the PPID: the parent is missing, or was reused."""
     holder = table.get(pid)
@@ -281,23 +344,23 @@ def _classify_windows(
             return Verdict(UNKNOWN, f"ancestor chain is longer than {max_chain}")
         parent = table.get(cur.ppid)
         if parent is None:
-            root, reason = cur, f"parent pid {cur.ppid} of pid {cur.pid} ({cur.name}) is missing"
+            root, reason = cur, f"parent pid {cur.ppid} of pid {cur.pid} ({_n(cur)}) is missing"
             break
         if parent.start_time > cur.start_time + _TICK:
             root = cur
-            reason = f"parent pid {cur.ppid} of pid {cur.pid} ({cur.name}) was reused (it started after the child)"
+            reason = f"parent pid {cur.ppid} of pid {cur.pid} ({_n(cur)}) was reused (it started after the child)"
             break
         seen.add(cur.ppid)
         chain.append(parent)
         cur = parent
     if root is None:
         members = chain
-        hit = _protect_hit(members, protect, False)
+        hit = _protect_hit(members, protect, False, protect_cmdline)
         if hit:
             return Verdict(PROTECTED, hit)
         return Verdict(NOT_ORPHAN, "every ancestor's parent is alive")
     members = chain[: chain.index(root) + 1]
-    hit = _protect_hit(members, protect, False)
+    hit = _protect_hit(members, protect, False, protect_cmdline)
     if hit:
         return Verdict(PROTECTED, hit, root=root.pid, orphan_reason=reason)
     return Verdict(ORPHAN, reason, root=root.pid, orphan_reason=reason)
@@ -313,6 +376,7 @@ def slurm_job_rule(
     in_job,
     protect: re.Pattern[str] | None = None,
     nohup_protects: bool = True,
+    protect_cmdline: re.Pattern[str] | None = None,
 ) -> Verdict:
     """The verdict for a holder that belongs to Slurm job ``job`` (a gputop.slurm.JobRef) whose state is
     ``state`` (a gputop.slurm.JobState), given the session rule's ``verdict`` and the walked ``chain``
@@ -339,7 +403,7 @@ def slurm_job_rule(
                                 "but whether its job still runs cannot be told", root=verdict.root,
                        reaper=verdict.reaper, orphan_reason=verdict.reason)
     if not ended:
-        hit = _protect_hit([m for m in chain if m.pid != 1], protect, nohup_protects)
+        hit = _protect_hit([m for m in chain if m.pid != 1], protect, nohup_protects, protect_cmdline)
         if hit:
             return Verdict(PROTECTED, hit)
         return Verdict(NOT_ORPHAN, f"{state.describe()}: a process of a live job is not an orphan")
@@ -350,6 +414,6 @@ def slurm_job_rule(
         top_i = i
     root = chain[top_i]
     reason = f"{state.describe()}; tree root pid {root.pid} ({root.name})"
-    hit = _protect_hit(chain[: top_i + 1], protect, False)
+    hit = _protect_hit(chain[: top_i + 1], protect, False, protect_cmdline)
     kind = PROTECTED if hit else ORPHAN
     return Verdict(kind, hit or reason, root=root.pid, reaper=root.ppid, orphan_reason=reason)

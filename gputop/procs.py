@@ -39,6 +39,9 @@ class ProcInfo:
     kthread: bool = False
     rss: int | None = None  # bytes
     cpu_time: float | None = None  # user+system seconds, for CPU% deltas
+    # State Z, but another thread of the group still runs (the main thread called pthread_exit): the
+    # process is alive, its children are still its children, and a signal still reaches it.
+    half_exited: bool = False
 
     @property
     def cmd(self) -> str:
@@ -50,7 +53,8 @@ class ProcInfo:
 
     @property
     def zombie(self) -> bool:
-        return self.state in ("Z", "X")
+        """Exited (waiting to be reaped): every thread is gone, not only the main one."""
+        return self.state in ("Z", "X") and not self.half_exited
 
 
 @lru_cache(maxsize=4096)
@@ -202,7 +206,7 @@ def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
 
 def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: StaticCache | None,
                  dfd: int | None) -> ProcInfo | None:
-    if static is not None:
+    if static is not None and b") Z " not in stat:  # a zombie's threads may exit with its stat unchanged
         same = static.unchanged(pid, stat)
         if same is not None:
             return same
@@ -222,7 +226,8 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
     except (ValueError, IndexError):
         return None
     key = (pid, start_ticks)
-    cached = static.get(key) if static is not None else None
+    half = state in ("Z", "X") and live_threads(base)
+    cached = static.get(key) if static is not None and not half else None
     if cached is not None:
         cmdline, uid = cached
     else:
@@ -236,7 +241,7 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
                 return _read_linux_pinned(pid, proc_root, base, static, dfd, start_ticks)
             finally:
                 os.close(dfd)
-        raw_cmd = _read("cmdline", dfd) or b""
+        raw_cmd = _read("cmdline", dfd) or (_live_thread_file(base, "cmdline") if half else b"") or b""
         cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0") if a)
         uid = None
         status = _read("status", dfd)
@@ -264,7 +269,7 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
         pid=pid, ppid=ppid, name=name, cmdline=cmdline, start_time=start, uid=uid,
         user=user_name(uid) if uid is not None else None, sid=sid, state=state,
         sighup_ignored=sighup, kthread=bool(flags & PF_KTHREAD),  # not "ppid == 2": in a PID namespace that is a user process
-        rss=rss, cpu_time=cpu,
+        rss=rss, cpu_time=cpu, half_exited=half,
     )
     if static is not None:
         static.remember(pid, stat, info, key)
@@ -351,13 +356,81 @@ def start_time(pid: int, proc_root: str = "/proc") -> float | None:
             return None
         try:
             f = stat[stat.rindex(b")") + 2:].split()
-            if f[0] in (b"Z", b"X"):
+            if f[0] in (b"Z", b"X") and not live_threads(f"{proc_root}/{pid}"):
                 return None
             return round(_boot_time(proc_root) + int(f[19]) / _CLK_TCK, 2)
         except (ValueError, IndexError):
             return None
     info = read_proc(pid, proc_root)
     return None if info is None or info.zombie else info.start_time
+
+
+def live_threads(base: str) -> bool:
+    """True if any thread of the process at ``base`` (/proc/PID) has not exited.
+
+    A main thread that called pthread_exit leaves the process in state Z while the others run on.
+    Read only for a process in state Z, so it costs nothing for the ordinary case."""
+    try:
+        tids = os.listdir(f"{base}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        stat = _read(f"{base}/task/{tid}/stat")
+        try:
+            if stat and stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] not in (b"Z", b"X"):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _live_thread_file(base: str, name: str) -> bytes | None:
+    """``name`` (e.g. cmdline) read through a live thread: the exited main thread has no memory map."""
+    try:
+        tids = sorted(os.listdir(f"{base}/task"), key=int)
+    except (OSError, ValueError):
+        return None
+    for tid in tids:
+        data = _read(f"{base}/task/{tid}/{name}")
+        if data:
+            return data
+    return None
+
+
+def tgid_of(pid: int, proc_root: str = "/proc") -> int:
+    """The thread group (process) that thread ``pid`` belongs to; ``pid`` itself when it is one, or unknown.
+
+    NVML may report a thread id: every action and verdict works on the process (``Tgid:``)."""
+    if not IS_LINUX or pid <= 0:
+        return pid
+    status = _read(f"{proc_root}/{pid}/status")
+    tgid = _status_field(status, b"\nTgid:") if status else None
+    try:
+        return int(tgid) if tgid is not None else pid
+    except ValueError:
+        return pid
+
+
+GONE, HIDDEN, VISIBLE = "gone", "hidden", "visible"
+
+
+def visibility(pid: int, proc_root: str = "/proc") -> str:
+    """``gone`` only when the kernel says no such process (ESRCH); ``hidden`` when it exists but /proc does
+    not show it (hidepid, another user's process); ``visible`` otherwise. Cannot see is not gone."""
+    if pid <= 0:
+        return GONE
+    if read_proc(pid, proc_root) is not None:
+        return VISIBLE
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return GONE
+    except PermissionError:
+        return HIDDEN  # EPERM: it exists, it is not ours
+    except OSError:
+        return HIDDEN
+    # It exists (kill(pid, 0) succeeded) yet /proc did not show it: hidden, or it started just now.
+    return HIDDEN if read_proc(pid, proc_root) is None else VISIBLE
 
 
 def is_alive(pid: int, start: float | None = None, proc_root: str = "/proc") -> bool:
@@ -390,6 +463,12 @@ class ProcTable:
 
     def __contains__(self, pid: int) -> bool:
         return self.get(pid) is not None
+
+    def hidden(self, pid: int) -> bool:
+        """True if ``pid`` exists but cannot be read here (hidepid, permissions): never "gone"."""
+        if self.get(pid) is not None or self.proc_root != "/proc":
+            return False
+        return visibility(pid, self.proc_root) == HIDDEN
 
     def scan_all(self) -> None:
         """Read every process on the host (needed only to find children).

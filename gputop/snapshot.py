@@ -24,7 +24,7 @@ from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
 from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
 from gputop.ownership import Owner, OwnerCache
-from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, start_time
+from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, start_time, tgid_of
 from gputop.slurm import JobRef, JobState, JobStates, process_job
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
@@ -130,6 +130,9 @@ class Snapshot:
     backends: tuple[BackendStatus, ...]
     warnings: tuple[str, ...] = ()
     platform: str = PLATFORM
+    # The sampler's ownership and Slurm lookups (owner_of, job_of, job_state), so that an action that
+    # classifies again (the reap planner) judges a process as the snapshot did. Not part of the value.
+    hooks: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def holder(self, pid: int) -> Holder | None:
         for h in self.holders:
@@ -182,6 +185,7 @@ class Sampler:
         self.clock = clock
         self.platform = platform
         self._protect = compile_protect(self.config.protect)
+        self._protect_cmdline = compile_protect(self.config.protect_cmdline)
         self._cpu_prev: dict[tuple[int, float], tuple[float, float]] = {}
         # Command lines and uids of known processes, re-read every static_ttl seconds (0: every sample),
         # so that a refresh reads one /proc file per known process instead of three.
@@ -274,8 +278,9 @@ class Sampler:
                 warnings.append(f"GPU {gi}: process list failed: {e}")
                 procs = []
             for p in procs:
-                uses.setdefault(p.pid, []).append(GpuUse(gi, p.ctx, p.used_memory, p.sm_util))
-                visible[p.pid] = visible.get(p.pid, True) and p.visible
+                pid = tgid_of(p.pid, self.proc_root) if p.visible else p.pid  # NVML may report a thread id
+                uses.setdefault(pid, []).append(GpuUse(gi, p.ctx, p.used_memory, p.sm_util))
+                visible[pid] = visible.get(pid, True) and p.visible
         for b in self.backends:
             try:
                 warnings.extend(b.warnings())
@@ -302,7 +307,7 @@ class Sampler:
             verdict = classify(pid, table, platform=self.platform, protect=self._protect,
                                nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
                                walked=walked, owner_of=owner_of, job_of=job_of,
-                               job_state=job_states.get)
+                               job_state=job_states.get, protect_cmdline=self._protect_cmdline)
             job = jobs.get(pid)
             if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
                 init = table.get(1) if walked[-1].ppid == 1 else None
@@ -334,8 +339,15 @@ class Sampler:
         return Snapshot(
             at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
-            warnings=tuple(warnings), platform=self.platform,
+            warnings=tuple(warnings), platform=self.platform, hooks=self.verdict_hooks(),
         )
+
+    def verdict_hooks(self) -> dict:
+        """classify()'s ownership and Slurm inputs, as this sampler reads them."""
+        hooks: dict = {"job_of": self._job_of, "job_state": self.job_states.get}
+        if self._owners is not None:
+            hooks["owner_of"] = self._owners.of
+        return hooks
 
 
 def select_holders(snap: Snapshot, *, gpu: int | None = None, user: str | None = None,

@@ -11,6 +11,7 @@ from gputop import actions
 from gputop.commands._common import config_from, open_sampler, print_json
 from gputop.errors import EXIT_NOT_FOUND, EXIT_OK, UsageError
 from gputop.orphans import ORPHAN
+from gputop.textsafe import visible
 from gputop.units import fmt_bytes, parse_duration
 
 NAME = "reap"
@@ -18,9 +19,15 @@ HELP = "list orphan process trees holding GPUs; --apply removes them; --watch is
 DESCRIPTION = """List every orphan tree that holds a GPU: its root, members, GPUs, memory and why it is an
 orphan. Nothing is signalled without --apply.
 
---apply [--root PID] [--grace S]: re-check that each tree is still an orphan, then stop the whole tree
-(SIGSTOP, so a retry loop cannot start a new worker), send SIGTERM and SIGCONT, and SIGKILL what is left
-after the grace (default: kill_timeout, 5 s). Protected and unknown trees are never touched.
+The list is the reap plan: the members apply signals, and each subtree it leaves alone with the reason
+(a session leader of its own session, a member of a live session, protected, nohup, another user's,
+cannot be seen). A member that is not itself an orphan is never signalled, whatever its ancestor is.
+
+--apply [--root PID] [--grace S]: re-check that each tree is still an orphan, plan again, stop the
+members (SIGSTOP, so a retry loop cannot start a new worker), plan again on the frozen table, send
+SIGTERM and SIGCONT to the plan's members only, and SIGKILL what is left after the grace (default:
+kill_timeout, 5 s). Protected, nohup, unknown and mixed-user trees are refused whole. Exit 0 only when
+every planned member has exited; otherwise the survivors are named and the exit is non-zero.
 
 --watch [--apply] [--interval S] [--grace S]: scan every interval (default reap.interval, 60 s); a tree
 that stays an orphan, with the same root, for longer than the grace (default reap.grace, 60 s) is
@@ -62,7 +69,7 @@ def run(args) -> int:
             return _watch(args, config, sampler)
         if args.apply:
             return _apply(args, config, sampler)
-        return _preview(args, sampler)
+        return _preview(args, config, sampler)
     finally:
         sampler.close()
 
@@ -72,19 +79,28 @@ def tree_dict(t: actions.OrphanTree) -> dict:
 
 
 def render_tree(t: actions.OrphanTree) -> list[str]:
+    """The plan, as apply would carry it out: the members it signals, what it leaves alone and why, and
+    what makes apply refuse. Every process-controlled string is shown with control characters visible."""
     r = t.root
-    out = [f"root {r.pid} ({r.name}, user {r.user}, started {time.strftime('%H:%M:%S', time.localtime(r.start_time))})"
+    out = [f"root {r.pid} ({visible(r.name)}, user {visible(r.user or '?')}, started "
+           f"{time.strftime('%H:%M:%S', time.localtime(r.start_time))})"
            f": GPU {','.join(map(str, t.gpus))}, {fmt_bytes(t.gpu_memory)}, holders {list(t.holders)}",
            f"  why: {t.reason}"]
     for m in t.members:
         mark = " [GPU]" if m.pid in t.holders else ""
-        out.append(f"  member {m.pid:>7}  ppid {m.ppid:>7}  {m.cmd[:70]}{mark}")
+        out.append(f"  member {m.pid:>7}  ppid {m.ppid:>7}  {visible(m.cmd[:70])}{mark}")
+    for e in t.left_alone:
+        under = f" and {len(e.subtree)} under it {list(e.subtree)}" if e.subtree else ""
+        owner = f" [{visible(e.owner)}]" if e.owner else ""
+        out.append(f"  left alone {e.pid:>7}{under}{owner}: {e.rule}: {e.reason}")
+    if t.refusal is not None:
+        out.append(f"  apply will refuse this tree ({t.refusal[0]}): {t.refusal[1]}")
     return out
 
 
-def _preview(args, sampler) -> int:
+def _preview(args, config, sampler) -> int:
     snap = sampler.sample()
-    trees = actions.orphan_trees(snap)
+    trees = actions.orphan_trees(snap, config=config)
     if args.root is not None:
         trees = [t for t in trees if t.pid == args.root]
     skipped = [h for h in snap.holders if h.verdict.kind != ORPHAN and h.verdict.orphan_reason]
@@ -100,15 +116,16 @@ def _preview(args, sampler) -> int:
     for h in skipped:
         print(f"skipped: pid {h.pid} would be an orphan but is {h.verdict.kind}: {h.verdict.reason}")
     if trees:
-        print(f"{len(trees)} orphan tree(s); nothing was signalled. Reap with 'gputop reap --apply'"
-              " (or --apply --root PID).")
+        n = sum(1 for t in trees if t.refusal is None)
+        print(f"{len(trees)} orphan tree(s), {n} that apply would reap as planned; nothing was signalled. "
+              "Reap with 'gputop reap --apply' (or --apply --root PID).")
     return EXIT_OK if trees or args.root is None else EXIT_NOT_FOUND
 
 
 def _apply(args, config, sampler) -> int:
     grace = _dur(args.grace, "--grace", config.kill_timeout)
     snap = sampler.sample()
-    trees = actions.orphan_trees(snap)
+    trees = actions.orphan_trees(snap, config=config)
     if args.root is not None:
         match = [t for t in trees if t.pid == args.root]
         # A root that is not (or no longer) an orphan still goes through reap_tree: it refuses, says why,
@@ -129,9 +146,9 @@ def _apply(args, config, sampler) -> int:
     else:
         for r in results:
             if r.ok:
-                print(f"root {r.pid}: {r.outcome}: {r.message}")
+                print(f"root {r.pid}: {r.outcome}: {visible(r.message)}")
             else:
-                print(f"gputop: root {r.pid}: {r.outcome}: {r.message}", file=sys.stderr)
+                print(f"gputop: root {r.pid}: {r.outcome}: {visible(r.message)}", file=sys.stderr)
             if r.details.get("audit_error"):
                 print(f"gputop: warning: {r.details['audit_error']}", file=sys.stderr)
     return next((r.exit_code for r in results if not r.ok), EXIT_OK)
@@ -166,10 +183,10 @@ def _watch(args, config, sampler) -> int:
             return
         stamp = time.strftime("%H:%M:%S")
         if ev["event"] == "pending":
-            print(f"{stamp} orphan tree root {t.pid} ({t.root.name}) seen for {ev['age']:.0f}s "
+            print(f"{stamp} orphan tree root {t.pid} ({visible(t.root.name)}) seen for {ev['age']:.0f}s "
                   f"(grace {grace:g}s)", flush=True)
         else:
-            print(f"{stamp} {ev['event']}: root {t.pid} ({t.root.name}): {res.message}", flush=True)
+            print(f"{stamp} {ev['event']}: root {t.pid} ({visible(t.root.name)}): {visible(res.message)}", flush=True)
 
     try:
         actions.run_watch(sampler, apply=args.apply, interval=interval, grace=grace, face="cli",

@@ -123,8 +123,7 @@ def _epilog(args) -> int:
         snap = sampler.sample()
         member_pids = {m.proc.pid for m in members}
         holders = [h.pid for h in snap.holders if h.pid in member_pids]
-        roots = sl.tree_roots(members, first=holders)
-        results = [_reap_member(sampler, config, snap, r, members, job, uid, args.grace) for r in roots]
+        results = _reap_job(sampler, config, snap, members, job, uid, args.grace)
         after = sampler.sample()
     finally:
         sampler.close()
@@ -156,22 +155,40 @@ def _pdict(p) -> dict:
 
 def _why(results, pid: int) -> str:
     for r in results:
-        if r.pid == pid or pid in (r.details.get("survivors") or []) or not r.ok:
+        if r.pid == pid or pid in (r.details.get("survivors") or []):
             return f"{r.outcome}: {r.message}"
-    return "it was still alive after the reap"
+    failed = [r for r in results if not r.ok]
+    return f"{failed[0].outcome}: {failed[0].message}" if failed else "it was not reaped (not an orphan, or protected)"
 
 
-def _reap_member(sampler, config, snap, root_pid, members, job, uid, grace):
-    """Reap one tree of the job's leftovers through the actions module (the one signalling path)."""
+def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float) -> list:
+    """GPU holders' orphan trees first, through the reap planner and executor (gputop.actions.reap_tree);
+    then every other process of the job still alive, one by one through the same kill path, parents first.
+    A holder that is not an orphan (a protect pattern) is not signalled, and so survives."""
     from gputop import actions
+    from gputop import slurm as sl
+    from gputop.orphans import ORPHAN
+    from gputop.procs import ProcTable, self_and_ancestors
 
-    info = next(m.proc for m in members if m.proc.pid == root_pid)
     why = f"slurm epilog: job {job} (uid {uid}) ended; its process was left behind"
-    if any(r.pid == root_pid for r in snap.roots):
-        return actions.reap_tree(root_pid, expected_start=info.start_time, face="cli", grace=grace,
-                                 sampler=sampler, config=config, reason=why)
-    return actions.kill_process(root_pid, expected_start=info.start_time, face="cli", force=True,
-                                timeout=grace, require_holder=False, sampler=sampler, config=config, reason=why)
+    pids = {m.proc.pid for m in members}
+    roots = sorted({h.verdict.root for h in snap.holders
+                    if h.pid in pids and h.verdict.kind == ORPHAN and h.verdict.root is not None})
+    results = []
+    for root in roots:
+        r = next(x for x in snap.roots if x.pid == root)
+        results.append(actions.reap_tree(root, expected_start=r.proc.start_time, face="cli", grace=grace,
+                                         sampler=sampler, config=config, reason=why))
+    holder_pids = {h.pid for h in snap.holders}
+    rest = sl.job_processes(job, uid, ProcTable(), exclude=self_and_ancestors())
+    order = {p: i for i, p in enumerate(sl.tree_roots(rest))}
+    for m in sorted(rest, key=lambda m: (order.get(m.proc.pid, len(order)), m.proc.pid)):
+        if m.proc.pid in holder_pids:
+            continue  # a holder the reap left alone (protected, not an orphan): reported, not killed here
+        results.append(actions.kill_process(m.proc.pid, expected_start=m.proc.start_time, face="cli", force=True,
+                                            timeout=grace, require_holder=False, sampler=sampler, config=config,
+                                            reason=why))
+    return results
 
 
 # ---- prolog and check ----------------------------------------------------------------------------

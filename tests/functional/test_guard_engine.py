@@ -335,8 +335,9 @@ def test_reap_rule_takes_a_real_orphan_tree_and_spares_a_normal_holder(procs, sc
 
 
 def test_guard_cannot_kill_what_actions_refuses(procs, scenario, clock):
-    """A miner-named process under a protected name (jupyter) matches the rule; actions refuses."""
-    prot = named(procs, "xmrig", "jupyter-kernel")
+    """A miner-named process that is a jupyter kernel (the default protect_cmdline) matches the rule;
+    actions refuses."""
+    prot = named(procs, "xmrig", "-m", "ipykernel_launcher")
     path = scenario(holders=[{"pid": prot.pid, "gpu": 0, "memory": "1GiB", "sm": 99}])
     pol = parse_policy(textwrap.dedent("""\
         rules:

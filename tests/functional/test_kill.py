@@ -185,7 +185,7 @@ def test_refuses_own_ancestors(procs, scenario, cfg):
 
 
 def test_refuses_protected_chain_unless_explicitly_allowed(procs, scenario, tmp_path, monkeypatch):
-    write_config(tmp_path / "c.yaml", monkeypatch, protect=["gt-guardian"])
+    write_config(tmp_path / "c.yaml", monkeypatch, protect_cmdline=["gt-guardian"])  # a word in an argument
     parent = procs.spawn("sleep 600 & wait; : gt-guardian")
     deadline = time.time() + 5
     while not (kids := [c for c in __import__("psutil").Process(parent.pid).children()]) and time.time() < deadline:

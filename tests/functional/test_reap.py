@@ -112,7 +112,7 @@ def test_apply_with_root_refuses_a_tree_that_is_not_an_orphan(procs, scenario, c
 
 
 def test_protected_and_unknown_trees_are_never_touched(procs, scenario, tmp_path, monkeypatch):
-    write_config(tmp_path / "c.yaml", monkeypatch, protect=["gt-keepme"])
+    write_config(tmp_path / "c.yaml", monkeypatch, protect_cmdline=["gt-keepme"])  # its marker is in an argument
     kept = orphan_python(procs, "gt-keepme")
     ghost = orphan_python(procs, "gt-ghost")
     scenario(holders=[{"pid": kept, "gpu": 0, "memory": "1GiB"},

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from gputop.orphans import (
-    DEFAULT_PROTECT, NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, classify, compile_protect,
+    DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE, NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, classify, compile_protect,
 )
 from gputop.procs import ProcInfo
 
 PROTECT = compile_protect(DEFAULT_PROTECT)
+PROTECT_CMDLINE = compile_protect(DEFAULT_PROTECT_CMDLINE)
 
 
 def P(pid, ppid, name="python", start=100.0, sid=None, cmd=None, sighup=False):
@@ -99,9 +100,35 @@ def test_protect_pattern_on_chain_member():
     assert "tmux" in v.reason and v.orphan_reason and v.root == 81
 
 
-def test_protect_is_case_insensitive_and_matches_cmdline():
+def test_protect_is_case_insensitive_and_cmdline_patterns_are_a_separate_list():
     t = Table(INIT, P(81, 1, "python", 50, 80, "python -m JupyterLab"), P(82, 81, "python", 60, 80))
+    assert classify(82, t, protect=PROTECT).kind == ORPHAN  # a word in an argument protects nothing ...
+    v = classify(82, t, protect=PROTECT, protect_cmdline=PROTECT_CMDLINE)  # ... unless a cmdline pattern says so
+    assert v.kind == PROTECTED and "protect_cmdline" in v.reason
+    t = Table(INIT, P(81, 1, "JUPYTER-lab", 50, 80, "/opt/bin/JUPYTER-lab"), P(82, 81, "python", 60, 80))
     assert classify(82, t, protect=PROTECT).kind == PROTECTED
+
+
+def test_a_protect_word_inside_an_argument_or_path_protects_nothing():
+    t = Table(INIT, P(81, 1, "python", 50, 80, "python train.py --out=/data/screenshots"),
+              P(82, 81, "python", 60, 80, "python /home/tmux/w.py"))
+    v = classify(82, t, protect=PROTECT, protect_cmdline=PROTECT_CMDLINE)
+    assert v.kind == ORPHAN, v.reason
+
+
+def test_protect_matches_argv0_basename_and_the_name():
+    t = Table(INIT, P(81, 1, "server", 50, 80, "/usr/bin/tmux new -d"), P(82, 81, "python", 60, 80))
+    assert "'tmux'" in classify(82, t, protect=PROTECT).reason
+    t = Table(INIT, P(81, 1, "screen", 50, 80, "/opt/x/run"), P(82, 81, "python", 60, 80))
+    assert classify(82, t, protect=PROTECT).kind == PROTECTED
+    t = Table(INIT, P(81, 1, "run", 50, 80, "/srv/screen/bin/run --x"), P(82, 81, "python", 60, 80))
+    assert classify(82, t, protect=PROTECT).kind == ORPHAN  # a directory named screen is not screen
+
+
+def test_the_jupyter_kernel_is_protected_by_the_default_cmdline_pattern():
+    kernel = "/usr/bin/python3 -m ipykernel_launcher -f /run/user/1000/jupyter/kernel-1.json"
+    t = Table(INIT, P(81, 1, "python3", 50, 80, kernel))
+    assert classify(81, t, protect=PROTECT, protect_cmdline=PROTECT_CMDLINE).kind == PROTECTED
 
 
 def test_init_and_subreaper_are_not_checked_for_protection():

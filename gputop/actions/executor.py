@@ -1,0 +1,233 @@
+"""The reap executor: carries out a reap plan, and only the plan.
+
+1. SIGSTOP the plan's members (and, until nothing new appears, any new child of theirs the planner
+   accepts), so that no retry loop or supervisor starts a new worker.
+2. Re-read the process table and plan again. A refusal now signals nothing and continues the tree; a
+   frozen process that is no longer a member is continued and left alone.
+3. SIGTERM and SIGCONT the members; anything they start during the grace is stopped at once.
+4. SIGKILL what is left; report every member that survives (success means every member is gone).
+Every signal goes through a verified pidfd (gputop.actions.identity.Handle).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from gputop.actions.common import Ctx, proc_dict, sig_event
+from gputop.actions.identity import Handle, wait_gone
+from gputop.actions.plan import ReapPlan, walk
+from gputop.errors import EXIT_FAILURE, EXIT_PERMISSION, EXIT_REFUSED
+from gputop.procs import ProcInfo, ProcTable, read_proc
+
+
+class Executor:
+    def __init__(self, ctx: Ctx, run, plan: ReapPlan, snapshot):
+        self.ctx, self.run, self.plan, self.snapshot = ctx, run, plan, snapshot
+        self.handles: dict[int, Handle] = {}
+        self.gone: set[int] = set()
+        self.denied: list[int] = []
+        self.released: list[int] = []  # frozen, then found not to be members: continued, left alone
+        self.late: set[int] = set()
+
+    # ---- signals ----
+    def adopt(self, procs: list[ProcInfo], sigs: list[int]) -> list[int]:
+        """Open handles for members not tracked yet, and send them ``sigs`` at once; return their pids."""
+        new = []
+        for m in procs:
+            if m.pid in self.handles or m.pid in self.gone:
+                continue
+            try:
+                self.handles[m.pid] = Handle(m)
+            except Exception:
+                self.gone.add(m.pid)
+                continue
+            new.append(m.pid)
+            for s in sigs:
+                self.send(m.pid, s)
+        return new
+
+    def send(self, pid: int, sig: int) -> None:
+        try:
+            if not self.handles[pid].send(sig):
+                self.gone.add(pid)
+        except PermissionError:
+            if pid not in self.denied:
+                self.denied.append(pid)
+
+    def send_all(self, sig: int, pids: list[int], note: str | None = None) -> None:
+        if not pids:
+            return
+        ev = sig_event(sig, pids)
+        self.run.signals.append({**ev, "note": note} if note else ev)
+        for pid in pids:
+            self.send(pid, sig)
+
+    def alive(self) -> list[int]:
+        return [p for p, h in self.handles.items() if p not in self.gone and p not in self.released and h.alive()]
+
+    def wait_stopped(self, pids: list[int], timeout: float = 2.0) -> None:
+        """SIGSTOP is asynchronous: wait until each process is really stopped (or gone)."""
+        deadline = time.monotonic() + timeout
+        left = list(pids)
+        while left and time.monotonic() < deadline:
+            nxt = []
+            for pid in left:
+                now = read_proc(pid)
+                if now is None or now.zombie or now.state in ("T", "t") or not self.handles[pid].alive():
+                    continue
+                nxt.append(pid)
+            left = nxt
+            if left:
+                time.sleep(0.005)
+
+    # ---- planning against the live table ----
+    def new_members(self) -> list[ProcInfo]:
+        """Processes under the tracked members that the planner accepts and that are not tracked yet."""
+        from gputop.actions.reap import make_rules
+
+        table = ProcTable()
+        table.scan_all()
+        rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
+        alive = self.alive()
+        members, left = walk(table, alive, set(self.handles) | self.gone, self.run.info, rules)
+        for e in left:
+            seen = self.run.details.setdefault("left_alone_new", [])
+            if all(x["pid"] != e.pid for x in seen):
+                seen.append(e.to_dict())
+        return members
+
+    @property
+    def plan_never(self) -> frozenset[int]:
+        from gputop.procs import self_and_ancestors
+
+        return frozenset(self_and_ancestors())
+
+    def freeze(self, first: list[int]) -> None:
+        """Stop ``first``, then every new member under the tracked ones, until a scan taken while all
+        are stopped finds nothing new: a stopped process cannot fork, so nothing can appear after that."""
+        self.send_all(signal.SIGSTOP, first)
+        self.wait_stopped(first)
+        for _ in range(50):
+            new = self.adopt(self.new_members(), [signal.SIGSTOP])
+            if not new:
+                return
+            self.run.signals.append(sig_event(signal.SIGSTOP, new))
+            self.wait_stopped(new)
+
+    def replan(self):
+        """Plan again from the frozen table. Returns a refusal result, or None and keeps only members."""
+        from gputop.actions.reap import _refused, current_plan
+
+        plan = current_plan(self.ctx, self.run, self.snapshot)
+        if plan.refusal is not None:
+            self.cont_all()
+            self.run.details["replanned"] = True
+            return _refused(self.run, plan, self.snapshot)
+        keep = set(plan.pids)
+        out = [p for p in self.alive() if p not in keep]
+        if out:
+            self.send_all(signal.SIGCONT, out, "not a member on re-planning: continued and left alone")
+            self.released.extend(out)
+        self.adopt([m for m in plan.members if m.pid not in self.handles], [signal.SIGSTOP])
+        self.plan = plan
+        return None
+
+    def cont_all(self) -> None:
+        cont = [p for p in self.handles if p not in self.gone]
+        if cont:
+            self.run.signals.append(sig_event(signal.SIGCONT, cont))
+        for pid in cont:
+            try:
+                self.handles[pid].send(signal.SIGCONT)
+            except OSError:
+                pass
+
+    # ---- the steps ----
+    def terminate(self, grace: float) -> None:
+        frozen = self.alive()
+        self.send_all(signal.SIGTERM, frozen)
+        self.send_all(signal.SIGCONT, frozen)
+        # Anything that appears now was started by a member that survived SIGTERM (a retry loop, a
+        # supervisor): it is stopped at once and killed with the rest, so no new worker ever runs. (No
+        # SIGTERM for it: a pending SIGTERM is delivered before a pending SIGSTOP, and its death would let
+        # the loop go round.)
+        deadline = time.monotonic() + max(0.0, grace)
+        while True:
+            new = self.adopt(self.new_members(), [signal.SIGSTOP])
+            if new:
+                self.late.update(new)
+                self.run.signals.append({**sig_event(signal.SIGSTOP, new),
+                                         "note": "started after SIGTERM: kept stopped"})
+            running = [p for p in self.alive() if p not in self.late]
+            if (not running and not new) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+
+    def kill_rest(self) -> bool:
+        killed_any = False
+        for _ in range(20):
+            alive = self.alive()
+            if not alive:
+                break
+            self.freeze(alive)
+            alive = self.alive()
+            self.send_all(signal.SIGKILL, alive)
+            killed_any = True
+            if wait_gone([self.handles[p] for p in alive], 5.0):
+                break  # ignores SIGKILL for now (uninterruptible I/O); reported as a survivor
+        return killed_any
+
+    def close(self) -> None:
+        for h in self.handles.values():
+            h.close()
+
+
+def execute(ctx: Ctx, run, plan: ReapPlan, snapshot):
+    """Carry out ``plan``. Returns a finished ActionResult on refusal or failure to start, else None with
+    ``run.details`` saying what happened (members, survivors, left alone, sigkill)."""
+    ex = Executor(ctx, run, plan, snapshot)
+    try:
+        refused = _freeze_and_replan(ex)
+        if refused is not None:
+            return refused
+        ex.terminate(run.grace)
+        run.details["started_during_reap"] = sorted(ex.late)
+        run.details["sigkill"] = ex.kill_rest()
+        survivors = ex.alive()
+    except BaseException as e:
+        # Interrupted (Ctrl-C, a bug): never leave a tree stopped. Whatever has SIGTERM pending acts on it.
+        ex.cont_all()
+        run.details["members"] = [proc_dict(h.info) for h in ex.handles.values()]
+        run.details["error"] = f"{type(e).__name__}: {e}"
+        run.done(False, "interrupted", f"the reap of the tree of pid {run.root_pid} was interrupted "
+                 f"({type(e).__name__}); the tree was continued (SIGCONT), not left stopped; check 'gputop reap'",
+                 EXIT_FAILURE)
+        raise
+    finally:
+        ex.close()
+    signalled = [h.info for p, h in ex.handles.items() if p not in ex.released]
+    run.details["members"] = [proc_dict(m) for m in signalled]
+    run.details["left_alone"] = [e.to_dict() for e in ex.plan.left_alone]
+    run.details["released"] = ex.released
+    run.details["survivors"] = survivors
+    run.details["reaped_holders"] = [m.pid for m in signalled if m.pid in {h.pid for h in snapshot.holders}]
+    return None
+
+
+def _freeze_and_replan(ex: Executor):
+    run = ex.run
+    ex.freeze(ex.adopt(list(ex.plan.members), []))
+    if ex.denied:
+        # Nothing was killed yet: let the tree run again and say why.
+        ex.send_all(signal.SIGCONT, [p for p in ex.handles if p not in ex.denied])
+        return run.done(False, "permission-denied", f"no permission to signal pid(s) {ex.denied} in the tree of "
+                        f"pid {run.root_pid} (user {run.info.user}); run as that user or as root", EXIT_PERMISSION)
+    refused = ex.replan()
+    if refused is not None:
+        return refused
+    if run.root_pid not in ex.handles or run.root_pid in ex.gone:
+        ex.cont_all()
+        return run.done(False, "identity-changed", f"pid {run.root_pid} could not be held while the tree was "
+                        "frozen; nothing was killed; run 'gputop reap' again", EXIT_REFUSED)
+    return None

@@ -1,0 +1,137 @@
+"""Process identity and signalling: a verified pidfd (Linux) or psutil handle, thread-group resolution,
+waiting for an exit, and a per-target lock so that concurrent gputop invocations tell who killed what."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import time
+
+from gputop.actions.common import same_start
+from gputop.procs import IS_LINUX, ProcInfo, read_proc
+
+_POLL = 0.02
+
+class Handle:
+    """A verified handle on one process: a pidfd on Linux, a psutil.Process elsewhere.
+
+    Opened only after the identity check, and checked again after opening, so the handle refers to the
+    process the caller saw and a later signal cannot reach a process that reused the PID.
+    """
+
+    def __init__(self, info: ProcInfo):
+        self.info = info
+        self.pid = info.pid
+        self.fd: int | None = None
+        self.proc = None
+        if IS_LINUX and hasattr(os, "pidfd_open"):
+            try:
+                self.fd = os.pidfd_open(info.pid)  # ProcessLookupError if gone
+            except ProcessLookupError:
+                raise
+            except OSError as e:
+                # ENOSYS: a kernel before 5.3 has no pidfd (use psutil below). EINVAL: a thread id; callers
+                # resolve those to their process first (tgid_of), so it is an identity change here.
+                if e.errno == errno.EINVAL:
+                    raise LookupError("not a process (a thread id?)") from None
+                if e.errno != errno.ENOSYS:
+                    raise
+        if self.fd is not None:
+            now = read_proc(info.pid)
+            if now is None or now.zombie or not same_start(now.start_time, info.start_time):
+                os.close(self.fd)
+                self.fd = None
+                raise LookupError("identity changed")
+        else:
+            import psutil
+
+            p = psutil.Process(info.pid)  # NoSuchProcess: the caller reports "not-found"
+            if not same_start(round(p.create_time(), 2), info.start_time):
+                raise LookupError("identity changed")
+            self.proc = p
+
+    def send(self, sig: int) -> bool:
+        """Signal the process; False if it has already exited. PermissionError propagates."""
+        if self.fd is not None:
+            try:
+                signal.pidfd_send_signal(self.fd, sig)
+                return True
+            except ProcessLookupError:
+                return False
+        import psutil
+
+        try:
+            if not self.proc.is_running():  # psutil compares the create time too
+                return False
+            self.proc.send_signal(sig)
+            return True
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied as e:
+            raise PermissionError(1, "Operation not permitted") from e
+
+    def alive(self) -> bool:
+        now = read_proc(self.pid)
+        return now is not None and not now.zombie and same_start(now.start_time, self.info.start_time)
+
+    def close(self):
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+
+def wait_gone(handles: list[Handle], timeout: float) -> list[Handle]:
+    """Wait up to ``timeout`` for the handles' processes to exit; return those still alive."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    alive = [h for h in handles if h.alive()]
+    while alive and time.monotonic() < deadline:
+        time.sleep(_POLL)
+        alive = [h for h in alive if h.alive()]
+    return alive
+
+
+
+class TargetLock:
+    """A lock on one target identity, shared by every gputop on the host, whoever runs it.
+
+    An abstract Unix socket name (no file, no permissions, released by the kernel when its holder exits)
+    is bound by the invocation that signals; a concurrent one finds it taken, sends nothing, and waits to
+    report what happened: so ten concurrent kills of one process do not all claim to have killed it."""
+
+    def __init__(self, action: str, pid: int, start: float):
+        self.name = f"\0gputop-{action}-{pid}-{int(round(start * 100))}"
+        self.sock: socket.socket | None = None
+
+    def acquire(self) -> bool:
+        if not IS_LINUX:
+            return True  # no abstract sockets: every invocation acts for itself
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(self.name)
+        except OSError:
+            s.close()
+            return False
+        self.sock = s
+        return True
+
+    def wait(self, pid: int, start: float, timeout: float) -> bool:
+        """Wait until the lock is free or the target is gone; True once the lock is ours."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while time.monotonic() < deadline:
+            if self.acquire():
+                return True
+            now = read_proc(pid)
+            if now is None or now.zombie or not same_start(now.start_time, start):
+                return False
+            time.sleep(_POLL)
+        return self.acquire()
+
+    def release(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None

@@ -1,0 +1,199 @@
+"""The reap planner: a pure function from a process table and a root to the plan a reap carries out.
+
+The plan names every process a reap signals and every subtree it leaves alone, each with a reason. A
+member is signalled only when the orphan classifier calls it an orphan itself: a session leader of its
+own session (``setsid``), or a member of a live session, is left alone with everything under it,
+whatever its ancestor is. Some reasons block the whole tree, because a reap is confirmed or selected as
+one unit: a protected or nohup-detached member, another user's process, one that cannot be seen or whose
+verdict is unknown, and PID 1, kernel threads or gputop's own ancestors. The preview prints exactly this
+plan; apply recomputes it after freezing the tree and signals only its members.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol
+
+from gputop.actions.common import other_user, proc_dict, safety_refusal, same_start
+from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict
+from gputop.procs import ProcInfo
+from gputop.textsafe import visible
+
+# Rules for a subtree left alone. Only "not-orphan" leaves the rest of the tree to be reaped.
+NOT_ORPHAN_RULE = NOT_ORPHAN
+BLOCKING = ("never", "other-user", PROTECTED, UNKNOWN, "hidden")
+
+
+class TreeTable(Protocol):
+    def get(self, pid: int) -> ProcInfo | None: ...
+
+    def children(self, pid: int) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class LeftAlone:
+    """A subtree the reap does not signal: its top process, why, and every process under it."""
+
+    proc: ProcInfo | None  # None: it cannot be seen (then ``pid`` says which)
+    pid: int
+    rule: str  # not-orphan | protected | unknown | hidden | other-user | never
+    reason: str
+    subtree: tuple[int, ...] = ()
+    owner: str | None = None  # who manages it (a systemd unit, a container, ...), when known
+
+    @property
+    def blocks(self) -> bool:
+        return self.rule in BLOCKING
+
+    def to_dict(self) -> dict:
+        return {"pid": self.pid, "proc": proc_dict(self.proc), "rule": self.rule, "reason": self.reason,
+                "subtree": list(self.subtree), "owner": self.owner, "blocks": self.blocks}
+
+
+@dataclass(frozen=True)
+class ReapPlan:
+    """What a reap of ``root_pid`` does: ``members`` are signalled; ``left_alone`` are not.
+
+    ``refusal`` (rule, message) is set when apply must signal nothing at all."""
+
+    root_pid: int
+    root: ProcInfo | None
+    members: tuple[ProcInfo, ...]  # root first, parents before children
+    left_alone: tuple[LeftAlone, ...]
+    holders: tuple[int, ...]  # GPU holders among the members
+    refusal: tuple[str, str] | None = None
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(m.pid for m in self.members)
+
+    @property
+    def held_back(self) -> tuple[int, ...]:
+        """GPU holders in subtrees left alone: the reap does not free their memory."""
+        return tuple(p for e in self.left_alone for p in (e.pid, *e.subtree) if p in self._all_holders)
+
+    _all_holders: frozenset = frozenset()
+
+    def to_dict(self) -> dict:
+        return {"root": self.root_pid, "members": [proc_dict(m) for m in self.members],
+                "left_alone": [e.to_dict() for e in self.left_alone], "holders": list(self.holders),
+                "held_back": list(self.held_back),
+                "refusal": {"rule": self.refusal[0], "message": self.refusal[1]} if self.refusal else None}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the planner needs besides the table: every input is explicit, so the planner stays pure."""
+
+    verdict: Callable[[int], Verdict]  # the orphan classifier over the same table
+    never: frozenset[int] = frozenset()  # gputop itself and its ancestors
+    holders: frozenset[int] = frozenset()  # GPU holders (for the plan's holder lists)
+    hidden: Callable[[int], bool] = lambda pid: False  # exists but cannot be read
+
+
+def _label(p: ProcInfo) -> str:
+    return f"pid {p.pid} ({visible(p.name)})"
+
+
+def leave_reason(p: ProcInfo, owner: ProcInfo, rules: Rules) -> tuple[str, str, str | None] | None:
+    """(rule, reason, owner) when member ``p`` of a tree owned by ``owner`` must not be signalled."""
+    refusal = safety_refusal(p, set(rules.never))
+    if refusal is not None:
+        return "never", refusal[1], None
+    v = rules.verdict(p.pid)
+    managed = getattr(v, "owner", None)  # filled in by the cgroup owner rules, where present
+    managed = str(managed) if managed else None
+    if v.kind == NOT_ORPHAN:
+        return NOT_ORPHAN_RULE, f"{_label(p)} is not an orphan: {v.reason}", managed
+    if other_user(p, owner):
+        who = visible(p.user) if p.user else "an unknown user"
+        return "other-user", (f"{_label(p)} belongs to user {who}, not to {visible(owner.user or '?')} who owns "
+                              "the root; gputop reaps a tree only when one user owns all of it"), managed
+    if v.kind != ORPHAN:
+        return v.kind, f"{_label(p)} is {v.kind}: {v.reason}", managed
+    return None
+
+
+def _subtree(table: TreeTable, pid: int, limit: int = 100000) -> tuple[int, ...]:
+    out: list[int] = []
+    stack, seen = [pid], {pid}
+    while stack and len(out) < limit:
+        for c in sorted(table.children(stack.pop(0))):
+            if c not in seen:
+                seen.add(c)
+                info = table.get(c)
+                if info is None or not info.zombie:
+                    out.append(c)
+                    stack.append(c)
+    return tuple(out)
+
+
+def walk(table: TreeTable, parents: Iterable[int], known: set[int], owner: ProcInfo,
+         rules: Rules) -> tuple[list[ProcInfo], list[LeftAlone]]:
+    """Every process under ``parents`` not in ``known``: the members to signal, and the subtrees to leave.
+
+    A process left alone is not descended into: everything under it is left with it."""
+    members: list[ProcInfo] = []
+    left: list[LeftAlone] = []
+    queue = list(parents)
+    seen = set(known) | set(queue)
+    while queue:
+        for c in sorted(table.children(queue.pop(0))):
+            if c in seen:
+                continue
+            seen.add(c)
+            info = table.get(c)
+            if info is None:
+                if rules.hidden(c):
+                    left.append(LeftAlone(None, c, "hidden", f"pid {c} exists but cannot be seen here (/proc "
+                                          "hidepid, or another user's process)"))
+                continue
+            if info.zombie:
+                continue  # exited: nothing to signal, and its children were reparented away
+            why = leave_reason(info, owner, rules)
+            if why is not None:
+                left.append(LeftAlone(info, c, why[0], why[1], _subtree(table, c), why[2]))
+                continue
+            members.append(info)
+            queue.append(c)
+    return members, left
+
+
+def plan_reap(table: TreeTable, root_pid: int, root_start: float | None, rules: Rules) -> ReapPlan:
+    """The plan for reaping the orphan tree rooted at ``root_pid`` (with start time ``root_start``)."""
+    root = table.get(root_pid)
+    if root is None or root.zombie:
+        why = ("exists but cannot be seen here" if root is None and rules.hidden(root_pid) else "has exited")
+        return ReapPlan(root_pid, None, (), (), (), ("not-found", f"pid {root_pid} {why}; nothing to reap"))
+    if root_start is not None and not same_start(root.start_time, root_start):
+        return ReapPlan(root_pid, root, (), (), (), ("identity-changed", f"pid {root_pid} is now a different "
+                                                     "process (the PID was reused); run 'gputop reap' again"))
+    refusal = _root_refusal(root, rules)
+    members, left = walk(table, [root_pid], set(), root, rules)
+    members = [root, *members]
+    holders = tuple(m.pid for m in members if m.pid in rules.holders)
+    if refusal is None and not holders and not any(p in rules.holders for e in left for p in (e.pid, *e.subtree)):
+        refusal = ("not-orphan", f"{_label(root)} is not the root of an orphan tree that holds a GPU: no GPU "
+                                 "holder is in its tree; see 'gputop reap'")
+    if refusal is None:
+        blocking = [e for e in left if e.blocks]
+        if blocking:
+            e = blocking[0]
+            refusal = (e.rule, f"the tree of {_label(root)} is not reaped: {e.reason}"
+                               + (f" (and {len(blocking) - 1} more)" if len(blocking) > 1 else ""))
+    return ReapPlan(root_pid, root, tuple(members), tuple(left), holders, refusal,
+                    _all_holders=frozenset(rules.holders))
+
+
+def _root_refusal(root: ProcInfo, rules: Rules) -> tuple[str, str] | None:
+    refusal = safety_refusal(root, set(rules.never))
+    if refusal is not None:
+        return refusal
+    v = rules.verdict(root.pid)
+    if v.kind in (PROTECTED, UNKNOWN):
+        return v.kind, (f"{_label(root)} is {v.kind}: {v.reason}; gputop never reaps protected or unknown "
+                        "trees")
+    if v.kind != ORPHAN or v.root != root.pid:
+        why = v.reason if v.kind != ORPHAN else f"its orphan tree's root is pid {v.root}"
+        return "not-orphan", (f"{_label(root)} is not the root of an orphan tree: {why}; see 'gputop reap'")
+    return None

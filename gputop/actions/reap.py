@@ -1,0 +1,196 @@
+"""Reap an orphan tree: check the root, make the plan (gputop.actions.plan), show it or carry it out.
+
+``orphan_trees`` gives every orphan tree of a snapshot with its plan: the preview (``gputop reap``, the
+TUI dialog, the API) shows exactly what ``reap_tree`` would do. ``reap_tree`` re-reads everything,
+plans again, and hands the plan to the executor (gputop.actions.executor), which re-plans after freezing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gputop.actions.common import (
+    FACES, ActionResult, Ctx, OrphanTree, log_record, memory_released, name, proc_dict, record, target_dict,
+)
+from gputop.actions.plan import ReapPlan, Rules, plan_reap
+from gputop.config import Config, load_config
+from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
+from gputop.orphans import UNKNOWN, classify, compile_protect
+from gputop.procs import ProcTable, read_proc, self_and_ancestors
+
+_REFUSAL_CODES = {"not-found": ("not-found", EXIT_NOT_FOUND), "identity-changed": ("identity-changed", EXIT_REFUSED)}
+
+
+def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[int] | None = None) -> Rules:
+    """The planner's inputs: the orphan classifier over ``table`` with the configured protect rules, where a
+    GPU holder the snapshot could not tie to a visible process keeps its unknown verdict."""
+    protect, cmdline = compile_protect(config.protect), compile_protect(config.protect_cmdline)
+    unknown = {h.pid: h.verdict for h in snapshot.holders if h.proc is None or h.verdict.kind == UNKNOWN}
+    hooks = getattr(snapshot, "hooks", None) or {}  # the sampler's owner and Slurm job lookups
+
+    def verdict(pid: int):
+        if pid in unknown:
+            return unknown[pid]
+        return classify(pid, table, platform=platform, protect=protect, nohup_protects=config.nohup_protects,
+                        max_chain=config.max_chain, protect_cmdline=cmdline, **hooks)
+
+    hidden = getattr(table, "hidden", None) or (lambda pid: False)
+    return Rules(verdict, frozenset(self_and_ancestors()) if never is None else never,
+                 frozenset(h.pid for h in snapshot.holders), hidden)
+
+
+def orphan_trees(snapshot, table: ProcTable | None = None, config: Config | None = None) -> list[OrphanTree]:
+    """Every orphan root of ``snapshot`` with its live tree and reap plan (re-read now)."""
+    table = table or ProcTable()
+    config = config or load_config()
+    rules = make_rules(config, getattr(snapshot, "platform", "posix"), table, snapshot)
+    out = []
+    for r in snapshot.roots:
+        plan = plan_reap(table, r.pid, r.proc.start_time, rules)
+        if plan.root is None or plan.refusal and plan.refusal[0] in _REFUSAL_CODES:
+            continue  # exited or reused since the snapshot: not a tree any more
+        out.append(OrphanTree(plan.root, plan.members, tuple(r.holders), tuple(r.gpus), r.gpu_memory, r.reason,
+                              r.reaper, plan))
+    return out
+
+
+@dataclass
+class ReapRun:
+    """One reap: its inputs, what it found and did, and the audit record that ``done`` writes."""
+
+    root_pid: int
+    expected_start: float | None
+    face: str
+    grace: float | None
+    dry_run: bool
+    reason: str | None
+    cfg: Config | None
+
+    def __post_init__(self):
+        self.info = None
+        self.gpus: list[int] = []
+        self.details: dict = {}
+        self.signals: list[dict] = []
+
+    def done(self, ok: bool, outcome: str, message: str, code: int, mem: bool | None = None) -> ActionResult:
+        target = target_dict(self.root_pid, self.info, self.gpus, self.expected_start)
+        rec = record("reap", self.face, outcome, ok, message, target, self.signals, self.reason,
+                     dry_run=self.dry_run, grace=self.grace, exit_code=code, memory_released=mem,
+                     details=dict(self.details))
+        log_record(rec, self.cfg, self.details)
+        gpu = self.gpus[0] if len(self.gpus) == 1 else None
+        return ActionResult("reap", ok, outcome, message, pid=self.root_pid, gpu=gpu, exit_code=code,
+                            memory_released=mem, details=self.details)
+
+
+def reap_tree(root_pid: int, *, expected_start: float | None, face: str, grace: float | None = None,
+              dry_run: bool = False, sampler=None, config: Config | None = None,
+              reason: str | None = None) -> ActionResult:
+    """Reap the orphan tree under ``root_pid`` as planned: SIGSTOP, re-plan, SIGTERM, SIGCONT, SIGKILL.
+
+    Acts only if the root is still an orphan root now, and only on members the classifier calls orphans;
+    refuses the whole tree when the plan does (protected, unknown, another user's, ...)."""
+    if face not in FACES:
+        raise ValueError(f"face must be one of {FACES}, not {face!r}")
+    run = ReapRun(root_pid, expected_start, face, grace, dry_run, reason, config)
+    try:
+        ctx = Ctx(sampler, config)
+    except GputopError as e:
+        return run.done(False, "failed", str(e), e.exit_code)
+    run.cfg = ctx.config
+    if run.grace is None:  # every face gets the configured default (kill_timeout), not a constant of its own
+        run.grace = ctx.config.kill_timeout
+    try:
+        return _reap(ctx, run)
+    finally:
+        ctx.close()
+
+
+def current_plan(ctx: Ctx, run: ReapRun, snapshot) -> ReapPlan:
+    table = ProcTable()
+    table.scan_all()
+    rules = make_rules(ctx.config, ctx.platform, table, snapshot)
+    return plan_reap(table, run.root_pid, run.info.start_time, rules)
+
+
+def _reap(ctx: Ctx, run: ReapRun) -> ActionResult:
+    from gputop.actions.executor import execute
+
+    pid = run.root_pid
+    info = run.info = read_proc(pid)
+    if info is None or info.zombie:
+        return run.done(False, "not-found", f"no process {pid}: the tree's root has exited (check "
+                        "'gputop reap')", EXIT_NOT_FOUND)
+    if run.expected_start is not None and abs(info.start_time - run.expected_start) > 0.006:
+        run.details["found_start_time"] = info.start_time
+        return run.done(False, "identity-changed", f"pid {pid} is now a different process (the PID was "
+                        "reused); run 'gputop reap' again", EXIT_REFUSED)
+    if ctx.sampler is None:
+        run.details["rule"] = "no-sampler"
+        return run.done(False, "refused", f"cannot verify that pid {pid} is an orphan root "
+                        f"({ctx.sampler_error})", EXIT_UNAVAILABLE)
+    snap = ctx.sample()
+    plan = current_plan(ctx, run, snap)
+    refused = _refused(run, plan, snap)
+    if refused is not None:
+        return refused
+    if run.dry_run:
+        return run.done(True, "dry-run", f"would reap the tree of pid {pid} ({name(info)}): {plan_summary(plan)}",
+                        EXIT_OK)
+    result = execute(ctx, run, plan, snap)
+    if result is not None:
+        return result
+    return _finish(ctx, run, plan)
+
+
+def _refused(run: ReapRun, plan: ReapPlan, snap) -> ActionResult | None:
+    """Record the plan in the details; a refusal result when the plan says apply must signal nothing."""
+    member_set = set(plan.pids) | {p for e in plan.left_alone for p in (e.pid, *e.subtree)}
+    run.gpus = sorted({g for h in snap.holders if h.pid in member_set for g in h.gpus})
+    run.details["plan"] = plan.to_dict()
+    if plan.refusal is None:
+        return None
+    rule, message = plan.refusal
+    if rule in _REFUSAL_CODES:
+        outcome, code = _REFUSAL_CODES[rule]
+        if rule == "not-found":
+            message = f"pid {run.root_pid} exited while the tree was being checked; nothing was signalled"
+        return run.done(False, outcome, message, code)
+    run.details["rule"] = rule
+    return run.done(False, "refused", message, EXIT_REFUSED)
+
+
+def plan_summary(plan: ReapPlan) -> str:
+    text = f"{len(plan.members)} process(es) {list(plan.pids)}, holders {list(plan.holders)}"
+    if plan.left_alone:
+        text += "; left alone: " + "; ".join(e.reason for e in plan.left_alone)
+    return text
+
+
+def _finish(ctx: Ctx, run: ReapRun, plan: ReapPlan) -> ActionResult:
+    d = run.details
+    survivors = d.get("survivors") or []
+    n = len(d.get("members") or ())
+    if survivors:
+        names = ", ".join(f"{p}" for p in survivors)
+        return run.done(False, "still-alive", f"pid(s) {names} of the tree of pid {run.root_pid} are still alive "
+                        "after SIGKILL (uninterruptible I/O?); check 'gputop reap' again", EXIT_FAILURE)
+    mem = memory_released(ctx, set(d.get("reaped_holders") or ()))
+    late = len(d.get("started_during_reap") or ())
+    msg = (f"reaped the tree of pid {run.root_pid} ({name(run.info)}): {n} process(es)"
+           + (f" ({late} started during the reap, stopped at once)" if late else "")
+           + (", SIGKILL needed" if d.get("sigkill") else ", all exited after SIGTERM"))
+    left = d.get("left_alone") or []
+    if left:
+        msg += f"; left alone as planned: {', '.join(str(e['pid']) for e in left)} (not orphans)"
+    if mem is True:
+        msg += "; GPU memory released"
+    elif mem is False:
+        msg += "; the GPU still lists a holder (the driver has not released its memory yet)"
+    held = plan.held_back
+    if held:
+        msg += f"; GPU holder(s) {list(held)} were left alone and still hold their GPU"
+    return run.done(True, "reaped", msg, EXIT_OK, mem)
+
+
+__all__ = ["orphan_trees", "reap_tree", "make_rules", "plan_summary", "proc_dict"]

@@ -1,0 +1,132 @@
+"""GPU reset: refuses while processes hold the GPU; with ``force`` it kills them first (the kill path)."""
+
+from __future__ import annotations
+
+import time
+
+from gputop.actions.common import Ctx, FACES, ActionResult, log_record, record, safety_refusal
+from gputop.backends.base import ResetError
+from gputop.config import Config
+from gputop.errors import (
+    EXIT_FAILURE, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError,
+)
+from gputop.orphans import PROTECTED, UNKNOWN
+from gputop.procs import self_and_ancestors
+from gputop.textsafe import visible
+
+_RESET_CODES = {
+    "permission": ("permission-denied", EXIT_PERMISSION, "run it as root (sudo gputop reset --gpu {i})"),
+    "display": ("refused", EXIT_REFUSED, "this GPU drives a display; stop the display server on it first"),
+    "unsupported": ("unsupported", EXIT_UNAVAILABLE, "this GPU or driver cannot be reset from user space"),
+    "missing-tool": ("missing-tool", EXIT_UNAVAILABLE, "install the vendor tool (nvidia-smi / amdsmi) and retry"),
+    "busy": ("busy", EXIT_REFUSED, "stop the processes using it (gputop reset --gpu {i} --force)"),
+    "failed": ("failed", EXIT_FAILURE, "see the message; check 'gputop status'"),
+}
+
+
+def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
+              config: Config | None = None, reason: str | None = None,
+              kill_timeout: float | None = None, dry_run: bool = False) -> ActionResult:
+    """Reset GPU ``index``. Refuses while processes hold it; ``force`` first kills them (same kill path).
+
+    ``dry_run``: make every check (holders, refusals) and say what would happen; signal and reset nothing.
+    The backend's own checks (root, a display, the reset tool) run only in a real reset."""
+    if face not in FACES:
+        raise ValueError(f"face must be one of {FACES}, not {face!r}")
+    details: dict = {}
+    state = {"cfg": config}
+
+    def done(ok, outcome, message, code):
+        rec = record("reset", face, outcome, ok, message, {"gpu": index}, [], reason, force=force,
+                      exit_code=code, details=dict(details))
+        log_record(rec, state["cfg"], details)
+        return ActionResult("reset", ok, outcome, message, gpu=index, exit_code=code, details=details)
+
+    try:
+        ctx = Ctx(sampler, config)
+    except GputopError as e:
+        return done(False, "failed", str(e), e.exit_code)
+    state["cfg"] = ctx.config
+    try:
+        if ctx.sampler is None:
+            return done(False, "unavailable", f"no GPU backend: {ctx.sampler_error}", EXIT_UNAVAILABLE)
+        try:
+            ctx.sampler.locate(index)
+        except GputopError as e:
+            return done(False, "not-found", str(e), e.exit_code)
+        snap = ctx.sample()
+        holders = snap.holders_on(index)
+        details["holders"] = [{"pid": h.pid, "start_time": h.start_time, "user": h.user, "name": h.name,
+                               "cmd": h.cmd, "verdict": h.verdict.kind} for h in holders]
+        if not holders and dry_run:
+            return done(True, "dry-run", f"would reset GPU {index} (no process holds it)", EXIT_OK)
+        if holders and not force:
+            listing = ", ".join(f"{h.pid} ({visible(h.name)}, {visible(h.user or '?')})" for h in holders)
+            return done(False, "busy", f"GPU {index} is in use by {len(holders)} process(es): {listing}; "
+                        f"stop them or use --force to kill them first", EXIT_REFUSED)
+        if holders:
+            stop = _clear_holders(ctx, index, holders, face, reason, kill_timeout, dry_run, details, done)
+            if stop is not None:
+                return stop
+        return _reset(ctx, index, details, done)
+    finally:
+        ctx.close()
+
+
+def _clear_holders(ctx, index, holders, face, reason, kill_timeout, dry_run, details, done):
+    """Kill the GPU's holders (all or none): a result that stops the reset, or None once they are gone."""
+    invisible = [h.pid for h in holders if not h.visible]
+    if invisible:
+        return done(False, "refused", f"GPU {index} is held by pid(s) {invisible} that gputop cannot see "
+                    "(another PID namespace); stop them there first", EXIT_REFUSED)
+    # Refuse before killing anyone: a reset that one holder blocks must not cost the others their jobs.
+    ancestors = self_and_ancestors()
+    blocked = []
+    for h in holders:
+        rule = safety_refusal(h.proc, ancestors) if h.proc is not None else None
+        if rule is not None:
+            blocked.append(f"pid {h.pid} ({rule[1]})")
+        elif h.verdict.kind in (PROTECTED, UNKNOWN):
+            blocked.append(f"pid {h.pid} ({visible(h.name)}) is {h.verdict.kind}: {h.verdict.reason}")
+    if blocked:
+        details["rule"] = "holder-refused"
+        return done(False, "refused", f"GPU {index} not reset, and no holder was killed: "
+                    + "; ".join(blocked) + "; gputop never kills these, stop them yourself first", EXIT_REFUSED)
+    if dry_run:
+        return done(True, "dry-run", f"would kill {len(holders)} process(es) holding GPU {index} "
+                    f"({', '.join(str(h.pid) for h in holders)}), then reset it", EXIT_OK)
+    timeout = kill_timeout if kill_timeout is not None else ctx.config.kill_timeout
+    from gputop.actions.kill import kill_many
+
+    results = kill_many([(h.pid, h.start_time) for h in holders], face=face, force=True, timeout=timeout,
+                        sampler=ctx.sampler, config=ctx.config,
+                        reason=f"reset of GPU {index}" + (f": {reason}" if reason else ""))
+    details["kills"] = [r.to_dict() for r in results]
+    failed = [r for r in results if not r.ok and r.outcome != "not-found"]
+    if failed:
+        r = failed[0]
+        return done(False, "refused", f"GPU {index} not reset: holder pid {r.pid} could not be "
+                    f"killed: {r.message}", r.exit_code or EXIT_FAILURE)
+    deadline = time.monotonic() + 5.0
+    while ctx.sample().holders_on(index) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = ctx.sample().holders_on(index)
+    if left:
+        details["survivors"] = [h.pid for h in left]
+        return done(False, "busy", f"GPU {index} not reset: pid(s) {[h.pid for h in left]} still hold "
+                    "it after the kill", EXIT_FAILURE)
+    return None
+
+
+def _reset(ctx, index, details, done):
+    try:
+        what = ctx.sampler.reset(index)
+    except ResetError as e:
+        outcome, code, hint = _RESET_CODES.get(e.kind, _RESET_CODES["failed"])
+        details["kind"] = e.kind
+        return done(False, outcome, f"GPU {index} not reset: {e}; {hint.format(i=index)}", code)
+    except GputopError as e:
+        return done(False, "failed", f"GPU {index} not reset: {e}", e.exit_code)
+    except Exception as e:
+        return done(False, "failed", f"GPU {index} not reset: {type(e).__name__}: {e}", EXIT_FAILURE)
+    return done(True, "reset", what or f"GPU {index} reset", EXIT_OK)
