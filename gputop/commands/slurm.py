@@ -31,6 +31,7 @@ Every signal goes through the same planner and executor as 'gputop reap', and ev
 audit log with the job id and uid."""
 
 EPILOG_GRACE = 3.0  # seconds between SIGTERM and SIGKILL: well inside Slurm's epilog time
+DEADLINE = 60.0  # no new tree or process is started on after this many seconds (each wait is bounded)
 
 
 def add_arguments(p) -> None:
@@ -49,6 +50,8 @@ def add_arguments(p) -> None:
             sp.add_argument("--gpus", metavar="LIST", help="the job's GPUs, e.g. 0,2-3 (default: from the "
                             "job's environment or scontrol)")
         if name != "check":
+            sp.add_argument("--deadline", type=float, default=DEADLINE, metavar="S",
+                            help=f"start on no new tree after S seconds; report what is left (default {DEADLINE:g})")
             sp.add_argument("--grace", type=float, default=EPILOG_GRACE, metavar="S",
                             help=f"seconds between SIGTERM and SIGKILL (default {EPILOG_GRACE:g})")
 
@@ -123,7 +126,7 @@ def _epilog(args) -> int:
         snap = sampler.sample()
         member_pids = {m.proc.pid for m in members}
         holders = [h.pid for h in snap.holders if h.pid in member_pids]
-        results = _reap_job(sampler, config, snap, members, job, uid, args.grace)
+        results = _reap_job(sampler, config, snap, members, job, uid, args.grace, started + args.deadline)
         after = sampler.sample()
     finally:
         sampler.close()
@@ -161,7 +164,7 @@ def _why(results, pid: int) -> str:
     return f"{failed[0].outcome}: {failed[0].message}" if failed else "it was not reaped (not an orphan, or protected)"
 
 
-def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float) -> list:
+def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float, deadline: float) -> list:
     """GPU holders' orphan trees first, through the reap planner and executor (gputop.actions.reap_tree);
     then every other process of the job still alive, one by one through the same kill path, parents first.
     A holder that is not an orphan (a protect pattern) is not signalled, and so survives."""
@@ -176,6 +179,8 @@ def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float) 
                     if h.pid in pids and h.verdict.kind == ORPHAN and h.verdict.root is not None})
     results = []
     for root in roots:
+        if time.monotonic() > deadline:
+            break  # what is left is reported as surviving: Slurm drains the node, nothing hangs
         r = next(x for x in snap.roots if x.pid == root)
         results.append(actions.reap_tree(root, expected_start=r.proc.start_time, face="cli", grace=grace,
                                          sampler=sampler, config=config, reason=why))
@@ -183,6 +188,8 @@ def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float) 
     rest = sl.job_processes(job, uid, ProcTable(), exclude=self_and_ancestors())
     order = {p: i for i, p in enumerate(sl.tree_roots(rest))}
     for m in sorted(rest, key=lambda m: (order.get(m.proc.pid, len(order)), m.proc.pid)):
+        if time.monotonic() > deadline:
+            break
         if m.proc.pid in holder_pids:
             continue  # a holder the reap left alone (protected, not an orphan): reported, not killed here
         results.append(actions.kill_process(m.proc.pid, expected_start=m.proc.start_time, face="cli", force=True,

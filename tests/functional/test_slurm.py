@@ -293,7 +293,8 @@ def escapees(node: SlurmNode, tag: str, kinds=("setsid", "nohup", "dfork")) -> s
     d = node.dir
     lines = {"setsid": f"setsid sh -c 'sleep 600; : {d} {tag}-setsid' </dev/null >/dev/null 2>&1 &",
              "nohup": f"nohup sh -c 'sleep 600; : {d} {tag}-nohup' </dev/null >/dev/null 2>&1 &",
-             "dfork": f"( sh -c 'sleep 600; : {d} {tag}-dfork' </dev/null >/dev/null 2>&1 & )"}
+             "dfork": f"( sh -c 'sleep 600; : {d} {tag}-dfork' </dev/null >/dev/null 2>&1 & )",
+             "plain": f"sh -c 'sleep 600; : {d} {tag}-plain' </dev/null >/dev/null 2>&1 &"}
     return "\n".join([lines[k] for k in kinds]
                      + [f"n=0; while [ ! -e {d}/go.{tag} ] && [ $n -lt 900 ]; do sleep 0.1; n=$((n+1)); done", ""])
 
@@ -369,8 +370,9 @@ def bystander(node: SlurmNode, tag: str) -> int:
 def test_job_leftovers_are_named_then_orphans_then_reaped_by_the_epilog(slurm_node):
     node = slurm_node
     other = node.submit(escapees(node, "b", ("setsid",)))
-    job = node.submit(escapees(node, "a"), hold_epilog=True)
+    job = node.submit(escapees(node, "a", ("setsid", "nohup", "dfork", "plain")), hold_epilog=True)
     a = wait_marked(node, "a")
+    plain = wait_marked(node, "a", ("plain",))["plain"]  # a leftover that holds no GPU
     b = wait_marked(node, "b", ("setsid",))["setsid"]
     by = bystander(node, "a")
     node.scenario([{"pid": a["setsid"], "gpu": 0, "memory": "1GiB"}, {"pid": a["nohup"], "gpu": 0, "memory": "1GiB"},
@@ -399,9 +401,12 @@ def test_job_leftovers_are_named_then_orphans_then_reaped_by_the_epilog(slurm_no
     rc, out, err = node.hook_result("epilog", job)
     assert rc == 0, err
     assert set(out["holders"]) == set(a.values())
-    for pid in a.values():
+    for pid in [*a.values(), plain]:
         _wait(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
     assert alive(b) and alive(by)
+    # The leftover that holds no GPU went through the kill path, once.
+    assert [r["outcome"] for r in node.audit() if (r.get("target") or {}).get("pid") == plain] in (
+        ["terminated"], ["killed"])
     recs = [r for r in node.audit() if r.get("action") in ("reap", "kill") and (r.get("target") or {}).get("pid") in a.values()]
     # Each holder's tree went through the reap planner and executor (action "reap"), and only them.
     assert {r["target"]["pid"] for r in recs if r["ok"] and r["action"] == "reap"} == set(a.values())
