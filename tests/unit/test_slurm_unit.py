@@ -161,3 +161,26 @@ def test_job_rule_unknown_state_never_makes_an_orphan():
 def test_slurm_job_rule_leaves_an_unwalkable_chain_alone():
     v = Verdict(UNKNOWN, "ancestor chain has a cycle at pid 3")
     assert slurm_job_rule(v, [], JobRef(1), JobState(1, "COMPLETED"), lambda m: True) is v
+
+
+def test_tui_groups_by_slurm_job_and_shows_a_job_column():
+    import dataclasses
+
+    from gputop.tui.process_tree import row_cells
+    from gputop.tui.rows import GROUP_JOB, build, walk
+    from tests.tui.helpers import frozen_snapshot
+
+    snap = frozen_snapshot()
+    jobs = {1101: (JobRef(42, "0"), JobState(42, "RUNNING")), 2001: (JobRef(7), JobState(7, "COMPLETED"))}
+    holders = tuple(dataclasses.replace(h, job=jobs[h.pid][0], job_state=jobs[h.pid][1]) if h.pid in jobs else h
+                    for h in snap.holders)
+    snap = dataclasses.replace(snap, holders=holders)
+    groups = build(snap, grouping=GROUP_JOB)
+    assert [g.key for g in groups] == ["job7", "job42", "nojob"]
+    assert groups[0].title.startswith("Slurm job 7 (ended: COMPLETED)")
+    assert groups[1].title.startswith("Slurm job 42 (RUNNING)")
+    assert [n.pid for n in walk(groups[1:2]) if n.kind == "holder"] == [1101]
+    node = next(n for n in walk(groups) if n.kind == "holder" and n.pid == 1101)
+    cells = row_cells(node, 1, 3, False, (False, True))[4]
+    assert cells[-1].strip() == "42.0"  # the JOB column, just before COMMAND
+    assert len(row_cells(node, 1, 3, False, False)[4]) == len(cells) - 1  # no Slurm: no JOB column
