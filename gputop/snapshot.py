@@ -219,6 +219,11 @@ class Sampler:
         states = self.job_states.get_many({j.job_id for j in jobs.values()}) if jobs else {}
         return jobs, states
 
+    @staticmethod
+    def _job_warnings(states: dict[int, JobState]) -> list[str]:
+        return [f"{st.describe()}: its holders are judged by the session rule, and never called orphans"
+                for _, st in sorted(states.items()) if st.state is None]
+
     @classmethod
     def open(cls, backend: str | None = None, scenario: str | None = None,
              config: Config | None = None, **kw) -> "Sampler":
@@ -291,6 +296,7 @@ class Sampler:
         holders: list[Holder] = []
         cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
         jobs, job_states = self._holder_jobs(table, [p for p in uses if visible[p]])
+        warnings.extend(self._job_warnings(job_states))
         for pid in sorted(uses):
             info = table.get(pid) if visible[pid] else None
             if info is not None and info.zombie:

@@ -523,3 +523,27 @@ def test_cgroup_variant_attributes_by_cgroup_path(slurm_node):
     rc, out, err = node.hook_result("epilog", job)
     assert rc == 0, err
     _wait(lambda: not alive(pid), 10, "the job's process to be gone")
+
+
+def test_without_scontrol_a_jobs_holder_is_unknown_never_an_orphan(procs, scenario, tmp_path, monkeypatch):
+    """No Slurm needed: a holder whose environment names a job, on a node where scontrol is missing."""
+    from tests.conftest import run_gputop
+    from tests.functional.actions_helpers import write_config
+
+    write_config(tmp_path / "config.yaml", monkeypatch)
+    marker = f"gti16-noscontrol-{os.getpid()}"
+    env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_JOB_UID": str(os.getuid())}
+    procs.spawn(["setsid", "sh", "-c", f"sh -c 'sleep 600; : {marker}' & exit 0"], env=env).wait(10)
+    pid = procs.wait_for(f"sh -c sleep 600; : {marker}")
+    scenario(holders=[{"pid": pid, "gpu": 0, "memory": "1GiB"}])
+    plain = run_gputop("status", "--json", env={"GPUTOP_SCONTROL": str(tmp_path / "no-scontrol")})
+    snap = json.loads(plain.stdout)
+    h = holders_by_pid(snap)[pid]
+    assert h["slurm"]["job_id"] == 4242 and h["slurm"]["source"] == "environ" and h["slurm"]["state"] is None
+    assert h["verdict"]["kind"] == "unknown" and "state unknown" in h["verdict"]["reason"]
+    assert any("Slurm job 4242: state unknown" in w for w in snap["warnings"])
+    table = run_gputop("status", env={"GPUTOP_SCONTROL": str(tmp_path / "no-scontrol")}).stdout
+    assert "4242 state?" in table
+    # The reap never takes it.
+    assert run_gputop("reap", "--apply", "--json", env={"GPUTOP_SCONTROL": str(tmp_path / "no-scontrol")}).returncode == 0
+    assert alive(pid)
