@@ -10,6 +10,7 @@ import time
 
 from gputop.commands._common import config_from, open_sampler, print_json
 from gputop.errors import EXIT_FAILURE, EXIT_OK, UsageError
+from gputop.textsafe import visible
 
 NAME = "slurm"
 HELP = "Slurm node hooks: 'slurm epilog' reaps a finished job's leftovers, 'slurm prolog' frees its GPUs, 'slurm check'"
@@ -136,9 +137,9 @@ def _epilog(args) -> int:
     ok = not gpu_survivors
     msg = (f"Slurm job {job} (uid {uid}): {len(members)} leftover process(es), GPU holders {holders}; "
            f"{len(members) - len(survivors)} gone, {len(survivors)} left ({took:.1f}s)")
-    errors = [f"Slurm job {job}: GPU holder pid {h.pid} ({h.name}, user {h.user}) survived the epilog: "
-              f"{_why(results, h.pid)}; the node should be drained and checked" for h in gpu_survivors]
-    errors += [f"warning: pid {m.proc.pid} ({m.proc.name}) of job {job} is still alive (it holds no GPU)"
+    errors = [f"Slurm job {job}: GPU holder pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) survived the "
+              f"epilog: {_why(results, h.pid)}; the node should be drained and checked" for h in gpu_survivors]
+    errors += [f"warning: pid {m.proc.pid} ({visible(m.proc.name)}) of job {job} is still alive (it holds no GPU)"
                for m in survivors if m.proc.pid not in {h.pid for h in gpu_survivors}]
     _audit(config, "slurm-epilog", job, uid, ok, msg + ("" if ok else "; " + "; ".join(errors[:3])),
            {"members": [_pdict(m.proc) for m in members], "holders": holders,
@@ -147,7 +148,7 @@ def _epilog(args) -> int:
     _emit(args, {"ok": ok, "job": job, "uid": uid, "members": [_pdict(m.proc) for m in members],
                  "holders": holders, "results": [r.to_dict() for r in results],
                  "survivors": [m.proc.pid for m in survivors], "gpu_survivors": [h.pid for h in gpu_survivors]},
-          [msg] + [f"  {r.outcome}: {r.message}" for r in results], errors)
+          [msg] + [f"  {r.outcome}: {visible(r.message)}" for r in results], errors)
     return EXIT_OK if ok else EXIT_FAILURE
 
 
@@ -159,9 +160,11 @@ def _pdict(p) -> dict:
 def _why(results, pid: int) -> str:
     for r in results:
         if r.pid == pid or pid in (r.details.get("survivors") or []):
-            return f"{r.outcome}: {r.message}"
+            return f"{r.outcome}: {visible(r.message)}"
     failed = [r for r in results if not r.ok]
-    return f"{failed[0].outcome}: {failed[0].message}" if failed else "it was not reaped (not an orphan, or protected)"
+    if failed:
+        return f"{failed[0].outcome}: {visible(failed[0].message)}"
+    return "it was not reaped (not an orphan, or protected)"
 
 
 def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float, deadline: float) -> list:
@@ -239,8 +242,8 @@ def _prolog(args, apply: bool) -> int:
 def _holder_line(h) -> str:
     job = f"Slurm job {h.job.label()} ({h.job_state.describe() if h.job_state else 'state unknown'})" \
         if h.job else "no Slurm job"
-    return (f"pid {h.pid} ({h.name}, user {h.user}) on GPU {','.join(map(str, h.gpus))}: {job}; "
-            f"{h.verdict.kind}: {h.verdict.reason}")
+    return (f"pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) on GPU {','.join(map(str, h.gpus))}: "
+            f"{job}; {h.verdict.kind}: {visible(h.verdict.reason)}")
 
 
 def _prolog_report(args, config, job, gpus, source, others, results, apply) -> int:
@@ -258,7 +261,7 @@ def _prolog_report(args, config, job, gpus, source, others, results, apply) -> i
                {"gpus": gpus, "holders": [h.pid for h in others], "reaped": [r.pid for r in results if r.ok]})
     _emit(args, {"ok": ok, "job": job, "gpus": gpus, "source": source,
                  "holders": [_hdict(h) for h in others], "results": [r.to_dict() for r in results]},
-          [msg] + [f"  {r.outcome}: {r.message}" for r in results], errors)
+          [msg] + [f"  {r.outcome}: {visible(r.message)}" for r in results], errors)
     return EXIT_OK if ok else EXIT_FAILURE
 
 

@@ -407,7 +407,8 @@ def test_job_leftovers_are_named_then_orphans_then_reaped_by_the_epilog(slurm_no
     # The leftover that holds no GPU went through the kill path, once.
     assert [r["outcome"] for r in node.audit() if (r.get("target") or {}).get("pid") == plain] in (
         ["terminated"], ["killed"])
-    recs = [r for r in node.audit() if r.get("action") in ("reap", "kill") and (r.get("target") or {}).get("pid") in a.values()]
+    recs = [r for r in node.audit()
+            if r.get("action") in ("reap", "kill") and (r.get("target") or {}).get("pid") in a.values()]
     # Each holder's tree went through the reap planner and executor (action "reap"), and only them.
     assert {r["target"]["pid"] for r in recs if r["ok"] and r["action"] == "reap"} == set(a.values())
     assert all(f"job {job}" in r["reason"] for r in recs)
@@ -545,5 +546,6 @@ def test_without_scontrol_a_jobs_holder_is_unknown_never_an_orphan(procs, scenar
     table = run_gputop("status", env={"GPUTOP_SCONTROL": str(tmp_path / "no-scontrol")}).stdout
     assert "4242 state?" in table
     # The reap never takes it.
-    assert run_gputop("reap", "--apply", "--json", env={"GPUTOP_SCONTROL": str(tmp_path / "no-scontrol")}).returncode == 0
+    no_scontrol = {"GPUTOP_SCONTROL": str(tmp_path / "no-scontrol")}
+    assert run_gputop("reap", "--apply", "--json", env=no_scontrol).returncode == 0
     assert alive(pid)
