@@ -549,3 +549,37 @@ def test_without_scontrol_a_jobs_holder_is_unknown_never_an_orphan(procs, scenar
     no_scontrol = {"GPUTOP_SCONTROL": str(tmp_path / "no-scontrol")}
     assert run_gputop("reap", "--apply", "--json", env=no_scontrol).returncode == 0
     assert alive(pid)
+
+
+def test_epilog_by_hand_deadline_reports_survivors_then_reaps(procs, scenario, tmp_path, monkeypatch):
+    """No Slurm needed: `slurm epilog --job N --uid U`. Past its deadline it starts on nothing and names the
+    job's GPU holder (exit 1, so Slurm would drain the node); run again, it reaps the job's leftovers."""
+    from tests.conftest import run_gputop
+    from tests.functional.actions_helpers import write_config
+
+    write_config(tmp_path / "config.yaml", monkeypatch)
+    marker = f"gti16-byhand-{os.getpid()}"
+    env = {**os.environ, "SLURM_JOB_ID": "4243", "SLURM_JOB_UID": str(os.getuid())}
+    for kind in ("gpu", "cpu"):
+        procs.spawn(["setsid", "sh", "-c", f"sh -c 'sleep 600; : {marker}-{kind}' & exit 0"], env=env).wait(10)
+    holder = procs.wait_for(f"sh -c sleep 600; : {marker}-gpu")
+    other = procs.wait_for(f"sh -c sleep 600; : {marker}-cpu")
+    by = procs.orphan(f"sh -c 'sleep 600; : {marker}-by'", f"sh -c sleep 600; : {marker}-by")  # no job
+    scenario(holders=[{"pid": holder, "gpu": 0, "memory": "1GiB"}, {"pid": by, "gpu": 0, "memory": "1GiB"}])
+    uid = str(os.getuid())
+    late = run_gputop("slurm", "epilog", "--job", "4243", "--uid", uid, "--deadline", "0")
+    assert late.returncode == 1 and f"GPU holder pid {holder}" in late.stderr, late.stderr
+    assert alive(holder) and alive(other)
+    t = time.monotonic()
+    done = run_gputop("slurm", "epilog", "--job", "4243", "--uid", uid, "--json")
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - t < 30
+    out = json.loads(done.stdout)
+    assert out["holders"] == [holder] and {m["pid"] for m in out["members"]} >= {holder, other}
+    for pid in (holder, other):
+        _wait(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
+    assert alive(by)
+    # Nothing of the job is left: exit 0 again, saying so.
+    again = run_gputop("slurm", "epilog", "--job", "4243", "--uid", uid)
+    assert again.returncode == 0 and "left no process" in again.stdout
+    assert run_gputop("slurm", "epilog").returncode == 2  # no SLURM_JOB_ID: bad usage
