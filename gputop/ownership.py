@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Callable, Iterable
 
 # Owner kinds, most specific first: a Slurm job or a pod is named even when its processes also sit in a
@@ -269,38 +270,50 @@ def _split(path: str) -> list[str]:
     return out
 
 
-def _first(paths: list[str], find: Callable[[list[str]], tuple]) -> tuple[str | None, tuple]:
-    """The first path in which ``find`` finds something (its first item not None), and what it found."""
+def _first(paths: list[str], parts: dict[str, list[str]], hints: tuple[str, ...],
+           find: Callable[[list[str]], tuple]) -> tuple[str | None, tuple]:
+    """The first path in which ``find`` finds something (its first item not None), and what it found.
+    A path holding none of ``hints`` is skipped unsearched (most paths name nothing)."""
     for p in paths:
-        found = find(_split(p))
-        if found[0] is not None:
-            return p, found
+        if any(h in p for h in hints):
+            found = find(parts[p])
+            if found[0] is not None:
+                return p, found
     return None, ()
 
 
+_CONTAINER_HINTS = ("docker", "containerd", "nerdctl", "crio", "libpod")
+
+
+@lru_cache(maxsize=1024)
 def parse_cgroup(text: str) -> Owner:
-    """The owner named by the text of /proc/PID/cgroup (no session state: see read_owner)."""
+    """The owner named by the text of /proc/PID/cgroup (no session state: see read_owner).
+
+    Memoised: the processes of one session, unit or container have the same text."""
     lines = parse_lines(text)
     sd_path = _systemd_path(lines) or ""
-    sd_parts = _split(sd_path)
-    unit, manager_uid = _service(sd_parts)
-    session, session_uid = _session(sd_parts)
+    # Containers, pods and jobs: the systemd line first, then the others in file order, each path once.
+    paths = [p for p in dict.fromkeys([sd_path] + [p for _, p in lines]) if p not in ("", "/")]
+    if not paths:
+        return Owner(NONE, sd_path)
+    parts = {p: _split(p) for p in paths}
+    sd_parts = parts.get(sd_path, [])
+    unit, manager_uid = _service(sd_parts) if ".service" in sd_path else (None, None)
+    session, session_uid = _session(sd_parts) if "session-" in sd_path else (None, None)
     manager = f"user@{manager_uid}.service" if manager_uid is not None else None
     base = dict(unit=unit, manager=manager, uid=manager_uid if manager_uid is not None else session_uid,
                 session=session)
-    # Containers, pods and jobs: the systemd line first, then the others in file order.
-    paths = ([sd_path] if sd_path else []) + [p for _, p in lines if p != sd_path]
-    where, found = _first(paths, _slurm)
+    where, found = _first(paths, parts, ("job_",), _slurm)
     if where is not None:
         job, step, job_uid = found
-        runtime, cid = _container(_split(where))
+        runtime, cid = _container(parts[where])
         uid = job_uid if job_uid is not None else base["uid"]
         return Owner(SLURM, where, **{**base, "uid": uid}, job=job, step=step, runtime=runtime, container=cid)
-    where, found = _first(paths, _pod)
+    where, found = _first(paths, parts, ("kubepods",), _pod)
     if where is not None:
         pod, runtime, cid = found
         return Owner(POD, where, **base, pod=pod, runtime=runtime, container=cid)
-    where, found = _first(paths, lambda parts: _container(parts)[::-1])
+    where, found = _first(paths, parts, _CONTAINER_HINTS, lambda ps: _container(ps)[::-1])
     if where is not None:
         cid, runtime = found
         return Owner(CONTAINER, where, **base, runtime=runtime, container=cid)
@@ -358,8 +371,6 @@ def read_owner(pid: int, proc_root: str = "/proc", run_root: str = "/run") -> Ow
         return None
     owner = parse_cgroup(data.decode("utf-8", "replace"))
     if owner.session is not None:
-        from dataclasses import replace
-
         owner = replace(owner, session_state=session_state(owner.session, run_root))
     return owner
 
@@ -401,21 +412,21 @@ class OwnerCache:
         self.start_of = start_of
         self.clock = clock or time.monotonic
         self._entries: dict[tuple[int, float], tuple[float, Owner | None]] = {}
-        self._used: set[tuple[int, float]] = set()
-        self._fresh: set[tuple[int, float]] = set()  # read since the last prune (one sample)
+        self._seen: set[tuple[int, float]] = set()  # looked up since the last prune (in this sample)
 
     def get(self, pid: int, start: float) -> Owner | None:
         key = (pid, start)
-        self._used.add(key)
+        if key in self._seen:  # holders share ancestors: one check per process per sample
+            return self._entries[key][1]
+        self._seen.add(key)
         now = self.clock()
         e = self._entries.get(key)
-        if e is not None and (key in self._fresh or now - e[0] < self.ttl):
+        if e is not None and now - e[0] < self.ttl:
             return e[1]
         owner = read_owner(pid, self.proc_root, self.run_root)
         if owner is not None and self.start_of is not None and self.start_of(pid) != start:
             owner = None  # the PID now names another process (or none): its cgroup is not this one's
         self._entries[key] = (now, owner)
-        self._fresh.add(key)
         return owner
 
     def of(self, proc) -> Owner | None:
@@ -423,7 +434,6 @@ class OwnerCache:
         return self.get(proc.pid, proc.start_time)
 
     def prune(self, keep: Iterable[tuple[int, float]] = ()) -> None:
-        used = self._used | set(keep)
+        used = self._seen | set(keep)
         self._entries = {k: v for k, v in self._entries.items() if k in used}
-        self._used = set()
-        self._fresh = set()
+        self._seen = set()

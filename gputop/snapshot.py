@@ -245,6 +245,11 @@ class Sampler:
             out.extend((b, i) for i in range(n))
         return out
 
+    def owner_of(self, proc: ProcInfo) -> Owner | None:
+        """Who owns ``proc`` (its cgroup), from this sampler's cache; None off Linux or when unreadable.
+        Pass it as ``classify(..., owner_of=sampler.owner_of)`` so a verdict follows the ownership rules."""
+        return self._owners.of(proc) if self._owners is not None else None
+
     def locate(self, index: int) -> tuple[Backend, int]:
         mapping = self._index_map()
         if not 0 <= index < len(mapping):
@@ -261,6 +266,37 @@ class Sampler:
                 b.close()
             except Exception:
                 pass
+
+    def _holder(self, pid: int, uses: tuple[GpuUse, ...], info: ProcInfo, table: ProcTable, now: float,
+                cpu_seen: dict[tuple[int, float], tuple[float, float]], jobs: dict[int, JobRef],
+                job_states: dict[int, JobState]) -> Holder:
+        """One visible holder: its verdict, chain, CPU%, owners and Slurm job."""
+        walked: list = []
+        owner_of = self.owner_of if self._owners is not None else None
+        verdict = classify(pid, table, platform=self.platform, protect=self._protect,
+                           nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
+                           walked=walked, owner_of=owner_of, job_of=self._job_of if jobs else None,
+                           job_state=job_states.get, protect_cmdline=self._protect_cmdline)
+        job = jobs.get(pid)
+        if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
+            init = table.get(1) if walked[-1].ppid == 1 else None
+            chain = tuple(walked[1:]) + ((init,) if init is not None else ())
+        else:
+            chain = tuple(table.ancestors(pid, limit=self.config.max_chain))
+        cpu = None
+        if info.cpu_time is not None:
+            key = info.identity
+            prev = self._cpu_prev.get(key)
+            if prev is not None and now > prev[1]:
+                cpu = max(0.0, (info.cpu_time - prev[0]) / (now - prev[1]) * 100.0)
+            elif now > info.start_time:  # first sight: lifetime average, as ps shows
+                cpu = info.cpu_time / max(now - info.start_time, 1e-3) * 100.0
+            cpu_seen[key] = (info.cpu_time, now)
+        owner, chain_owners = None, ()
+        if owner_of is not None:  # read only for holders and their chains
+            owner, chain_owners = owner_of(info), tuple(owner_of(c) for c in chain)
+        return Holder(pid, uses, info, chain, verdict, cpu, max(0.0, now - info.start_time), owner,
+                      chain_owners, job, job_states.get(job.job_id) if job is not None else None)
 
     def sample(self) -> Snapshot:
         now = self.clock()
@@ -307,34 +343,7 @@ class Sampler:
                 holders.append(Holder(pid, tuple(uses[pid]), None, (), verdict))
                 warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
                 continue
-            walked: list = []
-            owner_of = self._owners.of if self._owners is not None else None
-            job_of = self._job_of if jobs else None
-            verdict = classify(pid, table, platform=self.platform, protect=self._protect,
-                               nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
-                               walked=walked, owner_of=owner_of, job_of=job_of,
-                               job_state=job_states.get, protect_cmdline=self._protect_cmdline)
-            job = jobs.get(pid)
-            if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
-                init = table.get(1) if walked[-1].ppid == 1 else None
-                chain = tuple(walked[1:]) + ((init,) if init is not None else ())
-            else:
-                chain = tuple(table.ancestors(pid, limit=self.config.max_chain))
-            cpu = None
-            if info.cpu_time is not None:
-                key = info.identity
-                prev = self._cpu_prev.get(key)
-                if prev is not None and now > prev[1]:
-                    cpu = max(0.0, (info.cpu_time - prev[0]) / (now - prev[1]) * 100.0)
-                elif now > info.start_time:  # first sight: lifetime average, as ps shows
-                    cpu = info.cpu_time / max(now - info.start_time, 1e-3) * 100.0
-                cpu_seen[key] = (info.cpu_time, now)
-            owner, chain_owners = None, ()
-            if owner_of is not None:
-                owner, chain_owners = owner_of(info), tuple(owner_of(c) for c in chain)
-            holders.append(Holder(pid, tuple(uses[pid]), info, chain, verdict, cpu,
-                                  max(0.0, now - info.start_time), owner, chain_owners, job,
-                                  job_states.get(job.job_id) if job is not None else None))
+            holders.append(self._holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states))
         self._cpu_prev = cpu_seen
         live = {h.proc.identity for h in holders if h.proc is not None}
         self._job_refs = {k: v for k, v in self._job_refs.items() if k in live}

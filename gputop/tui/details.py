@@ -92,7 +92,6 @@ def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None,
         out.append("\n")
         if owner is not None:
             out.append(_owner_text(owner))
-            out.append("\n")
         chain = ()
         me = proc
     out.append("\n\nchain (the process, then its parent, up to init):\n", style="bold")

@@ -49,6 +49,11 @@ class Cgroups:
         self.made: list[tuple[Path, Path]] = []  # (hierarchy root, directory)
         self.tag = f"gtown{uuid.uuid4().hex[:8]}"
 
+    @property
+    def systemd(self) -> str:
+        """Where systemd's units and sessions are: name=systemd (v1, hybrid), else the unified hierarchy."""
+        return "name=systemd" if "name=systemd" in self.mounts else "unified"
+
     def need(self, hierarchy: str) -> Path:
         if hierarchy not in self.mounts:
             pytest.skip(f"no {hierarchy} cgroup hierarchy mounted here")
@@ -110,8 +115,8 @@ def test_double_forked_daemon_in_a_service_is_not_an_orphan(procs, scenario, cgr
     daemon = procs.orphan("sleep 711", "sleep 711")  # its session leader is gone, reparented to init
     stray = procs.orphan("sleep 712", "sleep 712")
     unit = f"{cgroups.tag}-train.service"
-    path = cgroups.move("name=systemd", f"{cgroups.tag}/system.slice/{unit}", daemon)
-    assert f":name=systemd:{path}\n" in Path(f"/proc/{daemon}/cgroup").read_text()
+    path = cgroups.move(cgroups.systemd, f"{cgroups.tag}/system.slice/{unit}", daemon)
+    assert f":{path}\n" in Path(f"/proc/{daemon}/cgroup").read_text()
     scen = scenario([{"pid": daemon, "gpu": 0, "memory": "2GiB"}, {"pid": stray, "gpu": 1, "memory": "1GiB"}])
 
     snap = sample(scen, run_root.root)
@@ -153,7 +158,7 @@ def _holder_table(text: str) -> list[str]:
 
 def test_session_scope_follows_logind(procs, scenario, cgroups, run_root, cfg):
     worker = procs.orphan("sleep 713", "sleep 713")
-    cgroups.move("name=systemd", f"{cgroups.tag}/user.slice/user-0.slice/session-77.scope", worker)
+    cgroups.move(cgroups.systemd, f"{cgroups.tag}/user.slice/user-0.slice/session-77.scope", worker)
     scen = scenario([{"pid": worker, "gpu": 0}])
 
     run_root[77] = "closing"
@@ -175,7 +180,7 @@ def test_session_scope_follows_logind(procs, scenario, cgroups, run_root, cfg):
     assert "logind session 77 is gone" in h.verdict.reason
 
 
-def test_slurm_job_v1_freezer_and_v2_unified(procs, scenario, cgroups, run_root, cfg):
+def test_slurm_job_v1_freezer(procs, scenario, cgroups, run_root, cfg):
     env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_JOB_UID="0", SLURM_STEP_ID="0")
     job = procs.spawn(["sleep", "714"], env=env).pid
     cgroups.move("freezer", f"slurm_{cgroups.tag}/uid_0/job_4242/step_0", job)
@@ -186,6 +191,8 @@ def test_slurm_job_v1_freezer_and_v2_unified(procs, scenario, cgroups, run_root,
     out = run_gputop("status", "--scenario", str(scen))
     assert "slurm 4242.0" in out.stdout
 
+
+def test_slurm_job_v2_unified(procs, cgroups):
     step = procs.spawn(["sleep", "715"]).pid
     cgroups.move("unified", f"{cgroups.tag}/system.slice/slurmstepd.scope/job_4243/step_batch/user/task_0", step)
     owner = read_owner(step)

@@ -25,6 +25,7 @@ async def wait_until(pilot, cond, timeout: float = 10.0, step: float = 0.05) -> 
 
 from gputop.backends.base import BackendStatus, DeviceSample  # noqa: E402
 from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict  # noqa: E402
+from gputop.ownership import NONE, SESSION, Owner  # noqa: E402
 from gputop.procs import ProcInfo  # noqa: E402
 from gputop.snapshot import GpuUse, Holder, OrphanRoot, Snapshot  # noqa: E402
 from gputop.tui.side_panel import PanelData  # noqa: E402
@@ -53,13 +54,16 @@ def frozen_snapshot(at: float = AT) -> Snapshot:
     miner = _p(3200, 1, "xmrig", "xmrig -o pool.example.net:3333", 3200, AT - 120, user="eve")
     not_orphan = lambda sid: Verdict(NOT_ORPHAN, f"session leader pid {sid} is alive")  # noqa: E731
     orphan_reason = "session leader pid 1990 is gone; tree root pid 2000 (bash) was reparented to init"
+    bob_session = Owner(SESSION, "/user.slice/user-1001.slice/session-7.scope", uid=1001, session="7",
+                        session_state="closing")
     holders = (
         Holder(1101, (GpuUse(0, "C", 61 * GiB, 96.0),), w0, (launcher, shell, sshd, init), not_orphan(1000),
                97.5, 3599.0),
         Holder(1102, (GpuUse(1, "C", 60 * GiB, 93.0),), w1, (launcher, shell, sshd, init), not_orphan(1000),
                96.0, 3599.0),
         Holder(2001, (GpuUse(2, "C", 18 * GiB, 45.0),), ow, (loop, init),
-               Verdict(ORPHAN, orphan_reason, root=2000, reaper=1, orphan_reason=orphan_reason), 40.0, 60.0),
+               Verdict(ORPHAN, orphan_reason, root=2000, reaper=1, orphan_reason=orphan_reason), 40.0, 60.0,
+               bob_session, (bob_session, Owner(NONE, "/init.scope"))),
         Holder(3000, (GpuUse(2, "C", 9 * GiB, 0.0), GpuUse(3, "G", 1 * GiB, None)), jup, (init,),
                Verdict(PROTECTED, "pid 3000 (python) matches protect pattern 'jupyter'"), 0.5, 900.0),
         Holder(3100, (GpuUse(3, "G", GiB // 2, 3.0),), gfx, (init,),
