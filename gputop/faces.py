@@ -207,7 +207,7 @@ def do_reap(live: LiveSnapshot, face: str, *, roots=None, dry_run: bool = False,
         wanted = {_opt_int("roots", r) for r in roots}
     with live.lock:
         snap = live.sampler.sample()
-        trees = actions.orphan_trees(snap)
+        trees = actions.orphan_trees(snap, config=live.config)
     results = []
     known = {t.pid for t in trees}
     for missing in sorted((wanted or set()) - known):

@@ -241,23 +241,7 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
                 return _read_linux_pinned(pid, proc_root, base, static, dfd, start_ticks)
             finally:
                 os.close(dfd)
-        raw_cmd = _read("cmdline", dfd) or (_live_thread_file(base, "cmdline") if half else b"") or b""
-        cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0") if a)
-        uid = None
-        status = _read("status", dfd)
-        if status:
-            uid = _status_field(status, b"\nUid:")
-            if uid is not None:
-                uid = int(uid)
-            if sighup is None:
-                sigign = _status_field(status, b"\nSigIgn:")
-                if sigign is not None:
-                    sighup = bool(int(sigign, 16) & 1)
-        if uid is None:
-            try:
-                uid = os.stat(".", dir_fd=dfd).st_uid
-            except OSError:
-                pass
+        cmdline, uid, sighup = _read_static(dfd, base, half, sighup)
         if static is not None:
             static.put(key, cmdline, uid)
     name = comm
@@ -274,6 +258,28 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
     if static is not None:
         static.remember(pid, stat, info, key)
     return info
+
+
+def _read_static(dfd: int, base: str, half: bool, sighup: bool | None) -> tuple[tuple[str, ...], int | None, bool | None]:
+    """Command line, uid and (when stat had no sigignore field) the nohup mark, through the pinned dir."""
+    raw_cmd = _read("cmdline", dfd) or (_live_thread_file(base, "cmdline") if half else b"") or b""
+    cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0") if a)
+    uid = None
+    status = _read("status", dfd)
+    if status:
+        uid = _status_field(status, b"\nUid:")
+        if uid is not None:
+            uid = int(uid)
+        if sighup is None:
+            sigign = _status_field(status, b"\nSigIgn:")
+            if sigign is not None:
+                sighup = bool(int(sigign, 16) & 1)
+    if uid is None:
+        try:
+            uid = os.stat(".", dir_fd=dfd).st_uid
+        except OSError:
+            pass
+    return cmdline, uid, sighup
 
 
 def _read_linux_pinned(pid: int, proc_root: str, base: str, static: StaticCache | None, dfd: int,

@@ -169,18 +169,20 @@ def plan_reap(table: TreeTable, root_pid: int, root_start: float | None, rules: 
         return ReapPlan(root_pid, root, (), (), (), ("identity-changed", f"pid {root_pid} is now a different "
                                                      "process (the PID was reused); run 'gputop reap' again"))
     refusal = _root_refusal(root, rules)
+    if refusal is not None:  # nothing is planned under a root that is not an orphan root now
+        return ReapPlan(root_pid, root, (), (), (), refusal)
     members, left = walk(table, [root_pid], set(), root, rules)
     members = [root, *members]
     holders = tuple(m.pid for m in members if m.pid in rules.holders)
-    if refusal is None and not holders and not any(p in rules.holders for e in left for p in (e.pid, *e.subtree)):
-        refusal = ("not-orphan", f"{_label(root)} is not the root of an orphan tree that holds a GPU: no GPU "
-                                 "holder is in its tree; see 'gputop reap'")
     if refusal is None:
         blocking = [e for e in left if e.blocks]
         if blocking:
             e = blocking[0]
             refusal = (e.rule, f"the tree of {_label(root)} is not reaped: {e.reason}"
                                + (f" (and {len(blocking) - 1} more)" if len(blocking) > 1 else ""))
+    if refusal is None and not holders:  # only a tree whose orphans hold a GPU is reaped (not one whose holders are left alone)
+        refusal = ("not-orphan", f"{_label(root)} is not the root of an orphan tree that holds a GPU: no "
+                                 "orphan in its tree holds one; see 'gputop reap'")
     return ReapPlan(root_pid, root, tuple(members), tuple(left), holders, refusal,
                     _all_holders=frozenset(rules.holders))
 

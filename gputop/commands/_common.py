@@ -7,6 +7,7 @@ import sys
 
 from gputop.config import Config, load_config
 from gputop.snapshot import Sampler
+from gputop.textsafe import visible
 
 
 def config_from(args) -> Config:
@@ -25,7 +26,9 @@ def print_json(obj) -> None:
 
 
 def table(rows: list[list[str]], headers: list[str], right: set[int] = frozenset()) -> str:
-    """A plain aligned text table (no colour, so it pipes cleanly)."""
+    """A plain aligned text table (no colour, so it pipes cleanly). Cells often hold what a process chose
+    (name, command line, user), so control characters in them are made visible."""
+    rows = [[visible(c) for c in r] for r in rows]
     widths = [len(h) for h in headers]
     for r in rows:
         for i, c in enumerate(r):

@@ -9,6 +9,7 @@ from gputop import actions
 from gputop.commands._common import config_from, open_sampler, print_json, table
 from gputop.errors import EXIT_NOT_FOUND, EXIT_OK, NotFoundError, UsageError
 from gputop.snapshot import select_holders
+from gputop.textsafe import visible
 from gputop.units import fmt_bytes, parse_duration
 
 NAME = "kill"
@@ -16,7 +17,10 @@ HELP = "kill a GPU-holding process (--pid N) or preview/kill a selection (--gpu/
 DESCRIPTION = """Kill a GPU-holding process safely. Right before signalling, gputop re-reads the target,
 checks its identity (pid + start time), and refuses PID 1, kernel threads, gputop and its ancestors,
 and protected or unknown processes. It sends SIGTERM (or --signal), waits --timeout seconds, and with
---force escalates to SIGKILL; then it samples again to say whether the GPU memory was released.
+--force escalates to SIGKILL; then it samples again to say whether the GPU memory was released. A thread
+id (as NVML may report) is resolved to its process. Success (exit 0) means the process has exited; when
+several invocations kill one process at once, only the one whose signal ended it says "killed", the
+others say it "exited" under another invocation's signal.
 
 With --gpu/--user/--name (combinable) it previews the matching GPU holders; --yes signals them all in
 parallel. Every action and refusal is written to the audit log ('gputop log')."""
@@ -59,7 +63,7 @@ def _print_results(results, as_json: bool, extra: dict | None = None) -> int:
     else:
         for r in results:
             mem = {True: "  [GPU memory released]", False: "  [GPU memory NOT released]"}.get(r.memory_released, "")
-            line = f"pid {r.pid}: {r.outcome}: {r.message}"
+            line = f"pid {r.pid}: {r.outcome}: {visible(r.message)}"
             print(line) if r.ok else print(f"gputop: {line}", file=sys.stderr)
             if r.ok and mem and "memory" not in r.message:
                 print(mem.strip())

@@ -95,6 +95,9 @@ def run(args) -> int:
         msg = r.get("message", "")
         if r.get("reason"):
             msg = f"[{r['reason']}] {msg}"
+        survivors = (r.get("details") or {}).get("survivors") if isinstance(r.get("details"), dict) else None
+        if survivors:  # a partial failure: say who is still alive before the message is cut short
+            msg = f"[survivors {', '.join(map(str, survivors))}] {msg}"
         rows.append([when, f"{r.get('face', '?')}/{who}", r.get("action", "?"), target, r.get("outcome", "?"),
                      sigs or "-", msg[:90]])
     print(table(rows, ["TIME", "FACE/USER", "ACTION", "TARGET", "OUTCOME", "SIGNALS", "MESSAGE"]))

@@ -8,6 +8,7 @@ from gputop.backends import no_gpu_message
 from gputop.commands._common import open_sampler, print_json, table
 from gputop.errors import UsageError
 from gputop.ownership import NONE, Owner
+from gputop.textsafe import visible
 from gputop.snapshot import Snapshot
 from gputop.units import fmt_bytes, fmt_duration, fmt_opt
 
@@ -110,20 +111,20 @@ def render(snap: Snapshot, chains: bool = False) -> str:
         for h in snap.holders:
             # Not-orphan with an orphan test on record: an ownership rule (systemd unit, live login) overruled it.
             if h.verdict.kind != "not-orphan" or h.verdict.orphan_reason:
-                out.append(f"  pid {h.pid}: {h.verdict.kind}: {h.verdict.reason}")
+                out.append(f"  pid {h.pid}: {h.verdict.kind}: {visible(h.verdict.reason)}")
             if chains and h.chain:
                 owned = h.chain_owners or (None,) * len(h.chain)
                 out.append(f"  pid {h.pid} chain: " + " <- ".join(
-                    f"{c.pid}({c.name})" + (f"[{o.label}]" if o is not None and o.kind != NONE else "")
+                    f"{c.pid}({visible(c.name)})" + (f"[{visible(o.label)}]" if o is not None and o.kind != NONE else "")
                     for c, o in zip(h.chain, owned)))
     if snap.roots:
         out.append("")
         out.append("orphan trees (reap with 'gputop reap --apply'):")
         for r in snap.roots:
-            out.append(f"  root {r.pid} ({r.proc.name}, {r.proc.user}): holders {list(r.holders)} on GPU "
-                       f"{','.join(map(str, r.gpus))}, {fmt_bytes(r.gpu_memory)}; {r.reason}")
+            out.append(f"  root {r.pid} ({visible(r.proc.name)}, {visible(r.proc.user)}): holders {list(r.holders)} on GPU "
+                       f"{','.join(map(str, r.gpus))}, {fmt_bytes(r.gpu_memory)}; {visible(r.reason)}")
     for w in snap.warnings:
-        out.append(f"warning: {w}")
+        out.append(f"warning: {visible(w)}")
     unavailable = [s for s in snap.backends if not s.available]
     if unavailable and snap.devices:
         out.append("backends unavailable: " + "; ".join(s.reason for s in unavailable))

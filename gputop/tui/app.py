@@ -24,6 +24,7 @@ from textual.widgets import Footer, Input, Static
 
 from gputop.config import Config
 from gputop.orphans import ORPHAN
+from gputop.textsafe import visible
 from gputop.snapshot import Snapshot
 from gputop.tui import keymap, process_tree
 from gputop.tui.device_pane import DevicePane
@@ -595,7 +596,7 @@ class GputopApp(App):
     def _report(self, result) -> None:
         sev = "information" if result.ok else "error"
         title = f"{result.action} {'done' if result.ok else 'FAILED'}"
-        message = result.message
+        message = visible(result.message)
         audit_error = (result.details or {}).get("audit_error")
         if audit_error:  # stderr is not visible under the TUI: say it on screen, loudly
             message += f"\nAUDIT LOG NOT WRITTEN: {audit_error}"
@@ -635,7 +636,7 @@ class GputopApp(App):
         try:
             from gputop import actions
 
-            trees = [t for t in actions.orphan_trees(snapshot) if t.root.pid == root]
+            trees = [t for t in actions.orphan_trees(snapshot, config=self.config) if t.root.pid == root]
         except Exception as e:
             self.call_from_thread(self.notify, f"reap unavailable: {type(e).__name__}: {e}", severity="error",
                                   timeout=10)

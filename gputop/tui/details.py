@@ -15,6 +15,7 @@ from gputop.ownership import NONE, Owner
 from gputop.procs import ProcInfo
 from gputop.snapshot import Holder
 from gputop.units import fmt_bytes, fmt_duration
+from gputop.textsafe import visible
 
 
 def _when(t: float | None) -> str:
@@ -43,12 +44,12 @@ def _owner_text(owner: Owner | None) -> Text:
 def _proc_line(p: ProcInfo, mark: str = "", owner: Owner | None = None) -> Text:
     t = Text()
     t.append(f"{p.pid:>7} ", style="bold")
-    t.append(f"ppid {p.ppid:<7} sid {p.sid if p.sid is not None else '?':<7} {(p.user or '?'):<8} ")
-    t.append(Text(p.name, style="bold"))
+    t.append(f"ppid {p.ppid:<7} sid {p.sid if p.sid is not None else '?':<7} {visible(p.user or '?'):<8} ")
+    t.append(Text(visible(p.name), style="bold"))
     t.append("  ")
-    t.append(Text(p.cmd, style="dim"))
+    t.append(Text(visible(p.cmd), style="dim"))
     if owner is not None and owner.kind != NONE:
-        t.append(f"  [{owner.label}]", style="italic")
+        t.append(f"  [{visible(owner.label)}]", style="italic")
     if mark:
         t.append(f"  {mark}", style="bold red")
     return t
@@ -62,7 +63,7 @@ def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None,
         v = holder.verdict
         out.append(f"pid {holder.pid}", style="bold")
         out.append(f"   started {_when(holder.start_time)}   runtime {fmt_duration(holder.runtime)}\n")
-        out.append(f"user {holder.user or '?'}   context {holder.ctx}   GPU "
+        out.append(f"user {visible(holder.user or '?')}   context {holder.ctx}   GPU "
                    f"{','.join(map(str, holder.gpus))}   GPU memory {fmt_bytes(holder.gpu_memory)}   "
                    f"SM {'N/A' if holder.sm_util is None else f'{holder.sm_util:.0f}%'}   host memory "
                    f"{fmt_bytes(holder.rss)}\n")
@@ -70,17 +71,17 @@ def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None,
             out.append(f"  GPU {u.gpu}: {u.ctx}, {fmt_bytes(u.used_memory)}, SM "
                        f"{'N/A' if u.sm_util is None else f'{u.sm_util:.0f}%'}\n")
         out.append("command: ", style="bold")
-        out.append(Text(holder.cmd))
+        out.append(Text(visible(holder.cmd)))
         if holder.proc is not None:
             out.append("\n")
             out.append(_owner_text(holder.owner))
         out.append("\n\nverdict: ", style="bold")
         out.append(v.kind, style="bold red" if v.kind == "orphan" else "bold")
         out.append("\nwhy: ", style="bold")
-        out.append(Text(v.reason))
+        out.append(Text(visible(v.reason)))
         if v.orphan_reason and v.orphan_reason != v.reason:
             out.append("\norphan test: ", style="bold")
-            out.append(Text(v.orphan_reason))
+            out.append(Text(visible(v.orphan_reason)))
         if v.root is not None:
             out.append(f"\norphan root: pid {v.root}" + (f", reparented to pid {v.reaper}" if v.reaper else ""))
         chain = holder.chain

@@ -16,6 +16,7 @@ from textual.widgets.tree import TreeNode
 from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.tui.rows import SORTS, Node
 from gputop.units import fmt_bytes, fmt_duration
+from gputop.textsafe import visible
 
 GUIDE = 2  # cells per tree level (Textual's minimum)
 EXPANDER = 2  # the "▼ " in front of every label (blank for leaves, so columns line up)
@@ -92,7 +93,7 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
         style = {ORPHAN: ORPHAN_STYLE, PROTECTED: PROTECTED_STYLE, UNKNOWN: UNKNOWN_STYLE}.get(h.verdict.kind, "")
     elif node.root is not None and node.pid == node.root:
         flag, style = "R", ROOT_STYLE
-    user = (h.user if h else (p.user if p else None)) or "?"
+    user = visible((h.user if h else (p.user if p else None)) or "?")
     if h is not None:
         sm, cpu = h.sm_util, h.cpu_percent
         values = {
@@ -102,10 +103,10 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
             "TIME": fmt_duration(h.runtime),
             "JOB": h.job.label() if h.job is not None else "-",
         }
-        cmd = h.cmd
+        cmd = visible(h.cmd)
     else:
         values = {"USER": user, "HOST": fmt_bytes(p.rss) if p is not None else ""}
-        cmd = p.cmd if p is not None else ""
+        cmd = visible(p.cmd) if p is not None else ""
     head = ("*" if tagged else " ") + flag + str(node.pid).rjust(7) + " " * max(0, (max_depth - depth) * GUIDE)
     cells = tuple([_cell(values.get(title, ""), width, align) for title, width, align in _COLS[compact][:-1]])
     return ("row", style, tagged, head, cells, h.ctx if h is not None else None, cmd, h is not None)

@@ -12,6 +12,7 @@ from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.procs import ProcInfo
 from gputop.snapshot import Holder, Snapshot
 from gputop.units import fmt_bytes
+from gputop.textsafe import visible
 
 GROUP_GPU = "gpu"
 GROUP_ROOT = "root"
@@ -187,7 +188,7 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
             on = [h for h in holders if h.verdict.kind == ORPHAN and h.verdict.root == r.pid]
             for h in on:
                 _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
-            g.title = _group_title(f"orphan tree {r.pid} ({r.proc.name})", on)
+            g.title = _group_title(f"orphan tree {r.pid} ({visible(r.proc.name)})", on)
             groups.append(g)
         rest = Node("rest", "group")
         on = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]

@@ -7,6 +7,7 @@ its section says in one line what will appear there.
 from __future__ import annotations
 
 import datetime as _dt
+from gputop.textsafe import visible
 from dataclasses import dataclass, field
 
 from rich.text import Text
@@ -87,7 +88,7 @@ def audit_text(d: PanelData) -> Text:
         t.append(sev.upper()[:4].ljust(4), style=SEVERITY_STYLE.get(sev.lower(), "bold"))
         pid = getattr(f, "pid", None)
         t.append(f" {pid if pid is not None else '-':>7} ")
-        t.append(Text(str(getattr(f, "reason", "") or getattr(f, "rule", ""))))
+        t.append(Text(visible(getattr(f, "reason", "") or getattr(f, "rule", ""))))
     return t
 
 

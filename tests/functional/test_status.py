@@ -60,8 +60,9 @@ def test_two_level_orphan_tree_root_is_the_top(procs, scenario):
 
 
 def test_protected_chain(procs, scenario):
-    # The orphan root's command line mentions jupyter: the whole chain is protected.
-    worker = procs.orphan('sh -c "sleep 615; : jupyter-kernel"', "sleep 615")
+    # The orphan root runs as jupyter-kernel (its argv[0]): the whole chain is protected. (A word in an
+    # argument would not protect: see tests/functional/test_reap_safety.py.)
+    worker = procs.orphan("""bash -c 'exec -a jupyter-kernel sh -c "sleep 615; :"'""", "sleep 615")
     v = sample(scenario([{"pid": worker, "gpu": 0}])).holder(worker).verdict
     assert v.kind == PROTECTED and "jupyter" in v.reason
     assert v.orphan_reason and "gone" in v.orphan_reason

@@ -10,6 +10,7 @@ from textual.widgets import Button, Static
 
 from gputop.tui.dialogs.base import ConfirmDialog
 from gputop.units import fmt_bytes
+from gputop.textsafe import visible
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,12 @@ class KillDialog(ConfirmDialog):
         for t in self.targets:
             text = Text()
             text.append(f"pid {t.pid}", style="bold")
-            text.append(f"  user {t.user or '?'}  GPU {','.join(map(str, t.gpus)) or '-'}  "
+            text.append(f"  user {visible(t.user or '?')}  GPU {','.join(map(str, t.gpus)) or '-'}  "
                         f"GPU memory {fmt_bytes(t.gpu_memory)}  ")
             kids = "? children" if t.children is None else f"{t.children} child process(es)"
             text.append(kids, style="bold yellow" if t.children else "")
             text.append(f"  [{t.verdict}]\n")
-            text.append(Text(t.cmd))  # a command line is never markup
+            text.append(Text(visible(t.cmd)))  # a command line is never markup
             yield Static(text, classes="target")
         if any(t.children for t in self.targets):
             yield Static("Children are not signalled: they may keep running (reap an orphan tree with r).",
@@ -58,7 +59,7 @@ class KillDialog(ConfirmDialog):
                      classes="dialog-note")
         for t in self.targets:
             if t.verdict == "protected":
-                yield Static(Text(f"pid {t.pid} is protected ({t.reason}): TERM and KILL will be refused. "
+                yield Static(Text(f"pid {t.pid} is protected ({visible(t.reason)}): TERM and KILL will be refused. "
                                   "'Override' kills it anyway."), classes="dialog-note")
 
     def buttons(self) -> ComposeResult:

@@ -8,6 +8,7 @@ from textual.widgets import Button, Static
 
 from gputop.tui.dialogs.base import ConfirmDialog
 from gputop.units import fmt_bytes
+from gputop.textsafe import visible
 
 
 class ReapDialog(ConfirmDialog):
@@ -23,7 +24,7 @@ class ReapDialog(ConfirmDialog):
         t = self.orphan_tree
         head = Text()
         head.append(f"GPU {','.join(map(str, t.gpus)) or '-'}  GPU memory {fmt_bytes(t.gpu_memory)}\n")
-        head.append(Text(t.reason, style="italic"))
+        head.append(Text(visible(t.reason), style="italic"))
         yield Static(head)
         depth = {t.root.pid: 0}
         lines = Text()
@@ -32,8 +33,8 @@ class ReapDialog(ConfirmDialog):
             depth[m.pid] = d
             lines.append("  " * d + ("└ " if d else ""))
             lines.append(f"{m.pid:>7} ", style="bold red" if m.pid in t.holders else "bold")
-            lines.append(f"{(m.user or '?'):<8} ")
-            lines.append(Text(m.cmd))
+            lines.append(f"{visible(m.user or '?'):<8} ")
+            lines.append(Text(visible(m.cmd)))
             if m.pid in t.holders:
                 lines.append("  GPU holder", style="red")
             lines.append("\n")
@@ -41,6 +42,11 @@ class ReapDialog(ConfirmDialog):
         yield Static(lines, classes="tree-list")
         yield Static("Every process above is stopped, then sent TERM, then KILL after the grace period.",
                      classes="dialog-note")
+        for e in getattr(t, "left_alone", ()):  # the plan: what the reap does not touch, and why
+            yield Static(Text(f"left alone: pid {e.pid}" + (f" and {len(e.subtree)} under it" if e.subtree else "")
+                              + f": {visible(e.reason)}"), classes="dialog-note")
+        if getattr(t, "refusal", None):
+            yield Static(Text(f"The reap will be refused: {visible(t.refusal[1])}"), classes="dialog-note")
 
     def buttons(self) -> ComposeResult:
         yield Button("Reap tree", id="reap", variant="error", compact=True)

@@ -8,6 +8,7 @@ from textual.widgets import Button, Input, Static
 
 from gputop.tui.dialogs.base import ConfirmDialog
 from gputop.units import fmt_bytes
+from gputop.textsafe import visible
 
 
 class ResetDialog(ConfirmDialog):
@@ -28,8 +29,8 @@ class ResetDialog(ConfirmDialog):
             text.append(f"{len(self.holders)} process(es) hold this GPU; the reset is refused while they do:\n",
                         style="bold yellow")
             for h in self.holders:
-                text.append(f"{h.pid:>7} {(h.user or '?'):<8} {fmt_bytes(h.gpu_memory):>7}  ")
-                text.append(Text(h.cmd))
+                text.append(f"{h.pid:>7} {visible(h.user or '?'):<8} {fmt_bytes(h.gpu_memory):>7}  ")
+                text.append(Text(visible(h.cmd)))
                 text.append("\n")
             text.rstrip()
         else:
