@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -131,7 +130,7 @@ class JobStates:
 
     def __init__(self, *, scontrol: str | None = None, timeout: float = DEFAULT_TIMEOUT, ttl: float = 1.0,
                  clock: Callable[[], float] = time.monotonic, runner=None):
-        self.scontrol = scontrol or os.environ.get("GPUTOP_SCONTROL") or shutil.which("scontrol")
+        self._scontrol_path = scontrol
         self.timeout = timeout
         self.ttl = ttl
         self.clock = clock
@@ -139,6 +138,13 @@ class JobStates:
         self._cache: dict[int, tuple[float, JobState]] = {}
         self._assumed: dict[int, JobState] = {}
         self._lock = threading.Lock()
+
+    @property
+    def scontrol(self) -> str | None:
+        """The scontrol to run: as given, $GPUTOP_SCONTROL, or the one on PATH (looked up when first needed)."""
+        if self._scontrol_path is None:
+            self._scontrol_path = os.environ.get("GPUTOP_SCONTROL") or shutil.which("scontrol") or ""
+        return self._scontrol_path or None
 
     def assume(self, job_id: int, state: str, detail: str) -> None:
         self._assumed[job_id] = JobState(job_id, state, detail)
@@ -173,6 +179,8 @@ class JobStates:
             if len(todo) == 1:
                 got = [self._run(todo[0])]
             else:
+                from concurrent.futures import ThreadPoolExecutor  # only with several jobs (start-up time)
+
                 with ThreadPoolExecutor(max_workers=min(8, len(todo))) as ex:
                     got = list(ex.map(self._run, todo))
             with self._lock:

@@ -13,7 +13,7 @@ from gputop.errors import EXIT_FAILURE, EXIT_OK, UsageError
 from gputop.textsafe import visible
 
 NAME = "slurm"
-HELP = "Slurm node hooks: 'slurm epilog' reaps a finished job's leftovers, 'slurm prolog' frees its GPUs, 'slurm check'"
+HELP = "Slurm node hooks: epilog reaps a finished job's leftovers, prolog frees a job's GPUs, check"
 DESCRIPTION = """Slurm node hooks (run as root by slurmd; see README "Running under Slurm" and docs/slurm.md).
 
   gputop slurm epilog   as Epilog=: every process still alive that belongs to the job in SLURM_JOB_ID
