@@ -191,15 +191,14 @@ class SnapshotCollector:
         yield info
         yield from fams.values()
 
-        pl = ["pid", "gpu", "name", "user", "ctx", "verdict", "slurm_job"]
+        pl = ["pid", "gpu", "name", "user", "ctx", "verdict"]
         pmem = GaugeMetricFamily("gputop_process_gpu_memory_bytes", "GPU memory held by a process on one GPU",
                                  labels=pl)
         psm = GaugeMetricFamily("gputop_process_sm_utilization_percent", "A process's SM utilisation on one GPU",
                                 labels=pl)
         for h in snap.holders:
             for u in h.uses:
-                labels = [str(h.pid), str(u.gpu), h.name, h.user or "", u.ctx, h.verdict.kind,
-                          h.job.label() if h.job is not None else ""]  # Slurm job id(.step), "" outside jobs
+                labels = [str(h.pid), str(u.gpu), h.name, h.user or "", u.ctx, h.verdict.kind]
                 if u.used_memory is not None:
                     pmem.add_metric(labels, float(u.used_memory))
                 if u.sm_util is not None:

@@ -184,21 +184,3 @@ def test_tui_groups_by_slurm_job_and_shows_a_job_column():
     cells = row_cells(node, 1, 3, False, (False, True))[4]
     assert cells[-1].strip() == "42.0"  # the JOB column, just before COMMAND
     assert len(row_cells(node, 1, 3, False, False)[4]) == len(cells) - 1  # no Slurm: no JOB column
-
-
-def test_process_metrics_carry_the_slurm_job_label():
-    import dataclasses
-    from types import SimpleNamespace
-
-    from gputop.serve import FindingCounter, GuardHitCounter, SnapshotCollector
-    from tests.tui.helpers import frozen_snapshot
-
-    snap = frozen_snapshot()
-    holders = tuple(dataclasses.replace(h, job=JobRef(42, "batch"), job_state=JobState(42, "RUNNING"))
-                    if h.pid == 1101 else h for h in snap.holders)
-    snap = dataclasses.replace(snap, holders=holders)
-    live = SimpleNamespace(latest=lambda: snap, error=None)
-    fam = next(f for f in SnapshotCollector(live, FindingCounter(), GuardHitCounter()).collect()
-               if f.name == "gputop_process_gpu_memory_bytes")
-    jobs = {s.labels["pid"]: s.labels["slurm_job"] for s in fam.samples}
-    assert jobs["1101"] == "42.batch" and jobs["3000"] == ""
