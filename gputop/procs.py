@@ -420,6 +420,26 @@ def tgid_of(pid: int, proc_root: str = "/proc") -> int:
 GONE, HIDDEN, VISIBLE = "gone", "hidden", "visible"
 
 
+@lru_cache(maxsize=4)
+def hidepid_note(proc_root: str = "/proc") -> str | None:
+    """A warning when ``proc_root`` is mounted with hidepid (other users' processes are hidden from us)."""
+    if not IS_LINUX or os.geteuid() == 0:
+        return None  # root (CAP_SYS_PTRACE) sees every process whatever the mount says
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4 and fields[4] == proc_root and " - proc " in line:
+            for opt in line.rsplit(" ", 1)[-1].split(","):
+                if opt.startswith("hidepid=") and opt not in ("hidepid=0", "hidepid=off"):
+                    return (f"{proc_root} is mounted with {opt}: other users' processes are hidden; a verdict "
+                            "that depends on one is 'unknown' (never reaped or killed)")
+    return None
+
+
 def visibility(pid: int, proc_root: str = "/proc") -> str:
     """``gone`` only when the kernel says no such process (ESRCH); ``hidden`` when it exists but /proc does
     not show it (hidepid, another user's process); ``visible`` otherwise. Cannot see is not gone."""

@@ -24,7 +24,7 @@ from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
 from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
 from gputop.ownership import Owner, OwnerCache
-from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, start_time, tgid_of
+from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, hidepid_note, start_time, tgid_of
 from gputop.slurm import JobRef, JobState, JobStates, process_job
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
@@ -301,6 +301,9 @@ class Sampler:
     def sample(self) -> Snapshot:
         now = self.clock()
         warnings: list[str] = []
+        note = hidepid_note(self.proc_root)
+        if note:
+            warnings.append(note)
         devices: list[DeviceSample] = []
         uses: dict[int, list[GpuUse]] = {}
         visible: dict[int, bool] = {}

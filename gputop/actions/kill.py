@@ -91,17 +91,21 @@ class _KillRun:
         lock = TargetLock("kill", self.pid, info.start_time)
         if not lock.acquire():
             waited = self.timeout + (5.0 if self.force else 0.0) + 2.0
-            if not lock.wait(self.pid, info.start_time, waited):
+            if not lock.wait(self.pid, info.start_time, waited) or not self.still_there():
+                lock.release()
                 return self.exited_meanwhile(ctx)
         try:
             return self.signal(ctx, sig)
         finally:
             lock.release()
 
+    def still_there(self) -> bool:
+        now = read_proc(self.pid)
+        return now is not None and not now.zombie and same_start(now.start_time, self.info.start_time)
+
     def exited_meanwhile(self, ctx: Ctx) -> ActionResult:
         """Another gputop held the lock and the process exited: say so, and take no credit."""
-        now = read_proc(self.pid)
-        if now is not None and not now.zombie and same_start(now.start_time, self.info.start_time):
+        if self.still_there():
             return self.done(False, "busy", f"pid {self.pid} ({name(self.info)}) is being killed by another gputop "
                              "invocation, and it is still alive; this one sent no signal", EXIT_FAILURE)
         self.details["by_other"] = True
@@ -173,7 +177,8 @@ class _KillRun:
         try:
             handle = Handle(info)
         except (ProcessLookupError, LookupError) as e:
-            if isinstance(e, ProcessLookupError) or read_proc(pid) is None:
+            now = read_proc(pid)
+            if isinstance(e, ProcessLookupError) or now is None or now.zombie:
                 return self.done(False, "not-found", f"pid {pid} exited before it could be signalled", EXIT_NOT_FOUND)
             return self.done(False, "identity-changed", f"pid {pid} changed identity while being checked; "
                              "refresh and retry", EXIT_REFUSED)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gputop.actions.common import (
     FACES, ActionResult, Ctx, OrphanTree, log_record, memory_released, name, proc_dict, record, target_dict,
 )
+from gputop.actions.identity import TargetLock
 from gputop.actions.plan import ReapPlan, Rules, plan_reap
 from gputop.config import Config, load_config
 from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
@@ -137,7 +138,15 @@ def _reap(ctx: Ctx, run: ReapRun) -> ActionResult:
     if run.dry_run:
         return run.done(True, "dry-run", f"would reap the tree of pid {pid} ({name(info)}): {plan_summary(plan)}",
                         EXIT_OK)
-    result = execute(ctx, run, plan, snap)
+    lock = TargetLock("reap", pid, info.start_time)
+    if not lock.acquire() and not lock.wait(pid, info.start_time, run.grace + 15.0):
+        run.details["by_other"] = True
+        return run.done(False, "busy", f"the tree of pid {pid} is being reaped by another gputop invocation; "
+                        "this one sent no signal; check 'gputop reap'", EXIT_REFUSED)
+    try:
+        result = execute(ctx, run, plan, snap)
+    finally:
+        lock.release()
     if result is not None:
         return result
     return _finish(ctx, run, plan)

@@ -387,7 +387,12 @@ def test_a_protected_process_anywhere_in_the_tree_keeps_the_tree(procs, scenario
     procs.pids.extend([root, worker, sib])
     scenario(holders=[{"pid": worker, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("reap", "--json")
-    assert [t["root"]["pid"] for t in json.loads(r.stdout)["trees"]] == [root]  # the holder itself is an orphan
+    [tree] = json.loads(r.stdout)["trees"]
+    assert tree["root"]["pid"] == root  # the holder itself is an orphan
+    # The preview is the plan, and it says that apply will refuse, and why.
+    assert tree["refusal"]["rule"] == "protected" and f"pid {sib}" in tree["refusal"]["message"]
+    assert [(e["pid"], e["rule"], e["blocks"]) for e in tree["left_alone"]] == [(sib, "protected", True)]
+    assert "apply will refuse this tree (protected): " in run_gputop("reap").stdout
     r = run_gputop("reap", "--apply", "--root", str(root), "--grace", "0.5")
     assert r.returncode == EXIT_REFUSED and f"pid {sib}" in (r.stdout + r.stderr) and "protect" in (r.stdout + r.stderr), r.stdout
     time.sleep(0.2)
