@@ -70,6 +70,14 @@ def _pct(v) -> str:
     return fmt_opt(v, "{:.0f}%")
 
 
+def job_cell(h) -> str:
+    """The JOB column: Slurm job id (.step) and its state, e.g. ``42.batch RUNNING``; ``-``: no job."""
+    if h.job is None:
+        return "-"
+    st = h.job_state
+    return f"{h.job.label()} {st.state if st is not None and st.state else 'state?'}"
+
+
 def render(snap: Snapshot, chains: bool = False) -> str:
     out: list[str] = [f"{snap.host}  {len(snap.devices)} GPU(s)  {len(snap.holders)} holder(s)  "
                       f"{len(snap.roots)} orphan tree(s)"]
@@ -94,12 +102,12 @@ def render(snap: Snapshot, chains: bool = False) -> str:
         rows = []
         for h in snap.holders:
             rows.append([
-                str(h.pid), h.user or "?", h.ctx, ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
+                str(h.pid), h.user or "?", job_cell(h), h.ctx, ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
                 _pct(h.sm_util), fmt_opt(h.cpu_percent, "{:.0f}%"), fmt_duration(h.runtime),
                 h.verdict.kind, *([owner_cell(h.owner)] if owners else []), h.cmd[:60],
             ])
-        out.append(table(rows, ["PID", "USER", "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME", "VERDICT",
-                                *(["OWNER"] if owners else []), "COMMAND"], right={0, 4, 5, 6, 7}))
+        out.append(table(rows, ["PID", "USER", "JOB", "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME", "VERDICT",
+                                *(["OWNER"] if owners else []), "COMMAND"], right={0, 5, 6, 7, 8}))
         for h in snap.holders:
             # Not-orphan with an orphan test on record: an ownership rule (systemd unit, live login) overruled it.
             if h.verdict.kind != "not-orphan" or h.verdict.orphan_reason:

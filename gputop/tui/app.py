@@ -31,7 +31,9 @@ from gputop.tui.device_pane import DevicePane
 from gputop.tui.history import DeviceHistory
 from gputop.tui.legend import legend_text
 from gputop.tui.process_tree import ColumnHeader, ProcessTree, header_text, use_palette
-from gputop.tui.rows import GROUP_GPU, GROUP_ROOT, SORT_ORDER, build, max_depth
+from gputop.tui.rows import GROUP_GPU, GROUP_JOB, GROUP_ROOT, SORT_ORDER, build, max_depth
+
+GROUP_NAMES = {GROUP_GPU: "GPU", GROUP_ROOT: "orphan root", GROUP_JOB: "Slurm job"}
 from gputop.tui.side_panel import PanelData, SidePanel
 
 MIN_WIDTH, MIN_HEIGHT = 60, 15
@@ -310,7 +312,8 @@ class GputopApp(App):
         compact = w < 100 or (self.query_one("#side").display and w < 140)
         live = {h.pid for h in self.snapshot.holders}
         tree.tagged &= live
-        tree.reconcile(groups, max(1, max_depth(groups) - 1), compact)
+        jobs = any(h.job is not None for h in self.snapshot.holders)  # a JOB column only on a Slurm node
+        tree.reconcile(groups, max(1, max_depth(groups) - 1), (compact, True) if jobs else compact)
         self._update_header()
 
     def _update_header(self) -> None:
@@ -352,7 +355,7 @@ class GputopApp(App):
             mode = self.panel.guard_mode or "off"
             t.append("  guard ")
             t.append(mode, style={"enforce": "bold red", "dry-run": "bold yellow"}.get(mode, ""))
-        t.append(f"  by {'GPU' if self.grouping == GROUP_GPU else 'orphan root'}")
+        t.append(f"  by {GROUP_NAMES[self.grouping]}")
         if s is not None:
             t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
         if self._sample_error:
@@ -467,10 +470,13 @@ class GputopApp(App):
         self._update_topbar()
 
     def action_grouping(self) -> None:
-        self.grouping = GROUP_ROOT if self.grouping == GROUP_GPU else GROUP_GPU
+        # GPU -> orphan root -> Slurm job (only where a holder is in a job) -> GPU
+        jobs = self.snapshot is not None and any(h.job is not None for h in self.snapshot.holders)
+        nxt = {GROUP_GPU: GROUP_ROOT, GROUP_ROOT: GROUP_JOB if jobs else GROUP_GPU, GROUP_JOB: GROUP_GPU}
+        self.grouping = nxt.get(self.grouping, GROUP_GPU)
         self._refresh_tree()
         self._update_topbar()
-        self.notify(f"grouped by {'GPU' if self.grouping == GROUP_GPU else 'orphan root'}", timeout=2)
+        self.notify(f"grouped by {GROUP_NAMES[self.grouping]}", timeout=2)
 
     def action_sort(self) -> None:
         i = SORT_ORDER.index(self.sort_key)

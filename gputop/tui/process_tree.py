@@ -44,17 +44,22 @@ def use_palette(no_color: bool) -> None:
 use_palette(False)
 
 
-def _make_cols(compact: bool) -> tuple[tuple[str, int, str], ...]:
-    """(title, width, align) of the columns after PID."""
+def _make_cols(compact: bool, jobs: bool = False) -> tuple[tuple[str, int, str], ...]:
+    """(title, width, align) of the columns after PID; ``jobs``: with a JOB column (Slurm job id)."""
     cols = [("USER", 6 if compact else 8, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 8, ">"),
             ("SM%", 4, ">"), ("CPU%", 5, ">")]
     if not compact:
         cols.append(("HOST", 6, ">"))
-    cols += [("TIME", 7, ">"), ("COMMAND", 0, "<")]
+    cols.append(("TIME", 7, ">"))
+    if jobs:
+        cols.append(("JOB", 8 if compact else 10, "<"))
+    cols.append(("COMMAND", 0, "<"))
     return tuple(cols)
 
 
-_COLS = {c: _make_cols(c) for c in (False, True)}  # compact -> columns
+# compact -> columns; (compact, True) -> the same with a JOB column (a snapshot with Slurm jobs)
+_COLS: dict = {c: _make_cols(c) for c in (False, True)}
+_COLS.update({(c, True): _make_cols(c, True) for c in (False, True)})
 
 
 def _cell(text: str, width: int, align: str) -> str:
@@ -96,6 +101,7 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
             "GPU-MEM": fmt_bytes(h.gpu_memory), "SM%": "N/A" if sm is None else f"{sm:.0f}%",
             "CPU%": "N/A" if cpu is None else f"{cpu:.0f}%", "HOST": fmt_bytes(h.rss),
             "TIME": fmt_duration(h.runtime),
+            "JOB": h.job.label() if h.job is not None else "-",
         }
         cmd = visible(h.cmd)
     else:
