@@ -35,6 +35,7 @@ from gputop.tui.side_panel import PanelData, SidePanel
 
 MIN_WIDTH, MIN_HEIGHT = 60, 15
 _MAIN_ACTIONS = frozenset(k.action for k in keymap.KEYS)
+FILTER_PLACEHOLDER = "filter: pid, user, name or command (enter keeps, esc clears)"
 SIDE_PANEL_MIN_WIDTH = 120  # below this the side panel starts hidden (b shows it)
 
 
@@ -140,6 +141,19 @@ class PanelSource:
         return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings)
 
 
+def demo_banner(demo) -> Text:
+    """Where the demo's scenario and state live, and how a second shell uses them (env.sh)."""
+    t = Text(" DEMO ", style="bold reverse yellow")
+    env = getattr(demo, "env_path", None)
+    if env is not None:
+        t.append("  second shell: ")
+        t.append(f". {env}", style="bold")
+        t.append(f"  (scenario, state: {demo.dir})")
+    else:
+        t.append(f"  scenario: {demo.scenario_path}")
+    return t
+
+
 @dataclass(frozen=True)
 class Selection:
     pid: int | None
@@ -174,6 +188,7 @@ class GputopApp(App):
         self.sort_key = "gpu-mem"
         self.sort_reverse = False
         self.filter_text = ""
+        self.search_text = ""
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._sample_error: str | None = None
@@ -183,6 +198,8 @@ class GputopApp(App):
 
     def compose(self) -> ComposeResult:
         yield Static(id="topbar")
+        if self.demo is not None:
+            yield Static(demo_banner(self.demo), id="demo-banner")
         yield VerticalScroll(id="devices")
         with Horizontal(id="main"):
             with Vertical(id="left"):
@@ -190,12 +207,20 @@ class GputopApp(App):
                 yield ProcessTree(id="tree")
             yield SidePanel(id="side")
         yield Static(legend_text(), id="legend")
-        yield Input(placeholder="filter: pid, user, name or command (enter keeps, esc clears)", id="filter")
-        yield Footer()
-        yield Static(id="too-small")
+        yield Input(placeholder=FILTER_PLACEHOLDER, id="filter")
+        yield Input(placeholder="search: pid, user, name or command (F3 next match, enter or esc closes)",
+                    id="search")
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        from gputop.tui import prefs
+
+        theme = prefs.load().get("theme")
+        if isinstance(theme, str) and theme in self.available_themes and theme != self.theme:
+            self.theme = theme
+        self.theme_changed_signal.subscribe(self, lambda t: prefs.save(theme=t.name))
         self.query_one("#filter", Input).display = False
+        self.query_one("#search", Input).display = False
         self._apply_size()
         self._update_topbar()
         self._update_header()
@@ -209,12 +234,7 @@ class GputopApp(App):
 
     def _apply_size(self, size=None) -> None:
         w, h = size or self.size
-        small = w < MIN_WIDTH or h < MIN_HEIGHT
-        self.screen.set_class(small, "-too-small")
-        if small:
-            self.query_one("#too-small", Static).update(
-                f"Terminal too small: {w}x{h}.\n\ngputop needs at least {MIN_WIDTH}x{MIN_HEIGHT} "
-                f"(80x24 is comfortable).\nEnlarge the window, or press q to quit.")
+        self._too_small(w, h)
         if self._panel_user_choice is None:
             self.query_one("#side", SidePanel).display = w >= SIDE_PANEL_MIN_WIDTH
         tree = self.query_one(ProcessTree)
@@ -224,6 +244,33 @@ class GputopApp(App):
         else:
             tree.compact = compact
         self._update_header()
+
+    def fits(self) -> bool:
+        w, h = self.size
+        return w >= MIN_WIDTH and h >= MIN_HEIGHT
+
+    def _too_small(self, w: int, h: int) -> None:
+        """Cover everything, dialogs included, with the too-small message; uncover when it fits again."""
+        from gputop.tui.too_small import TooSmallScreen, message
+
+        small = w < MIN_WIDTH or h < MIN_HEIGHT
+        top = self.screen_stack[-1] if self.screen_stack else None
+        if small and isinstance(top, TooSmallScreen):
+            top.show(message(w, h, MIN_WIDTH, MIN_HEIGHT))
+        elif small:
+            self.push_screen(TooSmallScreen(message(w, h, MIN_WIDTH, MIN_HEIGHT)))
+        elif isinstance(top, TooSmallScreen):
+            self.pop_screen()
+
+    def push_screen(self, screen, *args, **kwargs):
+        """A dialog opened (from a worker) while the terminal is too small goes under the message."""
+        from gputop.tui.too_small import TooSmallScreen
+
+        top = self.screen_stack[-1] if self.screen_stack else None
+        result = super().push_screen(screen, *args, **kwargs)
+        if isinstance(top, TooSmallScreen) and not isinstance(screen, TooSmallScreen):
+            self.call_later(self._apply_size)  # put a message back on top of it
+        return result
 
     # ---- sampling ---------------------------------------------------------------------------------
 
@@ -422,26 +469,62 @@ class GputopApp(App):
         box.value = self.filter_text
         box.focus()
 
+    def action_search(self) -> None:
+        """F3, as in htop: type to jump to the first matching row; F3 again jumps to the next match."""
+        box = self.query_one("#search", Input)
+        if not box.display and self.search_text and self._search_next(self.search_text, after_cursor=True):
+            return
+        box.display = True
+        box.value = ""
+        box.focus()
+
+    def _search_next(self, text: str, after_cursor: bool) -> bool:
+        """Move the cursor to the next row (after the cursor, wrapping) that matches ``text``."""
+        from gputop.tui.rows import row_matches
+
+        tree = self.query_one(ProcessTree)
+        lines = [line.node for line in tree._tree_lines]
+        if not text or not lines:
+            return False
+        start = tree.cursor_line + 1 if after_cursor else 0
+        for i in range(len(lines)):
+            node = lines[(start + i) % len(lines)]
+            if node.data is not None and row_matches(node.data, text):
+                tree.move_cursor(node)
+                return True
+        return False
+
+    def _close_input(self, box: Input, clear: bool) -> None:
+        box.display = False
+        if box.id == "filter" and clear:
+            box.value = ""
+            self.filter_text = ""
+            self._refresh_tree()
+            self._update_topbar()
+        self.query_one(ProcessTree).focus()
+
     def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id == "filter":
+        if event.input.id == "search":
+            self.search_text = event.value.strip()
+            self._search_next(self.search_text, after_cursor=False)
+        elif event.input.id == "filter":
             self.filter_text = event.value.strip()
             self._refresh_tree()
             self._update_topbar()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id == "filter":
-            event.input.display = False
-            self.query_one(ProcessTree).focus()
+        if event.input.id in ("filter", "search"):
+            self._close_input(event.input, clear=False)
 
     def on_key(self, event) -> None:
-        box = self.query_one("#filter", Input)
-        if event.key == "escape" and box.has_focus:
-            box.value = ""
-            self.filter_text = ""
-            box.display = False
-            self.query_one(ProcessTree).focus()
-            self._refresh_tree()
-            self._update_topbar()
+        focused = self.focused
+        if not isinstance(focused, Input) or focused.id not in ("filter", "search"):
+            return
+        if event.key == "escape":
+            self._close_input(focused, clear=True)
+            event.stop()
+        elif event.key == "f3" and focused.id == "search":
+            self._search_next(self.search_text, after_cursor=True)
             event.stop()
 
     def action_toggle_tag(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.binding import Binding
 from textual.strip import Strip
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
@@ -133,6 +134,14 @@ class ColumnHeader(Static):
 
 class ProcessTree(Tree[Node]):
     """A Tree of groups, ancestor chains and holders, reconciled by key."""
+
+    # Tree binds space to toggle_node, and a focused widget's keys run before the app's: space tags here,
+    # as in htop and nvitop (enter still toggles a branch). Left and right collapse and expand.
+    BINDINGS = [
+        Binding("space", "app.toggle_tag", "Tag"),
+        Binding("left", "collapse_or_parent", "Collapse", show=False),
+        Binding("right", "expand_or_child", "Expand", show=False),
+    ]
 
     def __init__(self, **kw):
         super().__init__("processes", **kw)
@@ -269,6 +278,26 @@ class ProcessTree(Tree[Node]):
         if isinstance(label, str):
             label = Text(label)
         return label
+
+    def action_collapse_or_parent(self) -> None:
+        """Collapse the branch under the cursor; on a leaf or a collapsed branch, go to its parent."""
+        node = self.cursor_node
+        if node is None:
+            return
+        if node.allow_expand and node.is_expanded:
+            node.collapse()
+        elif node.parent is not None and node.parent is not self.root:
+            self.move_cursor(node.parent)
+
+    def action_expand_or_child(self) -> None:
+        """Expand the branch under the cursor; on an expanded one, go to its first child."""
+        node = self.cursor_node
+        if node is None or not node.allow_expand:
+            return
+        if not node.is_expanded:
+            node.expand()
+        elif node.children:
+            self.move_cursor(node.children[0])
 
     @property
     def selected(self) -> Node | None:

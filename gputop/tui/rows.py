@@ -75,6 +75,17 @@ def matches(h: Holder, text: str) -> bool:
     return not h.proc and t in h.cmd.lower()
 
 
+def row_matches(node: "Node", text: str) -> bool:
+    """The search (F3): does this row's pid, user, name or command contain ``text``?"""
+    t = text.lower()
+    p = node.proc
+    if node.pid is not None and t in str(node.pid):
+        return True
+    if p is not None and (t in p.name.lower() or t in p.cmd.lower() or (p.user and t in p.user.lower())):
+        return True
+    return node.holder is not None and t in node.holder.cmd.lower()
+
+
 def shown_chain(h: Holder) -> list[ProcInfo]:
     """The ancestors drawn above a holder, topmost first.
 
