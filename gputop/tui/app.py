@@ -29,7 +29,7 @@ from gputop.tui import keymap, process_tree
 from gputop.tui.device_pane import DevicePane
 from gputop.tui.history import DeviceHistory
 from gputop.tui.legend import legend_text
-from gputop.tui.process_tree import ColumnHeader, ProcessTree, header_text, use_palette
+from gputop.tui.process_tree import ColumnHeader, ProcessTree, column_level, header_text, use_palette
 from gputop.tui.rows import GROUP_GPU, GROUP_ROOT, SORT_ORDER, build, max_depth
 from gputop.tui.side_panel import PanelData, SidePanel
 
@@ -210,7 +210,7 @@ class GputopApp(App):
         yield Input(placeholder=FILTER_PLACEHOLDER, id="filter")
         yield Input(placeholder="search: pid, user, name or command (F3 next match, enter or esc closes)",
                     id="search")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p is in the help; 80 columns fit
 
     def on_mount(self) -> None:
         from gputop.tui import prefs
@@ -238,7 +238,7 @@ class GputopApp(App):
         if self._panel_user_choice is None:
             self.query_one("#side", SidePanel).display = w >= SIDE_PANEL_MIN_WIDTH
         tree = self.query_one(ProcessTree)
-        compact = w < 100 or (self.query_one("#side").display and w < 140)
+        compact = column_level(w, self.query_one("#side").display)
         if compact != tree.compact and self.snapshot is not None:
             self._refresh_tree()
         else:
@@ -352,8 +352,7 @@ class GputopApp(App):
         tree = self.query_one(ProcessTree)
         groups = build(self.snapshot, grouping=self.grouping, sort=self.sort_key, reverse=self.sort_reverse,
                        filter_text=self.filter_text)
-        w = self.size.width
-        compact = w < 100 or (self.query_one("#side").display and w < 140)
+        compact = column_level(self.size.width, self.query_one("#side").display)
         live = {h.pid for h in self.snapshot.holders}
         tree.tagged &= live
         tree.reconcile(groups, max(1, max_depth(groups) - 1), compact)

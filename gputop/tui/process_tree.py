@@ -44,17 +44,32 @@ def use_palette(no_color: bool) -> None:
 use_palette(False)
 
 
-def _make_cols(compact: bool) -> tuple[tuple[str, int, str], ...]:
-    """(title, width, align) of the columns after PID."""
-    cols = [("USER", 6 if compact else 8, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 8, ">"),
-            ("SM%", 4, ">"), ("CPU%", 5, ">")]
-    if not compact:
-        cols.append(("HOST", 6, ">"))
-    cols += [("TIME", 7, ">"), ("COMMAND", 0, "<")]
+WIDE, COMPACT, NARROW = 0, 1, 2  # how many columns fit (``compact``: False/True read as WIDE/COMPACT)
+
+
+def _make_cols(level: int) -> tuple[tuple[str, int, str], ...]:
+    """(title, width, align) of the columns after PID. NARROW (under 80 columns) drops CPU% and TIME so
+    that the command keeps some room."""
+    cols = [("USER", 8 if level == WIDE else 6, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 8, ">"),
+            ("SM%", 4, ">")]
+    if level != NARROW:
+        cols.append(("CPU%", 5, ">"))
+    if level == WIDE:
+        cols.append(("HOST-MEM", 9, ">"))
+    if level != NARROW:
+        cols.append(("TIME", 7, ">"))
+    cols.append(("COMMAND", 0, "<"))
     return tuple(cols)
 
 
-_COLS = {c: _make_cols(c) for c in (False, True)}  # compact -> columns
+_COLS = {c: _make_cols(c) for c in (WIDE, COMPACT, NARROW)}  # level -> columns
+
+
+def column_level(width: int, side_panel: bool) -> int:
+    """Which columns fit a terminal ``width`` columns wide (the side panel takes its own 38)."""
+    if width < 80:
+        return NARROW
+    return COMPACT if width < 100 or (side_panel and width < 140) else WIDE
 
 
 def _cell(text: str, width: int, align: str) -> str:
@@ -68,11 +83,19 @@ def header_text(depth_pad: int, compact: bool, sort: str, reverse: bool) -> Text
     """The column header, aligned with rows at depth 1 under a pad of ``depth_pad`` cells."""
     arrow = "▲" if (SORTS[sort][1] == reverse) else "▼"
     sort_title = SORTS[sort][0]
-    out = Text(" " * (GUIDE + EXPANDER) + "  " + "PID".rjust(7) + " " * depth_pad, style="bold")
-    for title, width, align in _COLS[compact]:
+    cols = _COLS[compact]
+    out = Text(" " * (GUIDE + EXPANDER) + "  ", style="bold")
+    pid = "PID" + arrow if sort_title == "PID" else "PID"
+    out.append(pid.rjust(7), style="bold reverse" if pid != "PID" else "bold")
+    out.append(" " * depth_pad)
+    shown = sort_title == "PID" or any(title == sort_title for title, _, _ in cols)
+    for title, width, align in cols:
         t = title + arrow if title == sort_title else title
         out.append(" ")
         out.append(_cell(t, width, align), style="bold reverse" if t != title else "bold")
+    if not shown:  # sorted by a column this width hides: say so after COMMAND
+        out.append("  ")
+        out.append(f"by {sort_title}{arrow}", style="bold reverse")
     return out
 
 
@@ -94,12 +117,12 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
         values = {
             "USER": user, "T": h.ctx, "GPU": ",".join(str(g) for g in h.gpus),
             "GPU-MEM": fmt_bytes(h.gpu_memory), "SM%": "N/A" if sm is None else f"{sm:.0f}%",
-            "CPU%": "N/A" if cpu is None else f"{cpu:.0f}%", "HOST": fmt_bytes(h.rss),
+            "CPU%": "N/A" if cpu is None else f"{cpu:.0f}%", "HOST-MEM": fmt_bytes(h.rss),
             "TIME": fmt_duration(h.runtime),
         }
         cmd = h.cmd
     else:
-        values = {"USER": user, "HOST": fmt_bytes(p.rss) if p is not None else ""}
+        values = {"USER": user, "HOST-MEM": fmt_bytes(p.rss) if p is not None else ""}
         cmd = p.cmd if p is not None else ""
     head = ("*" if tagged else " ") + flag + str(node.pid).rjust(7) + " " * max(0, (max_depth - depth) * GUIDE)
     cells = tuple([_cell(values.get(title, ""), width, align) for title, width, align in _COLS[compact][:-1]])
@@ -117,7 +140,7 @@ def text_from_cells(cells: tuple) -> Text:
     if ctx is not None:  # the T column: the second value
         start = len(head) + 1 + len(values[0]) + 1
         out.stylize(CTX_STYLE.get(ctx, ""), start, start + len(values[1]))
-    elif len(values) > 6:  # an ancestor's host memory is secondary
+    else:  # an ancestor row: its few values are secondary
         out.stylize("dim", len(head) + 1, len(plain))
     out.append(Text(cmd, style="" if is_holder else "dim"))  # a command line is never parsed as markup
     return out

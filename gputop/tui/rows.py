@@ -22,7 +22,7 @@ SORTS: dict[str, tuple[str, bool]] = {
     "gpu-mem": ("GPU-MEM", True),
     "sm": ("SM%", True),
     "cpu": ("CPU%", True),
-    "host-mem": ("HOST", True),
+    "host-mem": ("HOST-MEM", True),
     "time": ("TIME", True),
     "pid": ("PID", False),
     "user": ("USER", False),
@@ -175,12 +175,18 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
                 _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
             g.title = _group_title(f"orphan tree {r.pid} ({r.proc.name})", on)
             groups.append(g)
-        rest = Node("rest", "group")
-        on = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
-        for h in on:
-            _insert(rest, rest.key, h, h.gpus[0] if h.gpus else None)
-        rest.title = _group_title("not orphaned", on)
-        groups.append(rest)
+        rest = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
+        # An unknown verdict is not "not orphaned": gputop could not tell (and never kills it).
+        unknown = [h for h in rest if h.verdict.kind == UNKNOWN]
+        for key, head, on in (("rest", "not orphaned", [h for h in rest if h.verdict.kind != UNKNOWN]),
+                              ("unknown", "unknown verdict (not visible, or ancestry unreadable)", unknown)):
+            if key == "unknown" and not on:
+                continue
+            g = Node(key, "group")
+            for h in on:
+                _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
+            g.title = _group_title(head, on)
+            groups.append(g)
     for g in groups:
         for c in g.children:
             _rank(c, sort, reverse)

@@ -84,7 +84,7 @@ def audit_text(d: PanelData) -> Text:
     for f in d.findings:
         sev = str(getattr(f, "severity", "?"))
         t.append("\n")
-        t.append(sev.upper()[:4].ljust(4), style=SEVERITY_STYLE.get(sev.lower(), "bold"))
+        t.append(sev.upper().ljust(6), style=SEVERITY_STYLE.get(sev.lower(), "bold"))  # MEDIUM, not MEDI
         pid = getattr(f, "pid", None)
         t.append(f" {pid if pid is not None else '-':>7} ")
         t.append(Text(str(getattr(f, "reason", "") or getattr(f, "rule", ""))))
