@@ -108,7 +108,7 @@ class PanelSource:
         self._findings: tuple = ()
 
     def __call__(self, snapshot: Snapshot, config: Config) -> PanelData:
-        guard_ok, mode, gerr, hits = False, None, None, ()
+        guard_ok, mode, gerr, hits, daemon, policy = False, None, None, (), None, None
         try:
             from gputop.guard import state as guard_state
         except Exception:
@@ -118,6 +118,10 @@ class PanelSource:
             try:
                 mode = guard_state.get_mode()
                 hits = tuple(guard_state.recent_hits(50))
+                policy = guard_state.get_policy_path()
+                d = guard_state.daemon_status()  # what `gputop guard status` says: is one running?
+                daemon = {"alive": bool(d.get("alive")), "pid": d.get("pid"),
+                          "policy_file": d.get("policy_file"), "mode": d.get("mode")}
             except Exception as e:
                 gerr = f"cannot read guard state: {e}"
         audit_ok, aerr, findings = False, None, ()
@@ -138,7 +142,24 @@ class PanelSource:
                 findings = self._findings
             except Exception as e:
                 aerr = f"audit failed: {e}"
-        return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings)
+        return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings, daemon, policy)
+
+
+# The actions module speaks to the CLI (flags); on this screen the same way out is a button or a key.
+_TUI_WORDING = (
+    ("use --allow-protected for an explicit manual kill", "press Override in the kill dialog to kill it anyway"),
+    ("use --force to send SIGKILL", "kill it again and choose KILL"),
+    ("stop them or use --force to kill them first",
+     "kill its holders first (k), or choose 'Kill holders and reset' in the reset dialog"),
+    ("(sudo gputop reset --gpu", "(run gputop as root; CLI: sudo gputop reset --gpu"),
+    ("(gputop reset --gpu", "(kill them with k first; CLI: gputop reset --gpu"),
+)
+
+
+def tui_wording(message: str) -> str:
+    for cli, tui in _TUI_WORDING:
+        message = message.replace(cli, tui)
+    return message
 
 
 def demo_banner(demo) -> Text:
@@ -670,7 +691,7 @@ class GputopApp(App):
     def _report(self, result) -> None:
         sev = "information" if result.ok else "error"
         title = f"{result.action} {'done' if result.ok else 'FAILED'}"
-        message = result.message
+        message = tui_wording(result.message)
         audit_error = (result.details or {}).get("audit_error")
         if audit_error:  # stderr is not visible under the TUI: say it on screen, loudly
             message += f"\nAUDIT LOG NOT WRITTEN: {audit_error}"
@@ -758,14 +779,16 @@ class GputopApp(App):
         if choice is None:
             self.notify("reset cancelled", timeout=2)
             return
-        self._do_reset(index)
+        from gputop.tui.dialogs.reset import FORCE
+
+        self._do_reset(index, choice == FORCE)
 
     @work(thread=True, group="actions")
-    def _do_reset(self, index: int) -> None:
+    def _do_reset(self, index: int, force: bool = False) -> None:
         try:
             from gputop import actions
 
-            r = actions.reset_gpu(index, face="tui", sampler=self.sampler, config=self.config)
+            r = actions.reset_gpu(index, face="tui", force=force, sampler=self.sampler, config=self.config)
             self._report(r)
         except Exception as e:
             self.call_from_thread(self.notify, f"reset GPU {index} failed: {type(e).__name__}: {e}",
@@ -785,7 +808,8 @@ class GputopApp(App):
         modes = guard_state.MODES
         current = self.panel.guard_mode if self.panel.guard_mode in modes else "off"
         target = modes[(modes.index(current) + 1) % len(modes)]
-        self.push_screen(GuardToggleDialog(current, target), partial(self._guard_confirmed, target))
+        self.push_screen(GuardToggleDialog(current, target, self.panel.guard_daemon, self.panel.guard_policy),
+                         partial(self._guard_confirmed, target))
 
     def _guard_confirmed(self, target: str, choice: str | None) -> None:
         if choice is None:
