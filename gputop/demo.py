@@ -9,19 +9,28 @@ It starts, as real processes (all sleeping, so they cost no CPU):
 - a training-like tree: a launcher (its own session, as a job started with setsid) with two python workers;
 - an orphaned tree: ``setsid sh -c 'sh retry.sh & exit'``, a retry loop whose session leader is gone, and
   the worker it restarts (the demo follows a restart, as a driver would see the new process take the GPU);
-- a process named like a miner (comm ``xmrig`` through prctl(PR_SET_NAME), argv[0] ``xmrig``);
+- a process named like a miner (comm ``xmrig``);
 - a graphics client (context type G) and a jupyter kernel (protected by the default protect list);
 - one holder whose PID is not visible here (verdict unknown), as under another PID namespace.
 
+Their command lines read as real ones do: ``torchrun``, ``xmrig`` and ``glxgears`` are scripts in the demo
+dir with a ``#!/path/to/python`` line, as pip's console scripts are (``/path/to/python /path/xmrig -o ...``);
+the kernel is ``python -m ipykernel_launcher -f ...``; the workers are ``python train.py --rank 0 ...``.
+
 A YAML scenario in a temp dir names them on four simulated GPUs; a background thread keeps it current
-(utilisation that moves, a restarted retry worker) and reaps the demo's own exited children.
+(utilisation that moves, a restarted retry worker) and reaps the demo's own exited children. ``env.sh`` there
+sets GPUTOP_SCENARIO and GPUTOP_STATE_DIR for a second shell. A watcher process holds the read end of a
+pipe whose write end only gputop holds: when gputop dies, even by SIGKILL, the pipe closes and the watcher
+kills every demo process it recorded (pid and start time checked) and removes the directory.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -73,6 +82,41 @@ done
 """
 
 
+# Waits for EOF on fd 3 (gputop is gone: it held the only write end), then kills the demo's process trees
+# listed in procs.json (each (pid, start time) checked first, so that a reused PID is never touched).
+_WATCHER = """\
+import json, os, shutil, signal, sys, time
+for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+    signal.signal(s, signal.SIG_IGN)
+demo_dir = sys.argv[1]
+fd = int(sys.argv[3])
+while os.read(fd, 4096):
+    pass
+try:
+    import psutil
+    procs = json.load(open(os.path.join(demo_dir, "procs.json")))
+    victims = []
+    for pid, start in procs:
+        try:
+            p = psutil.Process(pid)
+            if start is None or abs(p.create_time() - start) > 0.05:
+                continue
+            victims.append(p)
+            victims.extend(p.children(recursive=True))
+        except psutil.Error:
+            pass
+    for p in victims:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=3)
+except Exception:
+    pass
+if sys.argv[2] == "own":
+    shutil.rmtree(demo_dir, ignore_errors=True)
+"""
+
 # Starts one process in a new session and exits at once, so that the process is reparented.
 _DETACH = """\
 import json, os, subprocess, sys
@@ -107,6 +151,8 @@ class Demo:
         self._own_dir = directory is None
         self.dir = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="gputop-demo-"))
         self.scenario_path = self.dir / "scenario.yaml"
+        self.env_path = self.dir / "env.sh"
+        self._watch_fd: int | None = None
         self.animate = animate
         self.python = python or sys.executable
         self.procs: dict[str, DemoProc] = {}
@@ -138,8 +184,10 @@ class Demo:
         self._install_signal_handlers()
         try:
             self._write_scripts()
+            self._start_watcher()
             self._start_processes()
             self.write_scenario()
+            self.write_env()
         except BaseException:
             self.stop()
             raise
@@ -182,6 +230,12 @@ class Demo:
                 po.wait(timeout=1)
             except (subprocess.TimeoutExpired, OSError):
                 pass
+        if self._watch_fd is not None:  # the watcher finds nothing left, and exits
+            with contextlib.suppress(OSError):
+                os.close(self._watch_fd)
+            self._watch_fd = None
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                self._watcher.wait(timeout=5)
         self._restore_signal_handlers()
         try:
             atexit.unregister(self.stop)
@@ -230,7 +284,14 @@ class Demo:
     def _write_scripts(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "train.py").write_text(_WORKER)
-        (self.dir / "launch.py").write_text(_LAUNCHER)
+        (self.dir / "ipykernel_launcher.py").write_text(_WORKER)  # python -m ipykernel_launcher finds it here
+        # The interpreter itself, not /usr/bin/env (which would exec again and leave comm "python3"): the
+        # kernel names the process after the script, "xmrig", from its first instant.
+        shebang = f"#!{self.python}\n" if len(self.python) < 120 and " " not in self.python else "#!/usr/bin/env python3\n"
+        for name, body in (("torchrun", _LAUNCHER), ("xmrig", _WORKER), ("glxgears", _WORKER)):
+            path = self.dir / name
+            path.write_text(shebang + body)
+            path.chmod(0o755)
         # bash can set argv[0], so that the worker reads "python train.py ..." like the others.
         if shutil.which("bash"):
             run = '( exec -a python "$GPUTOP_DEMO_PYTHON" train.py --retry --epochs 100 )'
@@ -272,12 +333,39 @@ class Demo:
     def _record(self, role: str, pid: int) -> DemoProc:
         dp = DemoProc(role, pid, _wait_start_time(pid))
         self.procs[role] = dp
+        self._write_procs()
         return dp
+
+    def _write_procs(self) -> None:
+        """What the watcher kills if gputop dies without cleaning up (pid, start time)."""
+        tmp = self.dir / "procs.json.tmp"
+        tmp.write_text(json.dumps([[p.pid, p.start_time] for p in self.procs.values()]))
+        os.replace(tmp, self.dir / "procs.json")
+
+    def _start_watcher(self) -> None:
+        r, w = os.pipe()  # both ends non-inheritable: only the watcher gets r (pass_fds), only we hold w
+        try:
+            p = subprocess.Popen([self.python, "-c", _WATCHER, str(self.dir), "own" if self._own_dir else "keep",
+                                  str(r)], pass_fds=(r,), start_new_session=True,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        finally:
+            os.close(r)
+        self._watch_fd = w
+        self._watcher = p
+
+    def write_env(self, state_dir: str | os.PathLike | None = None) -> Path:
+        """``env.sh``: source it in a second shell to point gputop at this demo (scenario, state dir)."""
+        state = state_dir or os.environ.get("GPUTOP_STATE_DIR") or (self.dir / "state")
+        text = (f"# gputop --demo: source this file ('. {self.env_path}') to use the demo from another shell\n"
+                f"export GPUTOP_SCENARIO={shlex.quote(str(self.scenario_path))}\n"
+                f"export GPUTOP_STATE_DIR={shlex.quote(str(state))}\n")
+        self.env_path.write_text(text)
+        return self.env_path
 
     def _start_processes(self) -> None:
         # A training job started deliberately in its own session (setsid): not an orphan.
         # Every demo job is detached this way (see _detached); only the orphan is made differently.
-        launcher = self._detached(["torchrun", "launch.py", "--nproc-per-node", "2"], executable=self.python)
+        launcher = self._detached([str(self.dir / "torchrun"), "--nproc-per-node", "2", "train.py"])
         self._record("launcher", launcher)
         workers = _wait_children(launcher, 2)
         for i, pid in enumerate(workers):
@@ -290,11 +378,10 @@ class Demo:
         self._record("retry-root", root)
         self._record("retry-worker", _wait_children(root, 1)[0])
         # A process named like a miner: argv[0] and comm are "xmrig".
-        self._record("miner", self._detached(["xmrig", "train.py", "-o", "pool.example.net:3333",
-                                              "--donate-level", "1"], name="xmrig", executable=self.python))
-        self._record("graphics", self._detached(["glxgears", "train.py", "-info"], name="glxgears",
-                                                executable=self.python))
-        self._record("jupyter", self._detached(["python", "train.py", "-m", "ipykernel_launcher", "-f",
+        self._record("miner", self._detached([str(self.dir / "xmrig"), "-o", "pool.example.net:3333",
+                                              "--donate-level", "1"], name="xmrig"))
+        self._record("graphics", self._detached([str(self.dir / "glxgears"), "-info"], name="glxgears"))
+        self._record("jupyter", self._detached(["python", "-m", "ipykernel_launcher", "-f",
                                                 "/run/user/jupyter/kernel-demo.json"], executable=self.python))
 
     def pid(self, role: str) -> int:
