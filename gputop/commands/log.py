@@ -7,7 +7,7 @@ import os
 import time
 
 from gputop import auditlog
-from gputop.commands._common import config_from, print_json, table
+from gputop.commands._common import config_from, fit_last, print_json, table
 from gputop.errors import EXIT_OK, UsageError
 from gputop.units import parse_duration
 
@@ -96,6 +96,7 @@ def run(args) -> int:
         if r.get("reason"):
             msg = f"[{r['reason']}] {msg}"
         rows.append([when, f"{r.get('face', '?')}/{who}", r.get("action", "?"), target, r.get("outcome", "?"),
-                     sigs or "-", msg[:90]])
-    print(table(rows, ["TIME", "FACE/USER", "ACTION", "TARGET", "OUTCOME", "SIGNALS", "MESSAGE"]))
+                     sigs or "-", msg])
+    headers = ["TIME", "FACE/USER", "ACTION", "TARGET", "OUTCOME", "SIGNALS", "MESSAGE"]
+    print(table(fit_last(rows, headers), headers))
     return EXIT_OK

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 from gputop.backends import no_gpu_message
-from gputop.commands._common import open_sampler, print_json, table
+from gputop.commands._common import fit_last, open_sampler, print_json, table
 from gputop.errors import UsageError
 from gputop.snapshot import Snapshot
 from gputop.units import fmt_bytes, fmt_duration, fmt_opt
@@ -51,6 +52,9 @@ def run(args) -> int:
         print_json(snap.to_dict())
     else:
         print(render(snap, chains=args.chains))
+        note = unavailable_note(snap)
+        if note:
+            print(f"gputop: note: {note}", file=sys.stderr)
     return 0
 
 
@@ -83,10 +87,10 @@ def render(snap: Snapshot, chains: bool = False) -> str:
             rows.append([
                 str(h.pid), h.user or "?", h.ctx, ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
                 _pct(h.sm_util), fmt_opt(h.cpu_percent, "{:.0f}%"), fmt_duration(h.runtime),
-                h.verdict.kind, h.cmd[:60],
+                h.verdict.kind, h.cmd,
             ])
-        out.append(table(rows, ["PID", "USER", "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME", "VERDICT",
-                                "COMMAND"], right={0, 4, 5, 6, 7}))
+        headers = ["PID", "USER", "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME", "VERDICT", "COMMAND"]
+        out.append(table(fit_last(rows, headers), headers, right={0, 4, 5, 6, 7}))
         for h in snap.holders:
             if h.verdict.kind != "not-orphan":
                 out.append(f"  pid {h.pid}: {h.verdict.kind}: {h.verdict.reason}")
@@ -100,7 +104,12 @@ def render(snap: Snapshot, chains: bool = False) -> str:
                        f"{','.join(map(str, r.gpus))}, {fmt_bytes(r.gpu_memory)}; {r.reason}")
     for w in snap.warnings:
         out.append(f"warning: {w}")
+    return "\n".join(out)
+
+
+def unavailable_note(snap: Snapshot) -> str | None:
+    """Backends that could not be opened while others work: a note for stderr, never in the table."""
     unavailable = [s for s in snap.backends if not s.available]
     if unavailable and snap.devices:
-        out.append("backends unavailable: " + "; ".join(s.reason for s in unavailable))
-    return "\n".join(out)
+        return "backends unavailable: " + "; ".join(s.reason for s in unavailable)
+    return None
