@@ -492,7 +492,10 @@ class GputopApp(App):
     def action_search(self) -> None:
         """F3, as in htop: type to jump to the first matching row; F3 again jumps to the next match."""
         box = self.query_one("#search", Input)
-        if not box.display and self.search_text and self._search_next(self.search_text, after_cursor=True):
+        if box.display:  # F3 while typing: the next match
+            self._search_next(self.search_text, after_cursor=True)
+            return
+        if self.search_text and self._search_next(self.search_text, after_cursor=True):
             return
         box.display = True
         box.value = ""
@@ -542,9 +545,6 @@ class GputopApp(App):
             return
         if event.key == "escape":
             self._close_input(focused, clear=True)
-            event.stop()
-        elif event.key == "f3" and focused.id == "search":
-            self._search_next(self.search_text, after_cursor=True)
             event.stop()
 
     def action_toggle_tag(self) -> None:
