@@ -62,8 +62,14 @@ while True:
 """
 
 _LAUNCHER = """\
-import os, signal, subprocess, sys
+import ctypes, os, signal, subprocess, sys
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
+name = os.environ.pop("GPUTOP_DEMO_NAME", "")  # popped: the workers are "python"
+try:
+    if name:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+except Exception:
+    pass
 py = os.environ.get("GPUTOP_DEMO_PYTHON") or sys.executable
 workers = [subprocess.Popen(["python", "train.py", "--rank", str(r), "--world-size", "2"], executable=py)
            for r in range(2)]
@@ -96,7 +102,7 @@ try:
     import psutil
     procs = json.load(open(os.path.join(demo_dir, "procs.json")))
     victims = []
-    for pid, start in procs:
+    for pid, start in procs.values():
         try:
             p = psutil.Process(pid)
             if start is None or abs(p.create_time() - start) > 0.05:
@@ -285,9 +291,12 @@ class Demo:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "train.py").write_text(_WORKER)
         (self.dir / "ipykernel_launcher.py").write_text(_WORKER)  # python -m ipykernel_launcher finds it here
-        # The interpreter itself, not /usr/bin/env (which would exec again and leave comm "python3"): the
-        # kernel names the process after the script, "xmrig", from its first instant.
-        shebang = f"#!{self.python}\n" if len(self.python) < 120 and " " not in self.python else "#!/usr/bin/env python3\n"
+        # As a script run from its directory reads: "python3 ./xmrig -o ...". env execs python3, so the
+        # name (comm) is "python3" until the script renames itself: _detached waits for that.
+        if shutil.which("python3") and os.path.exists("/usr/bin/env"):
+            shebang = "#!/usr/bin/env python3\n"
+        else:
+            shebang = f"#!{self.python}\n"
         for name, body in (("torchrun", _LAUNCHER), ("xmrig", _WORKER), ("glxgears", _WORKER)):
             path = self.dir / name
             path.write_text(shebang + body)
@@ -326,9 +335,12 @@ class Demo:
         out = subprocess.run([self.python, "-c", _DETACH, spec], env=env, preexec_fn=_default_sighup,
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15)
         try:
-            return int(out.stdout.split()[0])
+            pid = int(out.stdout.split()[0])
         except (IndexError, ValueError):
             raise RuntimeError(f"demo: could not start {argv[0]}: {out.stderr.strip()[-200:]}") from None
+        if name:
+            _wait_name(pid, name)
+        return pid
 
     def _record(self, role: str, pid: int) -> DemoProc:
         dp = DemoProc(role, pid, _wait_start_time(pid))
@@ -339,7 +351,7 @@ class Demo:
     def _write_procs(self) -> None:
         """What the watcher kills if gputop dies without cleaning up (pid, start time)."""
         tmp = self.dir / "procs.json.tmp"
-        tmp.write_text(json.dumps([[p.pid, p.start_time] for p in self.procs.values()]))
+        tmp.write_text(json.dumps({role: [p.pid, p.start_time] for role, p in self.procs.items()}))
         os.replace(tmp, self.dir / "procs.json")
 
     def _start_watcher(self) -> None:
@@ -365,22 +377,22 @@ class Demo:
     def _start_processes(self) -> None:
         # A training job started deliberately in its own session (setsid): not an orphan.
         # Every demo job is detached this way (see _detached); only the orphan is made differently.
-        launcher = self._detached([str(self.dir / "torchrun"), "--nproc-per-node", "2", "train.py"])
+        launcher = self._detached(["./torchrun", "--nproc-per-node", "2", "train.py"], name="torchrun")
         self._record("launcher", launcher)
         workers = _wait_children(launcher, 2)
         for i, pid in enumerate(workers):
             self._record(f"worker{i}", pid)
         # An orphaned tree: the session leader (sh) exits at once; the retry loop goes to init.
         pidfile = self.dir / "retry.pid"
-        shell = shutil.which("bash") or "sh"
+        shell = "bash" if shutil.which("bash") else "sh"  # as a person types it, not /usr/bin/bash
         self._popen(["setsid", "sh", "-c", f'{shell} retry.sh "$0" & exit 0', str(pidfile)]).wait(10)
         root = _wait_pidfile(pidfile)
         self._record("retry-root", root)
         self._record("retry-worker", _wait_children(root, 1)[0])
         # A process named like a miner: argv[0] and comm are "xmrig".
-        self._record("miner", self._detached([str(self.dir / "xmrig"), "-o", "pool.example.net:3333",
-                                              "--donate-level", "1"], name="xmrig"))
-        self._record("graphics", self._detached([str(self.dir / "glxgears"), "-info"], name="glxgears"))
+        self._record("miner", self._detached(["./xmrig", "-o", "pool.example.net:3333", "--donate-level", "1"],
+                                             name="xmrig"))
+        self._record("graphics", self._detached(["./glxgears", "-info"], name="glxgears"))
         self._record("jupyter", self._detached(["python", "-m", "ipykernel_launcher", "-f",
                                                 "/run/user/jupyter/kernel-demo.json"], executable=self.python))
 
@@ -477,6 +489,19 @@ def _same(p: DemoProc) -> bool:
 def _default_sighup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _wait_name(pid: int, name: str, timeout: float = 10.0) -> None:
+    """Until the process has renamed itself (prctl PR_SET_NAME in its first lines)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == name[:15]:
+                    return
+        except OSError:
+            return  # not Linux, or gone: nothing to wait for
+        time.sleep(0.02)
 
 
 def _wait_start_time(pid: int, timeout: float = 5.0) -> float | None:

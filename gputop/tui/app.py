@@ -490,12 +490,10 @@ class GputopApp(App):
         box.focus()
 
     def action_search(self) -> None:
-        """F3, as in htop: type to jump to the first matching row; F3 again jumps to the next match."""
+        """F3, as in htop: type to jump to the first matching row; F3 in the box jumps to the next match."""
         box = self.query_one("#search", Input)
         if box.display:  # F3 while typing: the next match
             self._search_next(self.search_text, after_cursor=True)
-            return
-        if self.search_text and self._search_next(self.search_text, after_cursor=True):
             return
         box.display = True
         box.value = ""

@@ -71,10 +71,15 @@ async def check_search(pilot, key):
     assert await wait_until(pilot, lambda: tree.cursor_node.data.key == "gpu2/3000")
     await pilot.press("f3")
     assert await wait_until(pilot, lambda: tree.cursor_node.data.key == "gpu3/3000")
+    await pilot.press("f3")  # the next match, wrapping
+    assert await wait_until(pilot, lambda: tree.cursor_node.data.key == "gpu2/3000")
     await pilot.press("enter")  # keeps the row, closes the box; the tree is not filtered
     assert not box.display and tree.has_focus and "gpu0/1101" in tree.nodes_by_key
-    await pilot.press(key)  # F3 again with a search kept: the next match, wrapping
-    assert await wait_until(pilot, lambda: tree.cursor_node.data.key == "gpu2/3000")
+    assert tree.cursor_node.data.key == "gpu2/3000"
+    await pilot.press(key)  # F3 again opens the box afresh (escape closes it, leaving the cursor)
+    assert box.display and box.value == ""
+    await pilot.press("escape")
+    assert not box.display and tree.cursor_node.data.key == "gpu2/3000"
 
 
 async def check_toggle_tag(pilot, key):
