@@ -259,7 +259,7 @@ class GputopApp(App):
         if self._panel_user_choice is None:
             self.query_one("#side", SidePanel).display = w >= SIDE_PANEL_MIN_WIDTH
         tree = self.query_one(ProcessTree)
-        compact = column_level(w, self.query_one("#side").display)
+        compact = column_level(w, self.query_one("#side").display, self.sort_key)
         if compact != tree.compact and self.snapshot is not None:
             self._refresh_tree()
         else:
@@ -373,7 +373,7 @@ class GputopApp(App):
         tree = self.query_one(ProcessTree)
         groups = build(self.snapshot, grouping=self.grouping, sort=self.sort_key, reverse=self.sort_reverse,
                        filter_text=self.filter_text)
-        compact = column_level(self.size.width, self.query_one("#side").display)
+        compact = column_level(self.size.width, self.query_one("#side").display, self.sort_key)
         live = {h.pid for h in self.snapshot.holders}
         tree.tagged &= live
         tree.reconcile(groups, max(1, max_depth(groups) - 1), compact)

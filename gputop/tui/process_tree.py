@@ -62,14 +62,36 @@ def _make_cols(level: int) -> tuple[tuple[str, int, str], ...]:
     return tuple(cols)
 
 
-_COLS = {c: _make_cols(c) for c in (WIDE, COMPACT, NARROW)}  # level -> columns
+_LEVEL_COLS = {c: _make_cols(c) for c in (WIDE, COMPACT, NARROW)}  # level -> columns
+_WIDTHS = {title: (width, align) for title, width, align in _LEVEL_COLS[WIDE]}
 
 
-def column_level(width: int, side_panel: bool) -> int:
-    """Which columns fit a terminal ``width`` columns wide (the side panel takes its own 38)."""
+class _Columns(dict):
+    """layout -> columns. A layout is a level, or (level, sort title): the column sorted by is shown even
+    when the level hides it, in place of the last optional column (TIME; SM% when narrow)."""
+
+    def __missing__(self, layout):
+        level, sort_title = layout if isinstance(layout, tuple) else (layout, None)
+        cols = list(_LEVEL_COLS[level])
+        titles = [c[0] for c in cols]
+        if sort_title in _WIDTHS and sort_title not in titles:
+            i = titles.index("TIME" if "TIME" in titles else "SM%")
+            cols[i] = (sort_title, *_WIDTHS[sort_title])
+        self[layout] = out = tuple(cols)
+        return out
+
+
+_COLS = _Columns()
+
+
+def column_level(width: int, side_panel: bool, sort: str | None = None):
+    """Which columns fit a terminal ``width`` columns wide (the side panel takes its own 38); with ``sort``,
+    a layout that also shows the column sorted by."""
     if width < 80:
-        return NARROW
-    return COMPACT if width < 100 or (side_panel and width < 140) else WIDE
+        level = NARROW
+    else:
+        level = COMPACT if width < 100 or (side_panel and width < 140) else WIDE
+    return level if sort is None else (level, SORTS[sort][0])
 
 
 def _cell(text: str, width: int, align: str) -> str:
@@ -88,14 +110,10 @@ def header_text(depth_pad: int, compact: bool, sort: str, reverse: bool) -> Text
     pid = "PID" + arrow if sort_title == "PID" else "PID"
     out.append(pid.rjust(7), style="bold reverse" if pid != "PID" else "bold")
     out.append(" " * depth_pad)
-    shown = sort_title == "PID" or any(title == sort_title for title, _, _ in cols)
     for title, width, align in cols:
         t = title + arrow if title == sort_title else title
         out.append(" ")
         out.append(_cell(t, width, align), style="bold reverse" if t != title else "bold")
-    if not shown:  # sorted by a column this width hides: say so after COMMAND
-        out.append("  ")
-        out.append(f"by {sort_title}{arrow}", style="bold reverse")
     return out
 
 

@@ -95,7 +95,8 @@ def test_sort_mark_for_pid_and_for_a_hidden_column():
 
     assert "PID▲" in header_text(0, WIDE, "pid", False).plain
     assert "HOST-MEM▼" in header_text(0, WIDE, "host-mem", False).plain
-    compact = header_text(0, COMPACT, "host-mem", False).plain  # HOST-MEM is not shown here
-    assert "by HOST-MEM▼" in compact
-    assert "by TIME▼" in header_text(0, NARROW, "time", False).plain
+    assert "HOST-MEM" not in header_text(0, COMPACT, "gpu-mem", False).plain  # hidden at this width...
+    compact = header_text(0, (COMPACT, "HOST-MEM"), "host-mem", False).plain  # ...unless sorted by it
+    assert "HOST-MEM▼" in compact and "COMMAND" in compact
+    assert "TIME▼" in header_text(0, (NARROW, "TIME"), "time", False).plain
     assert "COMMAND" in header_text(0, NARROW, "gpu-mem", False).plain
