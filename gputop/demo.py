@@ -293,10 +293,11 @@ class Demo:
         (self.dir / "ipykernel_launcher.py").write_text(_WORKER)  # python -m ipykernel_launcher finds it here
         # As a script run from its directory reads: "python3 ./xmrig -o ...". env execs python3, so the
         # name (comm) is "python3" until the script renames itself: _detached waits for that.
-        if shutil.which("python3") and os.path.exists("/usr/bin/env"):
+        shebang = f"#!{self.python}\n"
+        if os.path.exists("/usr/bin/env"):
             shebang = "#!/usr/bin/env python3\n"
-        else:
-            shebang = f"#!{self.python}\n"
+            (self.dir / "bin").mkdir(exist_ok=True)
+            (self.dir / "bin" / "python3").symlink_to(self.python)
         for name, body in (("torchrun", _LAUNCHER), ("xmrig", _WORKER), ("glxgears", _WORKER)):
             path = self.dir / name
             path.write_text(shebang + body)
@@ -311,6 +312,9 @@ class Demo:
     def _env(self) -> dict:
         env = dict(os.environ)
         env["GPUTOP_DEMO_PYTHON"] = self.python
+        # The scripts' "#!/usr/bin/env python3" finds the demo's own python3 (a link to this interpreter)
+        # first: the command line reads "python3 ./xmrig ...", not a shim's or a venv's full path.
+        env["PATH"] = str(self.dir / "bin") + os.pathsep + env.get("PATH", os.defpath)
         return env
 
     def _popen(self, argv: list[str], name: str | None = None, **kw) -> subprocess.Popen:
@@ -385,7 +389,7 @@ class Demo:
         # An orphaned tree: the session leader (sh) exits at once; the retry loop goes to init.
         pidfile = self.dir / "retry.pid"
         shell = "bash" if shutil.which("bash") else "sh"  # as a person types it, not /usr/bin/bash
-        self._popen(["setsid", "sh", "-c", f'{shell} retry.sh "$0" & exit 0', str(pidfile)]).wait(10)
+        self._popen(["setsid", "sh", "-c", f'{shell} retry.sh "$0" & exit 0', pidfile.name]).wait(10)
         root = _wait_pidfile(pidfile)
         self._record("retry-root", root)
         self._record("retry-worker", _wait_children(root, 1)[0])

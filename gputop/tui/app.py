@@ -164,12 +164,12 @@ def tui_wording(message: str) -> str:
 
 def demo_banner(demo) -> Text:
     """Where the demo's scenario and state live, and how a second shell uses them (env.sh)."""
-    t = Text(" DEMO ", style="bold reverse yellow")
+    t = Text(" demo", style="bold")
     env = getattr(demo, "env_path", None)
     if env is not None:
-        t.append("  second shell: ")
+        t.append(" · from a second shell: ")
         t.append(f". {env}", style="bold")
-        t.append(f"  (scenario, state: {demo.dir})")
+        t.append("  (its scenario and state dir)")
     else:
         t.append(f"  scenario: {demo.scenario_path}")
     return t
