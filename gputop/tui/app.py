@@ -312,6 +312,8 @@ class GputopApp(App):
         self._wake.set()
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        if self._stop.is_set() or not self.default_screen.query("#topbar"):
+            return  # a sample that arrives while the app shuts down (its widgets already gone)
         snap = message.snapshot
         self.snapshot = snap
         self.panel = message.panel
@@ -328,6 +330,8 @@ class GputopApp(App):
             redraw()
 
     def on_sample_failed(self, message: SampleFailed) -> None:
+        if self._stop.is_set() or not self.default_screen.query("#topbar"):
+            return
         if self._sample_error != message.error:
             self.notify(f"sampling failed: {message.error}", severity="error", timeout=8)
         self._sample_error = message.error
