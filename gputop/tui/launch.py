@@ -24,11 +24,11 @@ def require_terminal() -> None:
 
 
 def run_tui(args) -> int:
-    require_terminal()
     config = load_config(getattr(args, "config", None))
     interval = getattr(args, "interval", None)
     if interval is not None and interval <= 0:
         raise UsageError(f"--interval must be above 0 seconds, got {interval}")
+    require_terminal()  # after the arguments (their errors first), before the demo starts anything
     stack = contextlib.ExitStack()
     with stack:
         demo = None
