@@ -153,8 +153,9 @@ class SimulatedBackend(Backend):
         try:
             st = self.path.stat()
         except OSError as e:
-            if initial:
-                raise BackendUnavailable(f"simulated: cannot read scenario {self.path}: {e.strerror}") from None
+            if initial:  # a scenario file the user named and that is not there is bad input (exit 2)
+                raise UsageError(f"simulated: cannot read scenario {self.path}: {e.strerror} "
+                                 "(see README: 'Trying gputop without a GPU')") from None
             return
         if st.st_mtime_ns == self._mtime:
             return
@@ -172,8 +173,9 @@ class SimulatedBackend(Backend):
                 raise UsageError(f"bad scenario: {str(e).splitlines()[0]}") from None
             return
         except OSError as e:
-            if initial:
-                raise BackendUnavailable(f"simulated: cannot read scenario {self.path}: {e.strerror}") from None
+            if initial:  # a scenario file the user named and that is not there is bad input (exit 2)
+                raise UsageError(f"simulated: cannot read scenario {self.path}: {e.strerror} "
+                                 "(see README: 'Trying gputop without a GPU')") from None
             return
         with self._lock:
             self._gpus, self._holders, self._mtime = gpus, holders, st.st_mtime_ns

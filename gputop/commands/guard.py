@@ -131,7 +131,12 @@ def run(args) -> int:
 def _test_policies(args) -> int:
     from gputop.guard.engine import explain, render_explanation
 
-    path = _policy_path(args.policy_file)
+    try:
+        path = _policy_path(args.policy_file)
+    except UsageError as e:
+        if args.json:  # a script reading stdout gets an answer it can parse, not nothing
+            print_json({"error": str(e), "exit_code": e.exit_code})
+        raise
     pol = _validate(path)
     config = config_from(args)
     sampler = open_sampler(args, config)

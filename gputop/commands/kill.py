@@ -79,6 +79,9 @@ def run(args) -> int:
         raise UsageError("say what to kill: --pid N, or select with --gpu N / --user U / --name REGEX")
     if args.pid and selectors:
         raise UsageError("use either --pid or the selectors --gpu/--user/--name, not both")
+    bad = [p for p in args.pid or () if p <= 0]
+    if bad:
+        raise UsageError(f"--pid {bad[0]}: a process id is a number above 0")
     if args.start_time is not None and (not args.pid or len(args.pid) != 1):
         raise UsageError("--start-time goes with exactly one --pid")
     try:

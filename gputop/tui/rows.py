@@ -24,7 +24,7 @@ SORTS: dict[str, tuple[str, bool]] = {
     "gpu-mem": ("GPU-MEM", True),
     "sm": ("SM%", True),
     "cpu": ("CPU%", True),
-    "host-mem": ("HOST", True),
+    "host-mem": ("HOST-MEM", True),
     "time": ("TIME", True),
     "pid": ("PID", False),
     "user": ("USER", False),
@@ -75,6 +75,17 @@ def matches(h: Holder, text: str) -> bool:
         if t == str(p.pid) or t in p.name.lower() or t in p.cmd.lower() or (p.user and t in p.user.lower()):
             return True
     return not h.proc and t in h.cmd.lower()
+
+
+def row_matches(node: "Node", text: str) -> bool:
+    """The search (F3): does this row's pid, user, name or command contain ``text``?"""
+    t = text.lower()
+    p = node.proc
+    if node.pid is not None and t in str(node.pid):
+        return True
+    if p is not None and (t in p.name.lower() or t in p.cmd.lower() or (p.user and t in p.user.lower())):
+        return True
+    return node.holder is not None and t in node.holder.cmd.lower()
 
 
 def shown_chain(h: Holder) -> list[ProcInfo]:
@@ -190,12 +201,18 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
                 _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
             g.title = _group_title(f"orphan tree {r.pid} ({visible(r.proc.name)})", on)
             groups.append(g)
-        rest = Node("rest", "group")
-        on = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
-        for h in on:
-            _insert(rest, rest.key, h, h.gpus[0] if h.gpus else None)
-        rest.title = _group_title("not orphaned", on)
-        groups.append(rest)
+        rest = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
+        # An unknown verdict is not "not orphaned": gputop could not tell (and never kills it).
+        unknown = [h for h in rest if h.verdict.kind == UNKNOWN]
+        for key, head, on in (("rest", "not orphaned", [h for h in rest if h.verdict.kind != UNKNOWN]),
+                              ("unknown", "unknown verdict (not visible, or ancestry unreadable)", unknown)):
+            if key == "unknown" and not on:
+                continue
+            g = Node(key, "group")
+            for h in on:
+                _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
+            g.title = _group_title(head, on)
+            groups.append(g)
     for g in groups:
         for c in g.children:
             _rank(c, sort, reverse)
