@@ -75,8 +75,8 @@ class _Columns(dict):
     def __missing__(self, layout):
         level, sort_title, jobs = (tuple(layout) + (False,))[:3] if isinstance(layout, tuple) else (layout, None, False)
         cols = list(_LEVEL_COLS[level])
-        if jobs:  # before COMMAND's room is worked out: JOB goes after the last numeric column
-            cols.append(_WIDTHS_JOB)
+        if jobs:  # JOB goes just before COMMAND
+            cols.insert(len(cols) - 1, _WIDTHS_JOB)
         titles = [c[0] for c in cols]
         if sort_title in _WIDTHS and sort_title not in titles:
             i = titles.index("TIME" if "TIME" in titles else "SM%")

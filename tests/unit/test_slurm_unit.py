@@ -166,7 +166,7 @@ def test_slurm_job_rule_leaves_an_unwalkable_chain_alone():
 def test_tui_groups_by_slurm_job_and_shows_a_job_column():
     import dataclasses
 
-    from gputop.tui.process_tree import row_cells
+    from gputop.tui.process_tree import WIDE, column_level, row_cells
     from gputop.tui.rows import GROUP_JOB, build, walk
     from tests.tui.helpers import frozen_snapshot
 
@@ -181,6 +181,8 @@ def test_tui_groups_by_slurm_job_and_shows_a_job_column():
     assert groups[1].title.startswith("Slurm job 42 (RUNNING)")
     assert [n.pid for n in walk(groups[1:2]) if n.kind == "holder"] == [1101]
     node = next(n for n in walk(groups) if n.kind == "holder" and n.pid == 1101)
-    cells = row_cells(node, 1, 3, False, (False, True))[4]
+    layout = column_level(200, False, None, jobs=True)
+    assert layout == (WIDE, None, True)
+    cells = row_cells(node, 1, 3, False, layout)[4]
     assert cells[-1].strip() == "42.0"  # the JOB column, just before COMMAND
     assert len(row_cells(node, 1, 3, False, False)[4]) == len(cells) - 1  # no Slurm: no JOB column
