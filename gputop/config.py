@@ -7,12 +7,12 @@ State (audit log, guard state) lives in ``$GPUTOP_STATE_DIR`` or ``<XDG state>/g
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import platformdirs
 
+from gputop import saferegex
 from gputop.errors import UsageError
 from gputop.orphans import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT
 from gputop.units import parse_duration
@@ -108,8 +108,8 @@ def load_config(path: str | None = None) -> Config:
             kw["protect"] = tuple(str(x) for x in kw["protect"])
             for pat in kw["protect"]:
                 try:
-                    re.compile(pat)
-                except re.error as e:
+                    saferegex.compile(pat, ignore_case=True)
+                except saferegex.PatternError as e:
                     raise ValueError(f"protect pattern {pat!r} is not a regular expression: {e}") from None
         for k in ("reap_interval", "reap_grace", "kill_timeout", "interval"):
             if k in kw:

@@ -48,7 +48,9 @@ def compile_protect(patterns: Sequence[str]) -> re.Pattern[str] | None:
     pats = [p for p in patterns if p]
     if not pats:
         return None
-    return re.compile("|".join(f"(?:{p})" for p in pats), re.IGNORECASE)
+    from gputop import saferegex  # bounded (RE2): the list comes from a config, the text from other users
+
+    return saferegex.compile("|".join(f"(?:{p})" for p in pats), ignore_case=True)
 
 
 @lru_cache(maxsize=8192)

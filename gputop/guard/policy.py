@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from gputop import saferegex
 from gputop.errors import UsageError
 from gputop.units import parse_duration, parse_memory
 
@@ -361,9 +362,9 @@ def _parse_value(kind: str, op: str, value: object, ctype: str):
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             raise ValueError(f"{ctype} {op} needs a string, got {_type_name(value)}")
         if op == "matches":
-            try:
-                return re.compile(str(value))
-            except re.error as e:
+            try:  # bounded (RE2): a command line is chosen by another user
+                return saferegex.compile(str(value))
+            except saferegex.PatternError as e:
                 raise ValueError(f"bad regex {value!r}: {e}") from None
         return str(value)
     if kind == "percent":
