@@ -80,8 +80,12 @@ def load_config(path: str | None = None) -> Config:
         return Config()
     import yaml  # only when there is a file: it costs ~10 ms of start-up
 
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
+    from gputop import safeyaml
+
+    try:  # bounded: a regular file of at most 1 MiB, aliases and nodes capped (safeyaml)
+        data = safeyaml.load(safeyaml.read_regular(p)) or {}
+    except (OSError, ValueError) as e:
+        raise UsageError(f"config file {p}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
