@@ -78,14 +78,12 @@ def run(args) -> int:
         sock.close()
 
 
-def _serve(args, sock: socket.socket) -> int:
-    import uvicorn
-
-    from gputop.faces import LiveSnapshot
-    from gputop.serve import create_app, create_token, default_token_path, read_token
+def resolve_token(args) -> tuple[Path | None, str]:
+    """(the token file writes need, or None for read-only; a note saying so). Shared with 'mcp --http'."""
+    from gputop.serve import create_token, default_token_path, read_token
 
     token_path: Path | None = Path(args.token_file).expanduser() if args.token_file else default_token_path()
-    if args.read_only:
+    if getattr(args, "read_only", False):
         token_path, note = None, "read-only (--read-only)"
     else:
         token = read_token(token_path)  # refuses a token file others can read: the service does not start
@@ -99,6 +97,16 @@ def _serve(args, sock: socket.socket) -> int:
             token_path = None
         else:
             note = f"writes need the bearer token in {token_path}"
+    return token_path, note
+
+
+def _serve(args, sock: socket.socket) -> int:
+    import uvicorn
+
+    from gputop.faces import LiveSnapshot
+    from gputop.serve import create_app
+
+    token_path, note = resolve_token(args)
     config = config_from(args)
     sampler = open_sampler(args, config)
     live = LiveSnapshot(sampler, config, interval=args.interval)

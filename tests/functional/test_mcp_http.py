@@ -1,0 +1,106 @@
+"""`gputop mcp --http`: writes need the serve token (or the server's own uid), and the audit log names
+the uid that asked, found from the socket. A second real user (gti12a) is created for the test."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from gputop import auditlog
+from gputop.guard import state
+from gputop.serve import create_token
+from tests.conftest import wait_gone
+from tests.functional.mcphttp import McpHttp
+
+USER = "gti12a"
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("useradd"),
+                                reason="needs root, setpriv and useradd to act as a second real user")
+
+
+@pytest.fixture
+def other_user():
+    subprocess.run(["userdel", USER], capture_output=True)
+    subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", USER], check=True, capture_output=True)
+    try:
+        pw = pwd.getpwnam(USER)
+        yield pw.pw_uid, pw.pw_gid
+    finally:
+        subprocess.run(["userdel", USER], capture_output=True)
+
+
+@pytest.fixture
+def server(scenario, procs, tmp_path):
+    victim = procs.sleeper("victim")
+    bystander = procs.sleeper("bystander")
+    scenario(holders=[{"pid": victim.pid, "gpu": 0, "memory": "4GiB"},
+                      {"pid": bystander.pid, "gpu": 0, "memory": "4GiB"}], gpus=1)
+    token_file = tmp_path / "token"
+    token = create_token(token_file)
+    s = McpHttp("--token-file", str(token_file))
+    try:
+        yield s, token, victim, bystander
+    finally:
+        s.stop()
+
+
+def text(res: dict) -> str:
+    return " ".join(c.get("text", "") for c in res.get("content", []))
+
+
+@needs_root
+def test_http_write_without_token_is_refused_and_the_record_names_the_requesting_uid(server, other_user):
+    s, token, victim, bystander = server
+    uid, gid = other_user
+    kill, mode = s.call([("kill_process", {"pid": victim.pid, "confirm": True}),
+                         ("guard_set_mode", {"mode": "enforce", "confirm": True})], user=(uid, gid))
+    assert kill["isError"] is True and "need a credential" in text(kill), kill
+    assert mode["isError"] is True and f"uid {uid} is not the server's user" in text(mode)
+    time.sleep(0.3)
+    assert victim.poll() is None and state.get_mode() == "off"
+    refused = [r for r in auditlog.read() if r.get("face") == "mcp" and r.get("outcome") == "refused"]
+    assert {r["action"] for r in refused} >= {"kill", "guard-mode"}
+    for r in refused:
+        assert r["actor"]["uid"] == uid and r["actor"]["user"] == USER and r["actor"]["server_uid"] == 0, r
+
+    # a preview needs no credential and writes nothing
+    (preview,) = s.call([("kill_process", {"pid": victim.pid})], user=(uid, gid))
+    assert preview["structuredContent"]["preview"] is True and victim.poll() is None
+
+    # with the token the same user may act, and the record names that user, not root
+    (done,) = s.call([("kill_process", {"pid": victim.pid, "confirm": True})], token=token, user=(uid, gid))
+    assert not done.get("isError"), done
+    assert wait_gone(victim.pid, 15) and bystander.poll() is None
+    kills = [r for r in auditlog.read() if r.get("action") == "kill" and r.get("face") == "mcp"
+             and r.get("ok")]
+    assert kills and kills[-1]["actor"]["uid"] == uid and kills[-1]["actor"]["via"] == "mcp-http"
+
+
+@needs_root
+def test_a_wrong_token_is_refused_and_the_servers_own_user_may_write(server, other_user):
+    s, token, victim, bystander = server
+    uid, gid = other_user
+    (bad,) = s.call([("guard_set_mode", {"mode": "dry-run"})], token="x" * 40, user=(uid, gid))
+    assert bad["isError"] is True and "wrong bearer token" in text(bad)
+    assert state.get_mode() == "off"
+    (mine,) = s.call([("guard_set_mode", {"mode": "dry-run"})])  # root, like the server: peer credential
+    assert not mine.get("isError"), mine
+    assert state.get_mode() == "dry-run"
+    rec = [r for r in auditlog.read() if r.get("action") == "guard-mode" and r.get("outcome") == "ok"][-1]
+    assert rec["actor"]["uid"] == 0 and rec["actor"]["via"] == "mcp-http"
+
+
+def test_http_port_0_picks_a_free_port_and_says_so(scenario):
+    scenario(holders=[], gpus=1)
+    s = McpHttp()
+    try:
+        port = int(s.url.rsplit(":", 1)[1].split("/")[0])
+        assert port > 0
+        (st,) = s.call([("guard_status", {})])
+        assert st["structuredContent"]["mode"] == "off"
+    finally:
+        s.stop()
