@@ -52,6 +52,9 @@ def run(args) -> int:
             _serve_stdio(live)
     finally:
         live.close()
+        from gputop.faces import REFUSALS
+
+        REFUSALS.flush_all()  # the count of refusals coalesced in the last window
         if sock is not None:
             sock.close()
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import ipaddress
 import socket
 import sys
@@ -31,6 +32,9 @@ def add_arguments(p) -> None:
     p.add_argument("--create-token", action="store_true",
                    help="create the token file (mode 0600) with a random token if it does not exist")
     p.add_argument("--read-only", action="store_true", help="refuse every write, even with a token file")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also accept this Host header (e.g. the node's name behind a proxy); by default only "
+                        "the bound address and localhost names are answered (421 otherwise: DNS rebinding)")
 
 
 def bind_error(host: str, port: int, e: OSError, bind_option: str | None) -> GputopError:
@@ -66,7 +70,7 @@ def _listen(bind: str, port: int) -> socket.socket:
 
 
 def run(args) -> int:
-    if args.interval <= 0:
+    if not math.isfinite(args.interval) or args.interval <= 0:
         raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
     if args.read_only and args.create_token:
         raise UsageError("--read-only and --create-token contradict each other")
@@ -103,8 +107,9 @@ def resolve_token(args) -> tuple[Path | None, str]:
 def _serve(args, sock: socket.socket) -> int:
     import uvicorn
 
+    from gputop import faces
     from gputop.faces import LiveSnapshot
-    from gputop.serve import create_app
+    from gputop.serve import allowed_hosts, create_app
 
     token_path, note = resolve_token(args)
     config = config_from(args)
@@ -112,8 +117,8 @@ def _serve(args, sock: socket.socket) -> int:
     live = LiveSnapshot(sampler, config, interval=args.interval)
     try:
         live.start()
-        app = create_app(live, token_path)
         host, port = sock.getsockname()[:2]
+        app = create_app(live, token_path, hosts=allowed_hosts(host, port, tuple(args.allow_host)))
         shown = f"[{host}]" if ":" in host else host
         print(f"gputop serve: listening on http://{shown}:{port}  ({note})", file=sys.stderr, flush=True)
         if not ipaddress.ip_address(host).is_loopback:
@@ -123,4 +128,5 @@ def _serve(args, sock: socket.socket) -> int:
         server.run(sockets=[sock])
     finally:
         live.close()
+        faces.REFUSALS.flush_all()  # the count of refusals coalesced in the last window
     return 0
