@@ -104,3 +104,50 @@ def test_http_port_0_picks_a_free_port_and_says_so(scenario):
         assert st["structuredContent"]["mode"] == "off"
     finally:
         s.stop()
+
+
+def test_hostile_name_pattern_over_mcp_returns_at_once_and_other_calls_are_answered(scenario, procs):
+    import threading
+
+    p = procs.spawn(["sleep", "600"])
+    scenario(holders=[{"pid": p.pid, "gpu": 0, "memory": "1GiB"}], gpus=1)
+    s = McpHttp()
+    try:
+        out = {}
+
+        def hostile():
+            t = time.monotonic()
+            out["r"] = s.call([("list_processes", {"name": "(.*)*Q" + "(a+)+$" * 10})])[0]
+            out["t"] = time.monotonic() - t
+
+        th = threading.Thread(target=hostile)
+        th.start()
+        (st,) = s.call([("guard_status", {})])
+        th.join(60)
+        assert st["structuredContent"]["mode"] == "off"
+        assert out["r"]["structuredContent"]["count"] == 0 and out["t"] < 20
+        (bad,) = s.call([("list_processes", {"name": r"(x)\1"})])
+        assert bad["isError"] is True and "backreferences" in text(bad)
+    finally:
+        s.stop()
+
+
+def test_stdio_server_on_a_terminal_says_what_it_is(scenario):
+    import os as _os
+    import pty
+    import select
+    import sys
+
+    scenario(holders=[], gpus=1)
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "gputop", "mcp"], stdin=slave, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    _os.close(slave)
+    try:
+        r, _, _ = select.select([p.stderr], [], [], 30)
+        line = p.stderr.readline().decode() if r else ""
+    finally:
+        p.terminate()
+        p.wait(10)
+        _os.close(master)
+    assert "MCP server on stdio, waiting for a client" in line
