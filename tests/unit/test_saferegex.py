@@ -26,7 +26,7 @@ def test_catastrophic_patterns_match_in_linear_time(pattern):
     t = time.monotonic()
     for _ in range(10):
         r.search(TEXT)
-    assert time.monotonic() - t < 0.5
+    assert time.monotonic() - t < 2.0
 
 
 @pytest.mark.parametrize("pattern,why", [
@@ -52,7 +52,7 @@ def test_request_filter_with_a_hostile_pattern_returns_at_once():
     t = time.monotonic()
     assert select_holders(snap, name="(.*)*Q") == []
     assert select_holders(snap, name="(a+)+$") == []
-    assert time.monotonic() - t < 0.5
+    assert time.monotonic() - t < 2.0
     with pytest.raises(UsageError, match="backreferences"):
         select_holders(snap, name=r"(a)\1")
 
@@ -64,7 +64,7 @@ def test_policy_regex_is_bounded_and_unboundable_ones_are_refused_with_the_line(
     t = time.monotonic()
     assert compare(cond, "python " + "a" * 40 + "!") is False
     assert compare(cond, "python aaaa") is True
-    assert time.monotonic() - t < 0.5
+    assert time.monotonic() - t < 2.0
     with pytest.raises(PolicyError, match=r"line 4: rule 'r': .*lookaround"):
         parse_policy("rules:\n  - name: r\n    conditions:\n"
                      "      - {type: cmdline, operator: matches, value: 'x(?!y)'}\n    action: log\n")
@@ -78,4 +78,4 @@ def test_config_protect_patterns_are_bounded(tmp_path):
     r = compile_protect(["(a+)+$"])
     t = time.monotonic()
     assert not r.search("a" * 5000 + "!")
-    assert time.monotonic() - t < 0.5
+    assert time.monotonic() - t < 2.0
