@@ -22,15 +22,30 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
                                 reason="needs root, setpriv and useradd to act as a second real user")
 
 
+def _retry(cmd: list[str], ok: tuple[int, ...]) -> int:
+    """useradd/userdel, retried: other test runs on the node may hold the passwd lock (exit 10)."""
+    rc = -1
+    for _ in range(40):
+        rc = subprocess.run(cmd, capture_output=True).returncode
+        if rc in ok:
+            return rc
+        time.sleep(0.25)
+    raise AssertionError(f"{cmd} failed with exit {rc}")
+
+
 @pytest.fixture
 def other_user():
-    subprocess.run(["userdel", USER], capture_output=True)
-    subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", USER], check=True, capture_output=True)
+    # 6: no such user; 8: a process runs with its uid (another run's leftover under a reused uid): the
+    # existing user is ours by name and is used as it is (useradd 9: it exists). A uid range of its own
+    # keeps it clear of the users other test runs create.
+    _retry(["userdel", USER], ok=(0, 6, 8))
+    _retry(["useradd", "-M", "-s", "/usr/sbin/nologin", "-K", "UID_MIN=61200", "-K", "UID_MAX=61299",
+            "-K", "GID_MIN=61200", "-K", "GID_MAX=61299", USER], ok=(0, 9))
     try:
         pw = pwd.getpwnam(USER)
         yield pw.pw_uid, pw.pw_gid
     finally:
-        subprocess.run(["userdel", USER], capture_output=True)
+        _retry(["userdel", USER], ok=(0, 6, 8))
 
 
 @pytest.fixture

@@ -127,6 +127,6 @@ def test_hostile_name_pattern_returns_at_once_and_writes_are_still_answered(serv
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0"])
 def test_interval_must_be_a_finite_positive_number(value):
-    r = run_gputop("serve", "--port", "0", "--interval", value, timeout=30)
+    r = run_gputop("serve", "--port", "0", f"--interval={value}", timeout=30)
     assert r.returncode == EXIT_USAGE and "--interval must be a positive number" in r.stderr
     assert "Traceback" not in r.stderr

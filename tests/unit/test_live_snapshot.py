@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gputop.config import Config
@@ -18,6 +19,7 @@ class OneSnapshot:
         pass
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_gputop_up_goes_to_0_when_the_sampler_thread_dies():
     live = LiveSnapshot(OneSnapshot(), Config(), interval=float("inf"))  # Event.wait(inf) raises: the thread dies
     live.start()
