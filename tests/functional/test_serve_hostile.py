@@ -130,3 +130,16 @@ def test_interval_must_be_a_finite_positive_number(value):
     r = run_gputop("serve", "--port", "0", f"--interval={value}", timeout=30)
     assert r.returncode == EXIT_USAGE and "--interval must be a positive number" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_records_name_the_uid_that_asked(server, demo, token_file):
+    r = httpx.post(server.url + "/v1/guard/mode", json={"mode": "dry-run"})
+    assert r.status_code == 401
+    r = httpx.post(server.url + "/v1/kill", json={"pid": demo.pid("worker0"), "dry_run": True},
+                   headers=auth(token_file))
+    assert r.status_code == 200
+    recs = [x for x in auditlog.read() if x.get("face") == "api"]
+    assert {x["outcome"] for x in recs} >= {"refused", "dry-run"}
+    for x in recs:
+        assert x["actor"]["via"] == "api" and x["actor"]["uid"] == os.geteuid(), x
+        assert x["actor"]["server_uid"] == os.geteuid() and x["actor"]["client"].startswith("127.0.0.1:")
