@@ -298,4 +298,17 @@ def serve_stdio(live: LiveSnapshot) -> None:
 
 def http_app(live: LiveSnapshot, token_path: Path | None):
     """The streamable HTTP app (Host and Origin checked by the SDK: loopback names only)."""
-    return build_server(live, HttpGate(token_path)).streamable_http_app(host="127.0.0.1")
+    import contextlib
+
+    from gputop.serve import flush_refusals_on_shutdown
+
+    app = build_server(live, HttpGate(token_path)).streamable_http_app(host="127.0.0.1")
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a):
+        async with inner(a) as st, flush_refusals_on_shutdown(a):
+            yield st
+
+    app.router.lifespan_context = lifespan
+    return app

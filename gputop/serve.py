@@ -8,6 +8,7 @@ token file the service is read-only and every write answers 403.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import math
@@ -437,10 +438,21 @@ def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | No
         Route("/v1/reset", write("reset", reset), methods=["POST"]),
         Route("/v1/guard/mode", write("guard-mode", guard_mode), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={404: _http_error, 405: _http_error})
+    app = Starlette(routes=routes, exception_handlers={404: _http_error, 405: _http_error},
+                    lifespan=flush_refusals_on_shutdown)
     app.state.live = live
     app.add_middleware(HostCheck, hosts=hosts)
     return app
+
+
+@contextlib.asynccontextmanager
+async def flush_refusals_on_shutdown(app):
+    """uvicorn re-raises SIGTERM after shutdown, so code after server.run() never runs: the count of
+    refusals coalesced in the last window is written here, at lifespan shutdown."""
+    try:
+        yield
+    finally:
+        faces.REFUSALS.flush_all()
 
 
 class _TooLarge(UsageError):

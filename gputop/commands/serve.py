@@ -124,7 +124,7 @@ def _serve(args, sock: socket.socket) -> int:
         if not ipaddress.ip_address(host).is_loopback:
             print("gputop serve: warning: not bound to loopback; put TLS in front of it before sending a token "
                   "over the network", file=sys.stderr, flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
         server.run(sockets=[sock])
     finally:
         live.close()
