@@ -127,7 +127,8 @@ def build_server(live: LiveSnapshot, gate: HttpGate | None = None) -> MCPServer:
         return requester.acting_for(actor)
 
     _register_reads(tool, live, fresh)
-    _register_writes(tool, live, fresh, writing)
+    _register_kill_reap(tool, live, fresh, writing)
+    _register_reset_mode(tool, live, fresh, writing)
     return server
 
 
@@ -174,7 +175,7 @@ def _preview_kill(out: dict, pid: int) -> dict:
     return out
 
 
-def _register_writes(tool, live: LiveSnapshot, fresh, writing) -> None:
+def _register_kill_reap(tool, live: LiveSnapshot, fresh, writing) -> None:
     @tool("Kill a GPU process", _DESTRUCTIVE)
     def kill_process(
         pid: Annotated[int, Field(description="the process ID (from gpu_status or list_processes)")],
@@ -232,6 +233,8 @@ def _register_writes(tool, live: LiveSnapshot, fresh, writing) -> None:
             out["next"] = "nothing was done; call reap_orphans again with confirm=true to reap these trees"
         return out if out["ok"] else _refused(out)
 
+
+def _register_reset_mode(tool, live: LiveSnapshot, fresh, writing) -> None:
     @tool("Reset a GPU", _DESTRUCTIVE)
     def reset_gpu(
         index: Annotated[int, Field(description="the GPU index (from gpu_status)")],
