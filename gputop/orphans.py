@@ -70,7 +70,12 @@ def compile_protect(patterns: Sequence[str]) -> re.Pattern[str] | None:
     pats = [p for p in patterns if p]
     if not pats:
         return None
-    return re.compile("|".join(f"(?:{p})" for p in pats), re.IGNORECASE)
+    joined = "|".join(f"(?:{p})" for p in pats)
+    if tuple(pats) == tuple(DEFAULT_PROTECT):  # our own plain words: safe for re, and no RE2 start-up cost
+        return re.compile(joined, re.IGNORECASE)
+    from gputop import saferegex  # bounded (RE2): the list comes from a config, the text from other users
+
+    return saferegex.compile(joined, ignore_case=True)
 
 
 @lru_cache(maxsize=8192)

@@ -7,7 +7,6 @@ Device indexes are global: backends are numbered in probe order (NVIDIA first, t
 from __future__ import annotations
 
 import dataclasses
-import re
 import os
 import datetime as _dt
 import socket
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-from gputop import __version__
+from gputop import __version__, saferegex
 from gputop.backends import probe
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
 from gputop.config import Config
@@ -378,8 +377,8 @@ def select_holders(snap: Snapshot, *, gpu: int | None = None, user: str | None =
     name_re = None
     if name:
         try:
-            name_re = re.compile(name, re.IGNORECASE)
-        except re.error as e:
+            name_re = saferegex.compile(name, ignore_case=True)  # bounded: the pattern comes from a request
+        except saferegex.PatternError as e:
             raise UsageError(f"bad name pattern {name!r}: {e}") from None
     out = []
     for h in snap.holders:

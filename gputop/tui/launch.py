@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
+import signal
 
 from gputop.config import load_config
 from gputop.errors import UsageError
@@ -26,7 +28,7 @@ def require_terminal() -> None:
 def run_tui(args) -> int:
     config = load_config(getattr(args, "config", None))
     interval = getattr(args, "interval", None)
-    if interval is not None and interval <= 0:
+    if interval is not None and (not math.isfinite(interval) or interval <= 0):
         raise UsageError(f"--interval must be above 0 seconds, got {interval}")
     require_terminal()  # after the arguments (their errors first), before the demo starts anything
     stack = contextlib.ExitStack()
@@ -48,5 +50,32 @@ def run_tui(args) -> int:
 
         app = GputopApp(sampler, config=config, interval=interval, readonly=getattr(args, "readonly", False),
                         demo=demo)
-        app.run()
+        with _exit_on_signals(app):
+            app.run()
         return int(app.return_code or 0)
+
+
+@contextlib.contextmanager
+def _exit_on_signals(app):
+    """SIGTERM and SIGHUP leave through the app's normal exit, which restores the terminal (alternate
+    screen off, mouse tracking off, cursor shown). Exit status 128 + the signal's number."""
+    import asyncio
+
+    def handler(signum, frame):
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not running yet (or any more): nothing on screen to restore
+            raise SystemExit(128 + signum) from None
+        loop.call_soon_threadsafe(lambda: app.exit(return_code=128 + signum))
+
+    saved = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: leave the defaults
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # under nohup SIGHUP stays ignored
+                saved[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, old)
