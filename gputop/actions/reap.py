@@ -27,12 +27,13 @@ def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[
     GPU holder the snapshot could not tie to a visible process keeps its unknown verdict."""
     protect, cmdline = compile_protect(config.protect), compile_protect(config.protect_cmdline)
     unknown = {h.pid: h.verdict for h in snapshot.holders if h.proc is None or h.verdict.kind == UNKNOWN}
+    hooks = getattr(snapshot, "hooks", None) or {}  # the sampler's owner and Slurm job lookups
 
     def verdict(pid: int):
         if pid in unknown:
             return unknown[pid]
         return classify(pid, table, platform=platform, protect=protect, nohup_protects=config.nohup_protects,
-                        max_chain=config.max_chain, protect_cmdline=cmdline)
+                        max_chain=config.max_chain, protect_cmdline=cmdline, **hooks)
 
     hidden = getattr(table, "hidden", None) or (lambda pid: False)
     return Rules(verdict, frozenset(self_and_ancestors()) if never is None else never,
