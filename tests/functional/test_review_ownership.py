@@ -4,6 +4,7 @@ signals it: neither as the root named with --root, nor as a member of an orphan 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +76,23 @@ def test_reap_never_signals_a_tree_member_in_a_service(procs, scenario, cgroups,
     assert _alive(managed), (f"the reap signalled pid {managed} of {unit}, which status calls not-orphan:\n"
                              f"{prev.stdout}\n{out.stdout}{out.stderr}")
     assert f"left alone {managed:>7}" in prev.stdout and unit in prev.stdout, prev.stdout
+    assert f"left alone {managed:>7} [{unit}]: not-orphan" in prev.stdout, prev.stdout  # the plan names the owner
+
+
+def test_the_reap_plan_names_the_owner_of_what_it_leaves_alone(procs, scenario, cgroups, run_root, cfg, tmp_path):
+    script = tmp_path / "tree.sh"
+    script.write_text("sleep 751 &\nsleep 752 &\nwait\n")
+    procs.spawn(["setsid", "sh", "-c", f"bash {script} & exit 0"]).wait(10)
+    worker = procs.wait_for("sleep 751")
+    managed = procs.wait_for("sleep 752")
+    procs.pids.append(psutil.Process(worker).ppid())
+    unit = f"{cgroups.tag}-agent.service"
+    cgroups.move(cgroups.systemd, f"{cgroups.tag}/system.slice/{unit}", managed)
+    scen = scenario([{"pid": worker, "gpu": 0, "memory": "1GiB"}])
+    data = json.loads(run_gputop("reap", "--json", "--scenario", str(scen)).stdout)
+    [tree] = data["trees"]
+    [left] = tree["left_alone"]
+    assert left["pid"] == managed and left["rule"] == "not-orphan" and left["owner"] == unit, left
 
 
 def test_the_watchdog_leaves_a_service_member_alive(procs, scenario, cgroups, run_root, cfg, tmp_path):
