@@ -241,6 +241,33 @@ def _walk(pid: int, table: Table, max_chain: int) -> tuple[list[ProcInfo], str |
     return chain, None
 
 
+# Processes that adopt orphans (PR_SET_CHILD_SUBREAPER): a user's systemd, container inits and shims,
+# supervisors. /proc does not say which processes are subreapers, so any other live parent outside the
+# session may be the process that started the tree and then called setsid (a daemon that forked its
+# workers first): its children were never reparented, and they belong to its live job.
+KNOWN_SUBREAPERS = frozenset({
+    "systemd", "init", "tini", "docker-init", "dumb-init", "catatonit", "conmon", "bwrap", "s6-svscan",
+    "s6-supervise", "runsv", "runsvdir", "launchd",
+})
+
+
+def _not_a_known_subreaper(reaper: int, info: ProcInfo | None, top: ProcInfo) -> str | None:
+    """Why the parent a session's topmost member hangs under may not have adopted it; None when it did
+    (PID 1, or a process known to be a subreaper)."""
+    if reaper <= 1:
+        return None
+    if info is None:
+        return (f"pid {top.pid}'s parent pid {reaper} cannot be seen here, so gputop cannot tell whether it "
+                "adopted the tree")
+    name = info.name or ""
+    argv0 = os.path.basename(info.cmdline[0]) if info.cmdline else ""
+    if name in KNOWN_SUBREAPERS or argv0 in KNOWN_SUBREAPERS or name.startswith("containerd-shim") \
+            or argv0.startswith("containerd-shim"):
+        return None
+    return (f"pid {top.pid}'s parent pid {reaper} ({_n(info)}) is alive in another session: it may have "
+            "started the tree and then called setsid (its job lives), not adopted it as a subreaper")
+
+
 def _init_in_hidden_session(table: Table) -> bool:
     init = table.get(1)
     return init is not None and init.sid == 0
@@ -300,6 +327,9 @@ def _classify_posix(
             reaper = top.ppid
             reaper_info = table.get(reaper) if reaper > 0 else None
             reaper_name = _n(reaper_info) if reaper_info else "init"
+            doubt = _not_a_known_subreaper(reaper, reaper_info, top)
+            if doubt:
+                return Verdict(UNKNOWN, f"{lost}; but {doubt}")
             kind = ORPHAN
             via = "init" if reaper <= 1 else f"subreaper pid {reaper} ({reaper_name})"
             reason = f"{lost}; tree root pid {root} ({_n(top)}) was reparented to {via}"

@@ -77,9 +77,6 @@ def test_a_member_that_calls_setsid_after_the_plan_is_not_signalled(procs, scena
     assert ids["m"] in res.details["released"] and ids["k"] in res.details["released"]
 
 
-@pytest.mark.xfail(strict=True, reason="review finding, not fixed: the classifier takes any live parent in another "
-                   "session for a subreaper that adopted the tree (gputop/orphans.py _classify_posix); /proc does not "
-                   "say which processes are subreapers, so the fix needs a design decision")
 def test_the_child_of_a_live_process_that_called_setsid_is_not_an_orphan(procs, scenario, cfg, tmp_path):
     """k is the child of m, which is alive; m ran setsid after starting k, so k keeps the old, dead session.
     k's parent is the live process that started it, not a subreaper that adopted it: k was never
