@@ -196,7 +196,7 @@ def _parse(data: dict, p: Path) -> tuple[dict, dict]:
 
 
 def _merge(node: tuple[dict, dict], user: tuple[dict, dict]) -> tuple[dict, dict]:
-    """The node's file and a user's file together (README 'Configuration': which file wins per key).
+    """The node's file and a user's file together (docs/node.md 'Configuration: which file wins').
 
     Protections only grow: ``protect`` and ``protect_cmdline`` are the node's list plus the user's, and
     ``nohup_protects`` is on if either file turns it on. The ``guard`` section (policy, interval, smtp)

@@ -227,7 +227,7 @@ class Sampler:
     def open(cls, backend: str | None = None, scenario: str | None = None,
              config: Config | None = None, **kw) -> "Sampler":
         result = probe(backend, scenario)
-        # $GPUTOP_PROC_ROOT: read host processes from a fixture /proc (tests; see README "AMD and Intel").
+        # $GPUTOP_PROC_ROOT: read host processes from a fixture /proc (tests; see docs/backends.md "AMD and Intel").
         kw.setdefault("proc_root", os.environ.get("GPUTOP_PROC_ROOT") or "/proc")
         # $GPUTOP_RUN_ROOT: read logind's sessions from a fixture /run (tests; see docs/orphans.md).
         kw.setdefault("run_root", os.environ.get("GPUTOP_RUN_ROOT") or "/run")

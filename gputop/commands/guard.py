@@ -14,7 +14,7 @@ from gputop.units import parse_duration
 
 NAME = "guard"
 HELP = "guard mode: --enable/--disable/--dry-run/--enforce, --policy-file F, --test-policies, status, run"
-DESCRIPTION = """The guard enforces a YAML policy (see examples/policy.yaml and README "Guard").
+DESCRIPTION = """The guard enforces a YAML policy (see examples/policy.yaml and docs/guard.md).
 
 Modes: off, dry-run (record what would be done, kill nothing) and enforce. --enable turns an off guard
 on in dry-run. The mode, the policy file and the rule hits live in the state directory and are shared
