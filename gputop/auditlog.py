@@ -108,7 +108,13 @@ def check_writable(config: Config | None = None, path: str | os.PathLike | None 
 
 
 def actor() -> dict:
-    """Who is acting: the effective user (and the sudo user behind it), as the process claims it."""
+    """Who is acting: the effective user (and the sudo user behind it), or, while serve or mcp --http
+    handle a request, the user who asked (gputop.requester)."""
+    from gputop import requester
+
+    asked = requester.current()
+    if asked is not None:
+        return dict(asked)
     uid = os.geteuid() if hasattr(os, "geteuid") else None
     out: dict = {"user": user_name(uid) if uid is not None else os.environ.get("USERNAME", "?"), "uid": uid}
     if os.environ.get("SUDO_USER"):

@@ -10,12 +10,12 @@ State (audit log, guard state) lives in ``$GPUTOP_STATE_DIR`` or ``<XDG state>/g
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
 
+from gputop import saferegex
 from gputop.errors import UsageError
 from gputop.orphans import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE
 from gputop.units import parse_duration
@@ -122,18 +122,21 @@ def _read_yaml(p: Path) -> dict:
     """The file's top-level mapping, every key checked against SCHEMA. Bad content raises UsageError."""
     import yaml  # only when there is a file: it costs ~10 ms of start-up
 
-    try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise UsageError(f"config file {p} cannot be read: {e.strerror or e} (make it readable; "
-                         "/etc/gputop/config.yaml must be readable by every user: chmod 644)") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise UsageError(f"config file {p} is larger than {MAX_CONFIG_BYTES // 1024} KiB")
-    text = raw.decode("utf-8", "replace")
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text) or {}
+    from gputop import safeyaml
+
+    try:  # a regular file (a FIFO never blocks) of at most 1 MiB
+        text = safeyaml.read_regular(p, MAX_CONFIG_BYTES)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"config file {p} cannot be read: {getattr(e, 'strerror', None) or e} (make it a "
+                         "readable regular file; /etc/gputop/config.yaml must be readable by every user: "
+                         "chmod 644)") from None
+    try:  # bounded: aliases, nodes and nesting are capped while the document is composed (safeyaml)
+        loader = safeyaml.BoundedLoader(text)
+        try:
+            node = loader.get_single_node()
+            data = (loader.construct_document(node) if node is not None else None) or {}
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -152,8 +155,8 @@ def _patterns(value, key: str) -> tuple[str, ...]:
     out = tuple(str(x) for x in value)
     for pat in out:
         try:
-            re.compile(pat)
-        except re.error as e:
+            saferegex.compile(pat, ignore_case=True)
+        except saferegex.PatternError as e:
             raise ValueError(f"{key} pattern {pat!r} is not a regular expression: {e}") from None
     return out
 
@@ -193,7 +196,7 @@ def _parse(data: dict, p: Path) -> tuple[dict, dict]:
 
 
 def _merge(node: tuple[dict, dict], user: tuple[dict, dict]) -> tuple[dict, dict]:
-    """The node's file and a user's file together (README 'Configuration': which file wins per key).
+    """The node's file and a user's file together (docs/node.md 'Configuration: which file wins').
 
     Protections only grow: ``protect`` and ``protect_cmdline`` are the node's list plus the user's, and
     ``nohup_protects`` is on if either file turns it on. The ``guard`` section (policy, interval, smtp)

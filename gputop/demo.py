@@ -9,19 +9,28 @@ It starts, as real processes (all sleeping, so they cost no CPU):
 - a training-like tree: a launcher (its own session, as a job started with setsid) with two python workers;
 - an orphaned tree: ``setsid sh -c 'sh retry.sh & exit'``, a retry loop whose session leader is gone, and
   the worker it restarts (the demo follows a restart, as a driver would see the new process take the GPU);
-- a process named like a miner (comm ``xmrig`` through prctl(PR_SET_NAME), argv[0] ``xmrig``);
+- a process named like a miner (comm ``xmrig``);
 - a graphics client (context type G) and a jupyter kernel (protected by the default protect list);
 - one holder whose PID is not visible here (verdict unknown), as under another PID namespace.
 
+Their command lines read as real ones do: ``torchrun``, ``xmrig`` and ``glxgears`` are scripts in the demo
+dir with a ``#!/path/to/python`` line, as pip's console scripts are (``/path/to/python /path/xmrig -o ...``);
+the kernel is ``python -m ipykernel_launcher -f ...``; the workers are ``python train.py --rank 0 ...``.
+
 A YAML scenario in a temp dir names them on four simulated GPUs; a background thread keeps it current
-(utilisation that moves, a restarted retry worker) and reaps the demo's own exited children.
+(utilisation that moves, a restarted retry worker) and reaps the demo's own exited children. ``env.sh`` there
+sets GPUTOP_SCENARIO and GPUTOP_STATE_DIR for a second shell. A watcher process holds the read end of a
+pipe whose write end only gputop holds: when gputop dies, even by SIGKILL, the pipe closes and the watcher
+kills every demo process it recorded (pid and start time checked) and removes the directory.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -53,8 +62,14 @@ while True:
 """
 
 _LAUNCHER = """\
-import os, signal, subprocess, sys
+import ctypes, os, signal, subprocess, sys
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
+name = os.environ.pop("GPUTOP_DEMO_NAME", "")  # popped: the workers are "python"
+try:
+    if name:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+except Exception:
+    pass
 py = os.environ.get("GPUTOP_DEMO_PYTHON") or sys.executable
 workers = [subprocess.Popen(["python", "train.py", "--rank", str(r), "--world-size", "2"], executable=py)
            for r in range(2)]
@@ -72,6 +87,41 @@ while true; do
 done
 """
 
+
+# Waits for EOF on fd 3 (gputop is gone: it held the only write end), then kills the demo's process trees
+# listed in procs.json (each (pid, start time) checked first, so that a reused PID is never touched).
+_WATCHER = """\
+import json, os, shutil, signal, sys, time
+for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+    signal.signal(s, signal.SIG_IGN)
+demo_dir = sys.argv[1]
+fd = int(sys.argv[3])
+while os.read(fd, 4096):
+    pass
+try:
+    import psutil
+    procs = json.load(open(os.path.join(demo_dir, "procs.json")))
+    victims = []
+    for pid, start in procs.values():
+        try:
+            p = psutil.Process(pid)
+            if start is None or abs(p.create_time() - start) > 0.05:
+                continue
+            victims.append(p)
+            victims.extend(p.children(recursive=True))
+        except psutil.Error:
+            pass
+    for p in victims:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=3)
+except Exception:
+    pass
+if sys.argv[2] == "own":
+    shutil.rmtree(demo_dir, ignore_errors=True)
+"""
 
 # Starts one process in a new session and exits at once, so that the process is reparented.
 _DETACH = """\
@@ -107,6 +157,8 @@ class Demo:
         self._own_dir = directory is None
         self.dir = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="gputop-demo-"))
         self.scenario_path = self.dir / "scenario.yaml"
+        self.env_path = self.dir / "env.sh"
+        self._watch_fd: int | None = None
         self.animate = animate
         self.python = python or sys.executable
         self.procs: dict[str, DemoProc] = {}
@@ -138,8 +190,10 @@ class Demo:
         self._install_signal_handlers()
         try:
             self._write_scripts()
+            self._start_watcher()
             self._start_processes()
             self.write_scenario()
+            self.write_env()
         except BaseException:
             self.stop()
             raise
@@ -182,6 +236,12 @@ class Demo:
                 po.wait(timeout=1)
             except (subprocess.TimeoutExpired, OSError):
                 pass
+        if self._watch_fd is not None:  # the watcher finds nothing left, and exits
+            with contextlib.suppress(OSError):
+                os.close(self._watch_fd)
+            self._watch_fd = None
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                self._watcher.wait(timeout=5)
         self._restore_signal_handlers()
         try:
             atexit.unregister(self.stop)
@@ -230,7 +290,18 @@ class Demo:
     def _write_scripts(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "train.py").write_text(_WORKER)
-        (self.dir / "launch.py").write_text(_LAUNCHER)
+        (self.dir / "ipykernel_launcher.py").write_text(_WORKER)  # python -m ipykernel_launcher finds it here
+        # As a script run from its directory reads: "python3 ./xmrig -o ...". env execs python3, so the
+        # name (comm) is "python3" until the script renames itself: _detached waits for that.
+        shebang = f"#!{self.python}\n"
+        if os.path.exists("/usr/bin/env"):
+            shebang = "#!/usr/bin/env python3\n"
+            (self.dir / "bin").mkdir(exist_ok=True)
+            (self.dir / "bin" / "python3").symlink_to(self.python)
+        for name, body in (("torchrun", _LAUNCHER), ("xmrig", _WORKER), ("glxgears", _WORKER)):
+            path = self.dir / name
+            path.write_text(shebang + body)
+            path.chmod(0o755)
         # bash can set argv[0], so that the worker reads "python train.py ..." like the others.
         if shutil.which("bash"):
             run = '( exec -a python "$GPUTOP_DEMO_PYTHON" train.py --retry --epochs 100 )'
@@ -241,6 +312,9 @@ class Demo:
     def _env(self) -> dict:
         env = dict(os.environ)
         env["GPUTOP_DEMO_PYTHON"] = self.python
+        # The scripts' "#!/usr/bin/env python3" finds the demo's own python3 (a link to this interpreter)
+        # first: the command line reads "python3 ./xmrig ...", not a shim's or a venv's full path.
+        env["PATH"] = str(self.dir / "bin") + os.pathsep + env.get("PATH", os.defpath)
         return env
 
     def _popen(self, argv: list[str], name: str | None = None, **kw) -> subprocess.Popen:
@@ -265,36 +339,65 @@ class Demo:
         out = subprocess.run([self.python, "-c", _DETACH, spec], env=env, preexec_fn=_default_sighup,
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15)
         try:
-            return int(out.stdout.split()[0])
+            pid = int(out.stdout.split()[0])
         except (IndexError, ValueError):
             raise RuntimeError(f"demo: could not start {argv[0]}: {out.stderr.strip()[-200:]}") from None
+        if name:
+            _wait_name(pid, name)
+        return pid
 
     def _record(self, role: str, pid: int) -> DemoProc:
         dp = DemoProc(role, pid, _wait_start_time(pid))
         self.procs[role] = dp
+        self._write_procs()
         return dp
+
+    def _write_procs(self) -> None:
+        """What the watcher kills if gputop dies without cleaning up (pid, start time)."""
+        tmp = self.dir / "procs.json.tmp"
+        tmp.write_text(json.dumps({role: [p.pid, p.start_time] for role, p in self.procs.items()}))
+        os.replace(tmp, self.dir / "procs.json")
+
+    def _start_watcher(self) -> None:
+        r, w = os.pipe()  # both ends non-inheritable: only the watcher gets r (pass_fds), only we hold w
+        try:
+            p = subprocess.Popen([self.python, "-c", _WATCHER, str(self.dir), "own" if self._own_dir else "keep",
+                                  str(r)], pass_fds=(r,), start_new_session=True,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        finally:
+            os.close(r)
+        self._watch_fd = w
+        self._watcher = p
+
+    def write_env(self, state_dir: str | os.PathLike | None = None) -> Path:
+        """``env.sh``: source it in a second shell to point gputop at this demo (scenario, state dir)."""
+        state = state_dir or os.environ.get("GPUTOP_STATE_DIR") or (self.dir / "state")
+        text = (f"# gputop --demo: source this file ('. {self.env_path}') to use the demo from another shell\n"
+                f"export GPUTOP_SCENARIO={shlex.quote(str(self.scenario_path))}\n"
+                f"export GPUTOP_STATE_DIR={shlex.quote(str(state))}\n")
+        self.env_path.write_text(text)
+        return self.env_path
 
     def _start_processes(self) -> None:
         # A training job started deliberately in its own session (setsid): not an orphan.
         # Every demo job is detached this way (see _detached); only the orphan is made differently.
-        launcher = self._detached(["torchrun", "launch.py", "--nproc-per-node", "2"], executable=self.python)
+        launcher = self._detached(["./torchrun", "--nproc-per-node", "2", "train.py"], name="torchrun")
         self._record("launcher", launcher)
         workers = _wait_children(launcher, 2)
         for i, pid in enumerate(workers):
             self._record(f"worker{i}", pid)
         # An orphaned tree: the session leader (sh) exits at once; the retry loop goes to init.
         pidfile = self.dir / "retry.pid"
-        shell = shutil.which("bash") or "sh"
-        self._popen(["setsid", "sh", "-c", f'{shell} retry.sh "$0" & exit 0', str(pidfile)]).wait(10)
+        shell = "bash" if shutil.which("bash") else "sh"  # as a person types it, not /usr/bin/bash
+        self._popen(["setsid", "sh", "-c", f'{shell} retry.sh "$0" & exit 0', pidfile.name]).wait(10)
         root = _wait_pidfile(pidfile)
         self._record("retry-root", root)
         self._record("retry-worker", _wait_children(root, 1)[0])
         # A process named like a miner: argv[0] and comm are "xmrig".
-        self._record("miner", self._detached(["xmrig", "train.py", "-o", "pool.example.net:3333",
-                                              "--donate-level", "1"], name="xmrig", executable=self.python))
-        self._record("graphics", self._detached(["glxgears", "train.py", "-info"], name="glxgears",
-                                                executable=self.python))
-        self._record("jupyter", self._detached(["python", "train.py", "-m", "ipykernel_launcher", "-f",
+        self._record("miner", self._detached(["./xmrig", "-o", "pool.example.net:3333", "--donate-level", "1"],
+                                             name="xmrig"))
+        self._record("graphics", self._detached(["./glxgears", "-info"], name="glxgears"))
+        self._record("jupyter", self._detached(["python", "-m", "ipykernel_launcher", "-f",
                                                 "/run/user/jupyter/kernel-demo.json"], executable=self.python))
 
     def pid(self, role: str) -> int:
@@ -390,6 +493,19 @@ def _same(p: DemoProc) -> bool:
 def _default_sighup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _wait_name(pid: int, name: str, timeout: float = 10.0) -> None:
+    """Until the process has renamed itself (prctl PR_SET_NAME in its first lines)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == name[:15]:
+                    return
+        except OSError:
+            return  # not Linux, or gone: nothing to wait for
+        time.sleep(0.02)
 
 
 def _wait_start_time(pid: int, timeout: float = 5.0) -> float | None:

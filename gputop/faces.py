@@ -42,9 +42,21 @@ class LiveSnapshot:
         self._findings_error: str | None = None
         self._history = None  # rogue.History: "since when" for rules that need repeated samples
         self._listeners: list = []
-        self.error: str | None = None
+        self._error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def error(self) -> str | None:
+        """Why the latest snapshot is old: the last sampling error, or a sampler thread that died."""
+        t = self._thread
+        if t is not None and not t.is_alive() and not self._stop.is_set():
+            return "the sampler thread stopped: the snapshot is no longer refreshed"
+        return self._error
+
+    @error.setter
+    def error(self, value: str | None) -> None:
+        self._error = value
 
     def add_listener(self, fn) -> None:
         """``fn(snapshot, findings)`` after every sample (called on the sampling thread)."""
@@ -259,14 +271,66 @@ def _refresh_after(live: LiveSnapshot, dry_run: bool) -> None:
         pass
 
 
+class RefusalLimiter:
+    """At most ``burst`` refusal records per (face, rule) in ``window`` seconds; the rest are counted and
+    one summary line says how many were coalesced, so a flood of bad requests cannot flood the log."""
+
+    def __init__(self, burst: int = 5, window: float = 10.0):
+        self.burst, self.window = burst, window
+        self.lock = threading.Lock()
+        self.slots: dict[tuple, list] = {}  # key -> [window start, written, suppressed, last record]
+
+    def admit(self, key: tuple, rec: dict) -> bool:
+        now = time.monotonic()
+        with self.lock:
+            slot = self.slots.get(key)
+            if slot is None or now - slot[0] >= self.window:
+                slot = self.slots[key] = [now, 0, 0, None]
+            if slot[1] < self.burst:
+                slot[1] += 1
+                return True
+            slot[2] += 1
+            slot[3] = rec
+            if slot[2] == 1:  # the first one held back: say how many when the window ends
+                t = threading.Timer(max(0.0, self.window - (now - slot[0])), self._flush, (key, slot))
+                t.daemon = True
+                t.start()
+            return False
+
+    def _flush(self, key: tuple, slot: list) -> None:
+        with self.lock:
+            n, last = slot[2], slot[3]
+            slot[2] = 0
+        if n and last is not None:
+            rec = dict(last, coalesced=n, at=time.time(),
+                       message=f"{n} more refusal(s) like this in {self.window:g} s, coalesced: {last['message']}")
+            _append_refusal(rec)
+
+    def flush_all(self) -> None:
+        for key, slot in list(self.slots.items()):
+            self._flush(key, slot)
+
+
+REFUSALS = RefusalLimiter()
+
+
+def _append_refusal(rec: dict) -> None:
+    from gputop import auditlog
+
+    try:
+        auditlog.append(rec)
+    except GputopError:
+        pass
+
+
 def refusal_record(action: str, face: str, message: str, **extra) -> None:
-    """Log a request refused before it reached the actions module (no token, bad token, bad input)."""
+    """Log a request refused before it reached the actions module (no token, bad token, bad input).
+    Rate-limited per face and rule (RefusalLimiter): a burst gives a bounded number of lines."""
     from gputop import auditlog
 
     now = time.time()
     rec = {"at": now, "face": face, "action": action, "outcome": "refused", "ok": False, "message": message}
     rec.update(extra)
-    try:
-        auditlog.append(rec)
-    except GputopError:
-        pass
+    rec.setdefault("actor", auditlog.actor())  # the requester, even when the line is written later
+    if REFUSALS.admit((face, extra.get("rule")), rec):
+        _append_refusal(rec)

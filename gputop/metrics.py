@@ -145,10 +145,20 @@ def _process_families(snap, host: str):
                               labels=["pid", "Hostname", "name", "user", "verdict"])
     pstart = GaugeMetricFamily("gputop_process_start_time_seconds", "When a GPU-holding process started",
                                labels=["pid", "Hostname", "name", "user"])
+    powner = GaugeMetricFamily("gputop_process_owner_info",
+                               "Who owns a GPU-holding process: its Slurm job, pod, container or systemd unit (value 1)",
+                               labels=["pid", "Hostname", "owner_kind", "slurm_job", "pod", "container", "unit"])
     uuids = {d.index: d.uuid or "" for d in snap.devices}
     for h in snap.holders:
         ident = [str(h.pid), host, h.name, h.user or ""]
         pinfo.add_metric(ident + [h.verdict.kind], 1)
+        owner, job = getattr(h, "owner", None), getattr(h, "job", None)
+        if owner is not None or job is not None:
+            powner.add_metric([str(h.pid), host, owner.kind if owner is not None else "none",
+                               job.label() if job is not None else "",
+                               (owner.pod or "") if owner is not None else "",
+                               (owner.container or "") if owner is not None else "",
+                               (owner.unit or "") if owner is not None else ""], 1)
         if getattr(h, "start_time", None) is not None:
             pstart.add_metric(ident, float(h.start_time))
         for u in h.uses:
@@ -157,7 +167,7 @@ def _process_families(snap, host: str):
                 pmem.add_metric(labels, float(u.used_memory))
             if u.sm_util is not None:
                 psm.add_metric(labels, float(u.sm_util) / 100.0)
-    yield from (pmem, psm, pinfo, pstart)
+    yield from (pmem, psm, pinfo, pstart, powner)
 
 
 class SnapshotCollector:

@@ -70,7 +70,12 @@ def compile_protect(patterns: Sequence[str]) -> re.Pattern[str] | None:
     pats = [p for p in patterns if p]
     if not pats:
         return None
-    return re.compile("|".join(f"(?:{p})" for p in pats), re.IGNORECASE)
+    joined = "|".join(f"(?:{p})" for p in pats)
+    if tuple(pats) == tuple(DEFAULT_PROTECT):  # our own plain words: safe for re, and no RE2 start-up cost
+        return re.compile(joined, re.IGNORECASE)
+    from gputop import saferegex  # bounded (RE2): the list comes from a config, the text from other users
+
+    return saferegex.compile(joined, ignore_case=True)
 
 
 @lru_cache(maxsize=8192)
@@ -122,6 +127,8 @@ def classify(
     max_chain: int = DEFAULT_MAX_CHAIN,
     walked: list[ProcInfo] | None = None,
     owner_of: Callable[[ProcInfo], Owner | None] | None = None,
+    job_of: Callable[[ProcInfo], object] | None = None,
+    job_state: Callable[[int], object] | None = None,
     protect_cmdline: re.Pattern[str] | None = None,
 ) -> Verdict:
     """The verdict for GPU holder ``pid``. Pure: reads only ``table`` (and ``owner_of``).
@@ -129,10 +136,23 @@ def classify(
     ``protect`` matches each chain member's name and argv[0] basename; ``protect_cmdline`` its whole
     command line. ``walked``, when given, receives the chain the POSIX rule walked (the holder, then its
     ancestors up to but not including PID 1), so that a caller needs not walk it again. ``owner_of``, when given, says
-    who owns the holder (its cgroup); the ownership rules (apply_owner) then refine the verdict."""
+    who owns the holder (its cgroup); the ownership rules (apply_owner) then refine the verdict.
+    ``job_of`` (a process's Slurm JobRef, or None) and ``job_state`` (job id -> JobState), when given, add
+    the Slurm job rule (slurm_job_rule) first: a holder whose job's state is known is judged by it alone."""
     if platform == "windows":
         return _classify_windows(pid, table, protect, max_chain, protect_cmdline)
-    verdict = _classify_posix(pid, table, _Protect(protect, protect_cmdline, nohup_protects), max_chain, walked)
+    chain: list[ProcInfo] = walked if walked is not None else []
+    verdict = _classify_posix(pid, table, _Protect(protect, protect_cmdline, nohup_protects), max_chain, chain)
+    job = job_of(chain[0]) if job_of is not None and job_state is not None and chain else None
+    if job is not None:
+        state = job_state(job.job_id)  # type: ignore[attr-defined]
+        if state is not None:
+            jid = job.job_id  # type: ignore[attr-defined]
+            verdict = slurm_job_rule(verdict, chain, job, state,
+                                     lambda m: getattr(job_of(m), "job_id", None) == jid, protect, nohup_protects,
+                                     protect_cmdline)
+            if state.ended is not None:
+                return verdict  # the job rule decided: a job's process is judged by its job, not its session
     if owner_of is not None:
         holder = table.get(pid)
         verdict = apply_owner(verdict, owner_of(holder) if holder is not None else None)
@@ -182,6 +202,8 @@ def _owner_not_orphan(verdict: Verdict, why: str) -> Verdict:
         return dataclasses.replace(verdict, reason=f"{why}; {verdict.reason}")
     # Protected: still protected, but no longer an orphan that protection saved.
     return dataclasses.replace(verdict, root=None, reaper=None, orphan_reason=None)
+
+
 @dataclass(frozen=True)
 class _Protect:
     names: re.Pattern[str] | None
@@ -217,6 +239,33 @@ def _walk(pid: int, table: Table, max_chain: int) -> tuple[list[ProcInfo], str |
         chain.append(parent)
         cur = parent
     return chain, None
+
+
+# Processes that adopt orphans (PR_SET_CHILD_SUBREAPER): a user's systemd, container inits and shims,
+# supervisors. /proc does not say which processes are subreapers, so any other live parent outside the
+# session may be the process that started the tree and then called setsid (a daemon that forked its
+# workers first): its children were never reparented, and they belong to its live job.
+KNOWN_SUBREAPERS = frozenset({
+    "systemd", "init", "tini", "docker-init", "dumb-init", "catatonit", "conmon", "bwrap", "s6-svscan",
+    "s6-supervise", "runsv", "runsvdir", "launchd",
+})
+
+
+def _not_a_known_subreaper(reaper: int, info: ProcInfo | None, top: ProcInfo) -> str | None:
+    """Why the parent a session's topmost member hangs under may not have adopted it; None when it did
+    (PID 1, or a process known to be a subreaper)."""
+    if reaper <= 1:
+        return None
+    if info is None:
+        return (f"pid {top.pid}'s parent pid {reaper} cannot be seen here, so gputop cannot tell whether it "
+                "adopted the tree")
+    name = info.name or ""
+    argv0 = os.path.basename(info.cmdline[0]) if info.cmdline else ""
+    if name in KNOWN_SUBREAPERS or argv0 in KNOWN_SUBREAPERS or name.startswith("containerd-shim") \
+            or argv0.startswith("containerd-shim"):
+        return None
+    return (f"pid {top.pid}'s parent pid {reaper} ({_n(info)}) is alive in another session: it may have "
+            "started the tree and then called setsid (its job lives), not adopted it as a subreaper")
 
 
 def _init_in_hidden_session(table: Table) -> bool:
@@ -278,6 +327,9 @@ def _classify_posix(
             reaper = top.ppid
             reaper_info = table.get(reaper) if reaper > 0 else None
             reaper_name = _n(reaper_info) if reaper_info else "init"
+            doubt = _not_a_known_subreaper(reaper, reaper_info, top)
+            if doubt:
+                return Verdict(UNKNOWN, f"{lost}; but {doubt}")
             kind = ORPHAN
             via = "init" if reaper <= 1 else f"subreaper pid {reaper} ({reaper_name})"
             reason = f"{lost}; tree root pid {root} ({_n(top)}) was reparented to {via}"
@@ -347,3 +399,56 @@ def _classify_windows(
     if hit:
         return Verdict(PROTECTED, hit, root=root.pid, orphan_reason=reason)
     return Verdict(ORPHAN, reason, root=root.pid, orphan_reason=reason)
+
+
+# ---- the Slurm job rule -------------------------------------------------------------------------
+
+def slurm_job_rule(
+    verdict: Verdict,
+    chain: Sequence[ProcInfo],
+    job,
+    state,
+    in_job,
+    protect: re.Pattern[str] | None = None,
+    nohup_protects: bool = True,
+    protect_cmdline: re.Pattern[str] | None = None,
+) -> Verdict:
+    """The verdict for a holder that belongs to Slurm job ``job`` (a gputop.slurm.JobRef) whose state is
+    ``state`` (a gputop.slurm.JobState), given the session rule's ``verdict`` and the walked ``chain``
+    (holder first, up to but not including PID 1). ``in_job(member)`` says whether an ancestor belongs to
+    the same job. Pure but for what ``in_job`` reads.
+
+    - Job ended (a terminal state, COMPLETING, or forgotten by slurmctld): an orphan, whatever its session
+      looks like. Its tree root is the topmost ancestor of the same job and user. Protect patterns still
+      apply; the nohup mark does not (ignoring SIGHUP is how a job's process outlives it: it detaches
+      from a login session, and a job has none).
+    - Job alive (RUNNING, SUSPENDED, PENDING, ...): not an orphan, even if its session leader is gone.
+      Protect patterns and the nohup mark apply as for any live process.
+    - State unknown (no scontrol, a timeout): the session rule stands, except that its "orphan" becomes
+      "unknown": gputop cannot tell whether the job still runs, and unknown is never killed.
+    """
+    if not chain or chain[0].pid == 1 or chain[0].kthread:
+        return verdict  # the chain could not be walked (unknown stays unknown), or init / a kernel thread
+    holder = chain[0]
+    ended = state.ended
+    if ended is None:
+        if verdict.kind != ORPHAN:
+            return verdict
+        return Verdict(UNKNOWN, f"{state.describe()}: the session rule says orphan ({verdict.reason}), "
+                                "but whether its job still runs cannot be told", root=verdict.root,
+                       reaper=verdict.reaper, orphan_reason=verdict.reason)
+    if not ended:
+        hit = _protect_hit([m for m in chain if m.pid != 1], protect, nohup_protects, protect_cmdline)
+        if hit:
+            return Verdict(PROTECTED, hit)
+        return Verdict(NOT_ORPHAN, f"{state.describe()}: a process of a live job is not an orphan")
+    top_i = 0
+    for i, member in enumerate(chain[1:], 1):
+        if member.kthread or member.uid != holder.uid or not in_job(member):
+            break
+        top_i = i
+    root = chain[top_i]
+    reason = f"{state.describe()}; tree root pid {root.pid} ({root.name})"
+    hit = _protect_hit(chain[: top_i + 1], protect, False, protect_cmdline)
+    kind = PROTECTED if hit else ORPHAN
+    return Verdict(kind, hit or reason, root=root.pid, reaper=root.ppid, orphan_reason=reason)

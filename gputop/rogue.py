@@ -109,7 +109,7 @@ class AuditConfig:
     def from_config(cls, config: Config | None) -> "AuditConfig":
         raw = (config or Config()).extra.get("audit") or {}
         if not isinstance(raw, dict):
-            raise UsageError("config: 'audit' must be a mapping (see README 'Rogue audit')")
+            raise UsageError("config: 'audit' must be a mapping (see docs/audit.md)")
         known = {"miner_names", "pool_ports", "extra_pool_ports", "allowed_users", "allowed_hours",
                  "hashing", "all_processes"}
         for k in raw:

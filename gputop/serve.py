@@ -8,8 +8,10 @@ token file the service is read-only and every write answers 403.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
+import math
 import os
 import secrets
 import stat
@@ -22,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gputop import __version__, faces
+from gputop import __version__, faces, requester
 from gputop.config import state_dir
 from gputop.errors import GputopError, RefusedError, UsageError
 from gputop.faces import HTTP_STATUS, LiveSnapshot
@@ -41,7 +43,8 @@ def default_token_path() -> Path:
 def read_token(path: Path) -> str | None:
     """The token, or None when the file does not exist. Refuses a file others can read or write."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # O_NONBLOCK: a FIFO put in its place must not block the server in open().
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -81,12 +84,76 @@ def create_token(path: Path) -> str:
 
 # ---- the app ---------------------------------------------------------------------------------
 
+MAX_BODY = 64 * 1024  # bytes in a write request's body (413 beyond)
+MAX_REASON = 1000  # characters in a 'reason'
+
+
 def _error(status: int, message: str, **extra) -> JSONResponse:
     return JSONResponse({"ok": False, "error": message, **extra}, status_code=status)
 
 
-def create_app(live: LiveSnapshot, token_path: Path | None) -> Starlette:
-    """``token_path`` None: read-only service. Otherwise writes need ``Authorization: Bearer <token>``."""
+def _http_error(request: Request, exc) -> JSONResponse:
+    """Unknown routes and wrong methods answer in JSON like the rest of the API."""
+    code = getattr(exc, "status_code", 500)
+    if code == 404:
+        msg = f"no such endpoint {request.url.path}: GET / lists the endpoints"
+    elif code == 405:
+        msg = f"{request.method} is not allowed on {request.url.path}"
+    else:
+        msg = str(getattr(exc, "detail", "") or "error")
+    return JSONResponse({"ok": False, "error": msg}, status_code=code, headers=getattr(exc, "headers", None))
+
+
+def allowed_hosts(bind: str, port: int, extra: tuple[str, ...] = ()) -> set[str]:
+    """Host header values accepted: the bound address and loopback names (DNS rebinding stays out)."""
+    names = {bind, "localhost", "127.0.0.1", "::1", "[::1]", *extra}
+    if ":" in bind and not bind.startswith("["):
+        names.add(f"[{bind}]")
+    return names | {f"{n}:{port}" for n in names}
+
+
+class HostCheck:
+    """ASGI middleware: 421 for a Host header that is not one of ``hosts`` (None: accept any)."""
+
+    def __init__(self, app, hosts: set[str] | None):
+        self.app = app
+        self.hosts = {h.lower() for h in hosts} if hosts is not None else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.hosts is not None:
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
+            if host not in self.hosts:
+                resp = _error(421, f"Host header {host[:100]!r} is not this server's address; "
+                                   "use http://127.0.0.1:PORT (or start serve with --allow-host NAME)")
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _want(data: dict, key: str, types: tuple, what: str, default=None):
+    """data[key], checked strictly: bool is not a number, a string is not a number or a bool."""
+    if key not in data or data[key] is None:
+        return default
+    v = data[key]
+    if isinstance(v, bool) and bool not in types:
+        raise UsageError(f"{key} must be {what}, got {json.dumps(v)}")
+    if not isinstance(v, types):
+        raise UsageError(f"{key} must be {what}, got {json.dumps(v)[:60]}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise UsageError(f"{key} must be a finite number")
+    return v
+
+
+def _reason(data: dict) -> str | None:
+    r = _want(data, "reason", (str,), "a string")
+    if r is not None and len(r) > MAX_REASON:
+        raise UsageError(f"reason is {len(r)} characters long; at most {MAX_REASON} are allowed")
+    return r
+
+
+def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | None = None) -> Starlette:
+    """``token_path`` None: read-only service. Otherwise writes need ``Authorization: Bearer <token>``.
+    ``hosts``: the Host header values accepted (see allowed_hosts); None accepts any."""
     findings = FindingCounter()
     live.add_listener(findings)
     # The snapshot taken before the listener was added counts too.
@@ -147,60 +214,59 @@ def create_app(live: LiveSnapshot, token_path: Path | None) -> Starlette:
                                 headers={"WWW-Authenticate": 'Bearer realm="gputop"'})
         return None
 
-    async def body(request: Request) -> dict:
-        raw = await request.body()
-        if not raw.strip():
-            return {}
-        try:
-            data = json.loads(raw)
-        except ValueError as e:
-            raise UsageError(f"the request body is not JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise UsageError("the request body must be a JSON object")
-        return data
-
     def write(action: str, fn):
         async def endpoint(request: Request):
-            denied = authorize(request, action)
-            if denied is not None:
-                return denied
-            try:
-                data = await body(request)
-                return await run_in_threadpool(fn, data)
-            except GputopError as e:
-                faces.refusal_record(action, FACE, str(e), rule="bad-request")
-                return _error(HTTP_STATUS.get(e.exit_code, 400), str(e))
+            server = request.scope.get("server")
+            actor = requester.http_actor(request.client and (request.client.host, request.client.port),
+                                         server and (server[0], server[1]), via="api")
+            with requester.acting_for(actor):  # every record names the uid that asked
+                denied = authorize(request, action)
+                if denied is not None:
+                    return denied
+                try:
+                    data = await _body(request)
+                    return await run_in_threadpool(_acting, actor, fn, data)
+                except GputopError as e:
+                    faces.refusal_record(action, FACE, str(e)[:300], rule="bad-request")
+                    code = 413 if isinstance(e, _TooLarge) else HTTP_STATUS.get(e.exit_code, 400)
+                    return _error(code, str(e))
         return endpoint
 
-    _KILL_KEYS = {"pid", "start_time", "force", "signal", "dry_run", "reason"}
-
     def kill(data: dict):
-        _only(data, _KILL_KEYS)
-        res = faces.do_kill(live, FACE, pid=data.get("pid"), start_time=data.get("start_time"),
-                            force=bool(data.get("force", False)), signal_name=data.get("signal", "TERM"),
-                            dry_run=bool(data.get("dry_run", False)), reason=data.get("reason"))
+        _only(data, {"pid", "start_time", "force", "signal", "dry_run", "reason"})
+        res = faces.do_kill(live, FACE, pid=_want(data, "pid", (int,), "an integer"),
+                            start_time=_want(data, "start_time", (int, float), "a number"),
+                            force=_want(data, "force", (bool,), "true or false", False),
+                            signal_name=_want(data, "signal", (str, int), "a signal name or number", "TERM"),
+                            dry_run=_want(data, "dry_run", (bool,), "true or false", False), reason=_reason(data))
         return JSONResponse(res.to_dict(), status_code=HTTP_STATUS.get(res.exit_code, 500))
 
     def reap(data: dict):
         _only(data, {"roots", "dry_run", "grace", "reason"})
-        grace = data.get("grace", live.config.kill_timeout)
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
+        grace = _want(data, "grace", (int, float), "a number of seconds", live.config.kill_timeout)
+        if grace < 0:
             raise UsageError("grace must be a number of seconds")
-        results = faces.do_reap(live, FACE, roots=data.get("roots"), dry_run=bool(data.get("dry_run", False)),
-                                grace=float(grace), reason=data.get("reason"))
+        roots = _want(data, "roots", (list, int), "a list of root PIDs")
+        if isinstance(roots, list) and not all(isinstance(r, int) and not isinstance(r, bool) for r in roots):
+            raise UsageError("roots must be a list of integers (root PIDs)")
+        results = faces.do_reap(live, FACE, roots=roots, dry_run=_want(data, "dry_run", (bool,), "true or false",
+                                                                       False),
+                                grace=float(grace), reason=_reason(data))
         ok = all(r["ok"] for r in results)
         code = 200 if ok else max((HTTP_STATUS.get(r["exit_code"], 500) for r in results if not r["ok"]))
         return JSONResponse({"ok": ok, "results": results, "count": len(results)}, status_code=code)
 
     def reset(data: dict):
         _only(data, {"index", "gpu", "force", "reason"})
-        res = faces.do_reset(live, FACE, index=data.get("index", data.get("gpu")),
-                             force=bool(data.get("force", False)), reason=data.get("reason"))
+        index = _want(data, "index", (int,), "an integer (the GPU index)")
+        res = faces.do_reset(live, FACE, index=index if index is not None else _want(data, "gpu", (int,),
+                                                                                     "an integer"),
+                             force=_want(data, "force", (bool,), "true or false", False), reason=_reason(data))
         return JSONResponse(res.to_dict(), status_code=HTTP_STATUS.get(res.exit_code, 500))
 
     def guard_mode(data: dict):
         _only(data, {"mode"})
-        return JSONResponse(faces.do_guard_mode(FACE, data.get("mode")))
+        return JSONResponse(faces.do_guard_mode(FACE, _want(data, "mode", (str,), "a string")))
 
     routes = [
         Route("/", root),
@@ -214,9 +280,53 @@ def create_app(live: LiveSnapshot, token_path: Path | None) -> Starlette:
         Route("/v1/reset", write("reset", reset), methods=["POST"]),
         Route("/v1/guard/mode", write("guard-mode", guard_mode), methods=["POST"]),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={404: _http_error, 405: _http_error},
+                    lifespan=flush_refusals_on_shutdown)
     app.state.live = live
+    app.add_middleware(HostCheck, hosts=hosts)
     return app
+
+
+@contextlib.asynccontextmanager
+async def flush_refusals_on_shutdown(app):
+    """uvicorn re-raises SIGTERM after shutdown, so code after server.run() never runs: the count of
+    refusals coalesced in the last window is written here, at lifespan shutdown."""
+    try:
+        yield
+    finally:
+        faces.REFUSALS.flush_all()
+
+
+class _TooLarge(UsageError):
+    pass
+
+
+def _acting(actor: dict, fn, data: dict):
+    with requester.acting_for(actor):
+        return fn(data)
+
+
+async def _body(request: Request) -> dict:
+    """The JSON object in the body: at most MAX_BODY bytes (413), parsed without a traceback (400)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_BODY:
+        raise _TooLarge(f"the request body is {declared} bytes; at most {MAX_BODY} are allowed")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise _TooLarge(f"the request body is over {MAX_BODY} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise UsageError("the request body is nested too deeply") from None
+    except ValueError as e:
+        raise UsageError(f"the request body is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError("the request body must be a JSON object")
+    return data
 
 
 def _only(data: dict, allowed: set[str]) -> None:

@@ -7,7 +7,6 @@ Device indexes are global: backends are numbered in probe order (NVIDIA first, t
 from __future__ import annotations
 
 import dataclasses
-import re
 import os
 import datetime as _dt
 import socket
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-from gputop import __version__
+from gputop import __version__, saferegex
 from gputop.backends import probe
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
 from gputop.config import Config
@@ -25,6 +24,7 @@ from gputop.errors import NotFoundError, UsageError
 from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
 from gputop.ownership import Owner, OwnerCache
 from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, hidepid_note, start_time, tgid_of
+from gputop.slurm import JobRef, JobState, JobStates, process_job
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
 
@@ -52,6 +52,8 @@ class Holder:
     runtime: float | None = None  # seconds
     owner: Owner | None = None  # who owns it, from its cgroup (None: not read, or not readable)
     chain_owners: tuple[Owner | None, ...] = ()  # the owner of each chain member, in chain order
+    job: JobRef | None = None  # the Slurm job it belongs to (cgroup path or environ)
+    job_state: JobState | None = None  # what slurmctld says about that job
 
     @property
     def visible(self) -> bool:
@@ -127,6 +129,9 @@ class Snapshot:
     backends: tuple[BackendStatus, ...]
     warnings: tuple[str, ...] = ()
     platform: str = PLATFORM
+    # The sampler's ownership and Slurm lookups (owner_of, job_of, job_state), so that an action that
+    # classifies again (the reap planner) judges a process as the snapshot did. Not part of the value.
+    hooks: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def holder(self, pid: int) -> Holder | None:
         for h in self.holders:
@@ -191,12 +196,41 @@ class Sampler:
         # Identities (pid, start) known to lead their thread group: NVML may report a thread id instead.
         self._leaders: set[tuple[int, float]] = set()
         self._leaders_seen: set[tuple[int, float]] = set()
+        self.job_states = JobStates(ttl=max(0.5, self.config.interval * 0.9))
+        self._job_refs: dict[tuple[int, float], JobRef | None] = {}
+
+    def _job_of(self, info: ProcInfo) -> JobRef | None:
+        """The Slurm job of a process, read once per identity (a process's job never changes)."""
+        key = info.identity
+        try:
+            return self._job_refs[key]
+        except KeyError:
+            owner = self._owners.of(info) if self._owners is not None else None
+            ref = self._job_refs[key] = process_job(info.pid, self.proc_root, owner)
+            return ref
+
+    def _holder_jobs(self, table: ProcTable, pids) -> tuple[dict[int, JobRef], dict[int, JobState]]:
+        """The job of each visible holder, and the state of each of those jobs (one scontrol per job)."""
+        jobs: dict[int, JobRef] = {}
+        for pid in pids:
+            info = table.get(pid)
+            if info is not None and not info.zombie:
+                ref = self._job_of(info)
+                if ref is not None:
+                    jobs[pid] = ref
+        states = self.job_states.get_many({j.job_id for j in jobs.values()}) if jobs else {}
+        return jobs, states
+
+    @staticmethod
+    def _job_warnings(states: dict[int, JobState]) -> list[str]:
+        return [f"{st.describe()}: its holders are judged by the session rule, and never called orphans"
+                for _, st in sorted(states.items()) if st.state is None]
 
     @classmethod
     def open(cls, backend: str | None = None, scenario: str | None = None,
              config: Config | None = None, **kw) -> "Sampler":
         result = probe(backend, scenario)
-        # $GPUTOP_PROC_ROOT: read host processes from a fixture /proc (tests; see README "AMD and Intel").
+        # $GPUTOP_PROC_ROOT: read host processes from a fixture /proc (tests; see docs/backends.md "AMD and Intel").
         kw.setdefault("proc_root", os.environ.get("GPUTOP_PROC_ROOT") or "/proc")
         # $GPUTOP_RUN_ROOT: read logind's sessions from a fixture /run (tests; see docs/orphans.md).
         kw.setdefault("run_root", os.environ.get("GPUTOP_RUN_ROOT") or "/run")
@@ -236,13 +270,16 @@ class Sampler:
                 pass
 
     def _holder(self, pid: int, uses: tuple[GpuUse, ...], info: ProcInfo, table: ProcTable, now: float,
-                cpu_seen: dict[tuple[int, float], tuple[float, float]]) -> Holder:
-        """One visible holder: its verdict, chain, CPU% and owners."""
+                cpu_seen: dict[tuple[int, float], tuple[float, float]], jobs: dict[int, JobRef],
+                job_states: dict[int, JobState]) -> Holder:
+        """One visible holder: its verdict, chain, CPU%, owners and Slurm job."""
         walked: list = []
         owner_of = self.owner_of if self._owners is not None else None
         verdict = classify(pid, table, platform=self.platform, protect=self._protect,
                            nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
-                           walked=walked, owner_of=owner_of, protect_cmdline=self._protect_cmdline)
+                           walked=walked, owner_of=owner_of, job_of=self._job_of if jobs else None,
+                           job_state=job_states.get, protect_cmdline=self._protect_cmdline)
+        job = jobs.get(pid)
         if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
             init = table.get(1) if walked[-1].ppid == 1 else None
             chain = tuple(walked[1:]) + ((init,) if init is not None else ())
@@ -261,7 +298,7 @@ class Sampler:
         if owner_of is not None:  # read only for holders and their chains
             owner, chain_owners = owner_of(info), tuple(owner_of(c) for c in chain)
         return Holder(pid, uses, info, chain, verdict, cpu, max(0.0, now - info.start_time), owner,
-                      chain_owners)
+                      chain_owners, job, job_states.get(job.job_id) if job is not None else None)
 
     def _device(self, gi: int, backend: Backend, local: int) -> DeviceSample:
         try:
@@ -321,6 +358,8 @@ class Sampler:
 
         holders: list[Holder] = []
         cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
+        jobs, job_states = self._holder_jobs(table, [p for p in uses if visible[p]])
+        warnings.extend(self._job_warnings(job_states))
         for pid in sorted(uses):
             info = table.get(pid) if visible[pid] else None
             if info is not None and info.zombie:
@@ -331,9 +370,11 @@ class Sampler:
                 holders.append(Holder(pid, tuple(uses[pid]), None, (), verdict))
                 warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
                 continue
-            holders.append(self._holder(pid, tuple(uses[pid]), info, table, now, cpu_seen))
+            holders.append(self._holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states))
         self._cpu_prev = cpu_seen
         self._leaders, self._leaders_seen = self._leaders_seen, set()
+        live = {h.proc.identity for h in holders if h.proc is not None}
+        self._job_refs = {k: v for k, v in self._job_refs.items() if k in live}
         if self._static is not None:
             self._static.prune()
         if self._owners is not None:
@@ -341,8 +382,15 @@ class Sampler:
         return Snapshot(
             at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
-            warnings=tuple(warnings), platform=self.platform,
+            warnings=tuple(warnings), platform=self.platform, hooks=self.verdict_hooks(),
         )
+
+    def verdict_hooks(self) -> dict:
+        """classify()'s ownership and Slurm inputs, as this sampler reads them."""
+        hooks: dict = {"job_of": self._job_of, "job_state": self.job_states.get}
+        if self._owners is not None:
+            hooks["owner_of"] = self._owners.of
+        return hooks
 
 
 def select_holders(snap: Snapshot, *, gpu: int | None = None, user: str | None = None,
@@ -355,8 +403,8 @@ def select_holders(snap: Snapshot, *, gpu: int | None = None, user: str | None =
     name_re = None
     if name:
         try:
-            name_re = re.compile(name, re.IGNORECASE)
-        except re.error as e:
+            name_re = saferegex.compile(name, ignore_case=True)  # bounded: the pattern comes from a request
+        except saferegex.PatternError as e:
             raise UsageError(f"bad name pattern {name!r}: {e}") from None
     out = []
     for h in snap.holders:
@@ -440,8 +488,18 @@ def holder_to_dict(h: Holder) -> dict:
         "uses": [use_to_dict(u) for u in h.uses],
         "verdict": verdict_to_dict(h.verdict),
         "owner": owner_to_dict(h.owner),
+        "slurm": slurm_to_dict(h),
         "chain": [{**proc_to_dict(c), "owner": owner_to_dict(o)} for c, o in zip(h.chain, owners)],
     }
+
+
+def slurm_to_dict(h: Holder) -> dict | None:
+    """The holder's Slurm job: id, step, uid, where it was read, and slurmctld's state; None: no job."""
+    if h.job is None:
+        return None
+    st = h.job_state
+    return {**h.job.to_dict(), "state": st.state if st else None, "ended": st.ended if st else None,
+            "state_detail": st.detail if st else None}
 
 
 def snapshot_to_dict(s: Snapshot) -> dict:

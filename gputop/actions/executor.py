@@ -29,6 +29,7 @@ class Executor:
         self.denied: list[int] = []
         self.released: list[int] = []  # frozen, then found not to be members: continued, left alone
         self.late: set[int] = set()
+        self.pre_stopped: set[int] = set()  # stopped before gputop came (a paused job): never continued
 
     # ---- signals ----
     def adopt(self, procs: list[ProcInfo], sigs: list[int]) -> list[int]:
@@ -43,6 +44,9 @@ class Executor:
                 self.gone.add(m.pid)
                 continue
             new.append(m.pid)
+            now = read_proc(m.pid)
+            if now is not None and now.state in ("T", "t"):
+                self.pre_stopped.add(m.pid)
             for s in sigs:
                 self.send(m.pid, s)
         return new
@@ -127,14 +131,15 @@ class Executor:
         keep = set(plan.pids)
         out = [p for p in self.alive() if p not in keep]
         if out:
-            self.send_all(signal.SIGCONT, out, "not a member on re-planning: continued and left alone")
+            self.send_all(signal.SIGCONT, [p for p in out if p not in self.pre_stopped],
+                          "not a member on re-planning: continued and left alone")
             self.released.extend(out)
         self.adopt([m for m in plan.members if m.pid not in self.handles], [signal.SIGSTOP])
         self.plan = plan
         return None
 
     def cont_all(self) -> None:
-        cont = [p for p in self.handles if p not in self.gone]
+        cont = [p for p in self.handles if p not in self.gone and p not in self.pre_stopped]
         if cont:
             self.run.signals.append(sig_event(signal.SIGCONT, cont))
         for pid in cont:
@@ -220,7 +225,7 @@ def _freeze_and_replan(ex: Executor):
     ex.freeze(ex.adopt(list(ex.plan.members), []))
     if ex.denied:
         # Nothing was killed yet: let the tree run again and say why.
-        ex.send_all(signal.SIGCONT, [p for p in ex.handles if p not in ex.denied])
+        ex.send_all(signal.SIGCONT, [p for p in ex.handles if p not in ex.denied and p not in ex.pre_stopped])
         return run.done(False, "permission-denied", f"no permission to signal pid(s) {ex.denied} in the tree of "
                         f"pid {run.root_pid} (user {run.info.user}); run as that user or as root", EXIT_PERMISSION)
     refused = ex.replan()

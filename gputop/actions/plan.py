@@ -89,6 +89,7 @@ class Rules:
     never: frozenset[int] = frozenset()  # gputop itself and its ancestors
     holders: frozenset[int] = frozenset()  # GPU holders (for the plan's holder lists)
     hidden: Callable[[int], bool] = lambda pid: False  # exists but cannot be read
+    owner: Callable[[int], str | None] = lambda pid: None  # who manages it (its cgroup owner's label), when known
 
 
 def _label(p: ProcInfo) -> str:
@@ -101,8 +102,7 @@ def leave_reason(p: ProcInfo, owner: ProcInfo, rules: Rules) -> tuple[str, str, 
     if refusal is not None:
         return "never", refusal[1], None
     v = rules.verdict(p.pid)
-    managed = getattr(v, "owner", None)  # filled in by the cgroup owner rules, where present
-    managed = str(managed) if managed else None
+    managed = rules.owner(p.pid)
     if v.kind == NOT_ORPHAN:
         return NOT_ORPHAN_RULE, f"{_label(p)} is not an orphan: {v.reason}", managed
     if other_user(p, owner):

@@ -17,6 +17,7 @@ from gputop.actions.plan import ReapPlan, Rules, plan_reap
 from gputop.config import Config, load_config
 from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
 from gputop.orphans import UNKNOWN, classify, compile_protect
+from gputop.ownership import NONE
 from gputop.procs import ProcTable, read_proc, self_and_ancestors
 
 _REFUSAL_CODES = {"not-found": ("not-found", EXIT_NOT_FOUND), "identity-changed": ("identity-changed", EXIT_REFUSED)}
@@ -27,16 +28,24 @@ def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[
     GPU holder the snapshot could not tie to a visible process keeps its unknown verdict."""
     protect, cmdline = compile_protect(config.protect), compile_protect(config.protect_cmdline)
     unknown = {h.pid: h.verdict for h in snapshot.holders if h.proc is None or h.verdict.kind == UNKNOWN}
+    hooks = getattr(snapshot, "hooks", None) or {}  # the sampler's owner and Slurm job lookups
 
     def verdict(pid: int):
         if pid in unknown:
             return unknown[pid]
         return classify(pid, table, platform=platform, protect=protect, nohup_protects=config.nohup_protects,
-                        max_chain=config.max_chain, protect_cmdline=cmdline)
+                        max_chain=config.max_chain, protect_cmdline=cmdline, **hooks)
+
+    owner_of = hooks.get("owner_of")
+
+    def owner(pid: int) -> str | None:  # who manages a subtree left alone, for the plan
+        info = table.get(pid) if owner_of is not None else None
+        o = owner_of(info) if info is not None else None
+        return o.label if o is not None and o.kind != NONE else None
 
     hidden = getattr(table, "hidden", None) or (lambda pid: False)
     return Rules(verdict, frozenset(self_and_ancestors()) if never is None else never,
-                 frozenset(h.pid for h in snapshot.holders), hidden)
+                 frozenset(h.pid for h in snapshot.holders), hidden, owner)
 
 
 def orphan_trees(snapshot, table: ProcTable | None = None, config: Config | None = None) -> list[OrphanTree]:

@@ -60,6 +60,9 @@ def error_name(code: int | None) -> str:
 def unavailable_reason(code: int | None, detail: str = "") -> str:
     """Why NVML cannot be used, in words a user can act on."""
     if code == ERR_LIBRARY_NOT_FOUND:
+        broken = library_load_problem()
+        if broken:  # pynvml says "not found" for any OSError from dlopen: a garbage file is something else
+            return f"nvml: libnvidia-ml.so.1 failed to load: {broken}"
         return "nvml: libnvidia-ml.so.1 not found (no NVIDIA driver installed)"
     if code == ERR_DRIVER_NOT_LOADED:
         return "nvml: driver not loaded (is the nvidia kernel module loaded? try 'nvidia-smi')"
@@ -68,6 +71,21 @@ def unavailable_reason(code: int | None, detail: str = "") -> str:
     if code == ERR_LIB_RM_VERSION_MISMATCH:
         return "nvml: driver and library versions differ (reload the nvidia module or reboot)"
     return f"nvml: cannot initialise NVML: {detail or error_name(code)}"
+
+
+def library_load_problem() -> str | None:
+    """Why dlopen refuses libnvidia-ml.so.1 when a file by that name exists (a broken or foreign file);
+    None when it loads or is simply not there."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as e:
+        msg = str(e)
+        if "No such file or directory" in msg and "cannot open shared object file" in msg:
+            return None
+        return msg
+    return None
 
 
 def reset_error_kind(output: str) -> str:

@@ -153,27 +153,31 @@ class SimulatedBackend(Backend):
         try:
             st = self.path.stat()
         except OSError as e:
-            if initial:
-                raise BackendUnavailable(f"simulated: cannot read scenario {self.path}: {e.strerror}") from None
+            if initial:  # a scenario file the user named and that is not there is bad input (exit 2)
+                raise UsageError(f"simulated: cannot read scenario {self.path}: {e.strerror} "
+                                 "(see README: 'Trying gputop without a GPU')") from None
             return
         if st.st_mtime_ns == self._mtime:
             return
         try:
-            gpus, holders = parse_scenario(yaml.safe_load(self.path.read_text()), str(self.path))
-        except yaml.YAMLError as e:
+            from gputop import safeyaml  # bounded: size, aliases, nodes (a scenario may come from anyone)
+
+            gpus, holders = parse_scenario(safeyaml.load(safeyaml.read_regular(self.path)), str(self.path))
+        except ScenarioError as e:
+            if initial:
+                raise UsageError(f"bad scenario: {str(e).splitlines()[0]}") from None
+            return
+        except (yaml.YAMLError, ValueError) as e:
             if initial:  # bad input: exit 2 with the file and line, like a bad config or policy
                 mark = getattr(e, "problem_mark", None)
                 where = f" line {mark.line + 1}" if mark is not None else ""
                 raise UsageError(f"scenario {self.path}{where}: YAML syntax error: "
                                  f"{getattr(e, 'problem', None) or e}") from None
             return
-        except ScenarioError as e:
-            if initial:
-                raise UsageError(f"bad scenario: {str(e).splitlines()[0]}") from None
-            return
         except OSError as e:
-            if initial:
-                raise BackendUnavailable(f"simulated: cannot read scenario {self.path}: {e.strerror}") from None
+            if initial:  # a scenario file the user named and that is not there is bad input (exit 2)
+                raise UsageError(f"simulated: cannot read scenario {self.path}: {e.strerror} "
+                                 "(see README: 'Trying gputop without a GPU')") from None
             return
         with self._lock:
             self._gpus, self._holders, self._mtime = gpus, holders, st.st_mtime_ns

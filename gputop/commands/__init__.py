@@ -16,4 +16,5 @@ COMMANDS: list[str] = [
     "audit",
     "install-units",
     "completion",
+    "slurm",
 ]

@@ -32,6 +32,19 @@ def print_json(obj, compact: bool | None = False) -> None:
         sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def fit_last(rows: list[list[str]], headers: list[str]) -> list[list[str]]:
+    """On a terminal, cut the last column (a command, a message) so that rows fit its width; piped or
+    redirected, keep it whole (a script or a file wants all of it)."""
+    if not sys.stdout.isatty():
+        return rows
+    import shutil
+
+    width = shutil.get_terminal_size().columns  # $COLUMNS first, then the terminal
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers[:-1])]
+    room = max(20, width - sum(widths) - 2 * len(widths))
+    return [r[:-1] + [r[-1] if len(r[-1]) <= room else r[-1][: room - 1] + "…"] for r in rows]
+
+
 def table(rows: list[list[str]], headers: list[str], right: set[int] = frozenset()) -> str:
     """A plain aligned text table (no colour, so it pipes cleanly). Cells often hold what a process chose
     (name, command line, user), so control characters in them are made visible."""

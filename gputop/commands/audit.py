@@ -12,7 +12,7 @@ known miner names, stratum+tcp:// URLs and pool/wallet-looking arguments, TCP co
 mining-pool ports, deleted executables or executables in /tmp, /dev/shm or hidden directories, disguised
 names, the hashing profile (high utilisation, very little memory; judged on this one sample), users not on
 audit.allowed_users, GPU use outside audit.allowed_hours, and orphaned holders. Nothing is allow-listed by
-default. Configure in the 'audit:' section of the config (README "Rogue audit"). Exit code 0 whether or
+default. Configure in the 'audit:' section of the config (docs/audit.md). Exit code 0 whether or
 not there are findings."""
 
 

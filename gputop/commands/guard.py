@@ -7,14 +7,14 @@ import os
 import sys
 
 from gputop.commands._common import config_from, open_sampler, print_json
-from gputop.errors import UsageError
+from gputop.errors import EXIT_FAILURE, UsageError
 from gputop.guard import state
 from gputop.guard.policy import PolicyError, load_policy
 from gputop.units import parse_duration
 
 NAME = "guard"
 HELP = "guard mode: --enable/--disable/--dry-run/--enforce, --policy-file F, --test-policies, status, run"
-DESCRIPTION = """The guard enforces a YAML policy (see examples/policy.yaml and README "Guard").
+DESCRIPTION = """The guard enforces a YAML policy (see examples/policy.yaml and docs/guard.md).
 
 Modes: off, dry-run (record what would be done, kill nothing) and enforce. --enable turns an off guard
 on in dry-run. The mode, the policy file and the rule hits live in the state directory and are shared
@@ -81,8 +81,8 @@ def _validate(path: str):
     return load_policy(path)  # PolicyError (exit 2) lists every problem with file, line and rule
 
 
-def _policy_path(explicit: str | None) -> str:
-    path = explicit or state.get_policy_path()
+def _policy_path(explicit: str | None, config=None) -> str:
+    path = explicit or state.get_policy_path(config)
     if not path:
         raise UsageError("no policy file: set one with 'gputop guard --policy-file FILE' "
                          "(see examples/policy.yaml)")
@@ -96,7 +96,7 @@ def run(args) -> int:
     if sub == "status":
         if args.hits < 0:
             raise UsageError(f"--hits must be 0 or more, got {args.hits}")
-        return _status(args.status_json or args.json, args.hits)
+        return _status(args.status_json or args.json, args.hits, config_from(args))
     did = False
     if args.policy_file and not args.test_policies:
         pol = _validate(args.policy_file)
@@ -110,11 +110,19 @@ def run(args) -> int:
         if mode == "enable":
             mode = cur if cur != "off" else "dry-run"
         if mode != cur:
-            state.set_mode(mode, face="cli")
+            from gputop.auditlog import AuditLogError
+
+            try:
+                state.set_mode(mode, face="cli")
+            except AuditLogError:  # the mode changed; its record is missing (the warning says why)
+                print(f"guard mode: {cur} -> {mode}")
+                print("gputop guard: the mode was changed, but the audit log could not be written "
+                      "(exit 1); fix the log path or set GPUTOP_AUDIT_LOG", file=sys.stderr)
+                return EXIT_FAILURE
             print(f"guard mode: {cur} -> {mode}")
         else:
             print(f"guard mode: {mode} (unchanged)")
-        if mode != "off" and not state.get_policy_path():
+        if mode != "off" and not state.get_policy_path(config_from(args)):
             print("note: no policy file is set: 'gputop guard --policy-file FILE'", file=sys.stderr)
         d = state.daemon_status()
         if mode != "off" and not d.get("alive"):
@@ -124,14 +132,19 @@ def run(args) -> int:
     if args.test_policies:
         return _test_policies(args)
     if not did:
-        return _status(args.json, 10)
+        return _status(args.json, 10, config_from(args))
     return 0
 
 
 def _test_policies(args) -> int:
     from gputop.guard.engine import explain, render_explanation
 
-    path = _policy_path(args.policy_file)
+    try:
+        path = _policy_path(args.policy_file, config_from(args))
+    except UsageError as e:
+        if args.json:  # a script reading stdout gets an answer it can parse, not nothing
+            print_json({"error": str(e), "exit_code": e.exit_code})
+        raise
     pol = _validate(path)
     config = config_from(args)
     sampler = open_sampler(args, config)
@@ -158,8 +171,8 @@ def _ts(t) -> str:
     return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _status(as_json: bool, nhits: int) -> int:
-    st = state.status()
+def _status(as_json: bool, nhits: int, config=None) -> int:
+    st = state.status(config)
     hits = state.recent_hits(nhits)
     if as_json:
         print_json({**st, "recent_hits": hits})
@@ -199,7 +212,7 @@ def _run_daemon(args) -> int:
     if args.run_policy:
         _validate(args.run_policy)
         state.set_policy_path(args.run_policy, face="guard")
-    path = _policy_path(None)
+    path = _policy_path(None, config)
     try:
         load_policy(path)
     except PolicyError as e:

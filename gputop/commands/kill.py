@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
 import sys
 
-from gputop import actions
+from gputop import actions, saferegex
 from gputop.commands._common import config_from, open_sampler, print_json, table
 from gputop.errors import EXIT_NOT_FOUND, EXIT_OK, NotFoundError, UsageError
 from gputop.snapshot import select_holders
@@ -79,6 +78,9 @@ def run(args) -> int:
         raise UsageError("say what to kill: --pid N, or select with --gpu N / --user U / --name REGEX")
     if args.pid and selectors:
         raise UsageError("use either --pid or the selectors --gpu/--user/--name, not both")
+    bad = [p for p in args.pid or () if p <= 0]
+    if bad:
+        raise UsageError(f"--pid {bad[0]}: a process id is a number above 0")
     if args.start_time is not None and (not args.pid or len(args.pid) != 1):
         raise UsageError("--start-time goes with exactly one --pid")
     try:
@@ -87,8 +89,8 @@ def run(args) -> int:
         raise UsageError(f"--signal: {e}") from None
     if args.name is not None:
         try:
-            re.compile(args.name)
-        except re.error as e:
+            saferegex.compile(args.name, ignore_case=True)
+        except saferegex.PatternError as e:
             raise UsageError(f"--name: bad regular expression {args.name!r}: {e}") from None
     kw = dict(face="cli", force=args.force, timeout=timeout, signal_name=args.signal, dry_run=args.dry_run,
               allow_protected=args.allow_protected, config=config)

@@ -12,7 +12,7 @@ import sys
 import time
 
 from gputop import auditlog
-from gputop.commands._common import config_from, print_json, table
+from gputop.commands._common import config_from, fit_last, print_json, table
 from gputop.errors import EXIT_OK, NotFoundError, PermissionDeniedError, UsageError
 from gputop.units import parse_duration
 
@@ -169,13 +169,6 @@ def _choose(args, config) -> tuple:
     return node, "node", f"(node audit trail: {node}; --mine for your own log)"
 
 
-def _width() -> int | None:
-    """The message column's room on a terminal; None (print whole) when piped."""
-    if not sys.stdout.isatty():
-        return None
-    return shutil.get_terminal_size((120, 24)).columns
-
-
 def run(args) -> int:
     config = config_from(args)
     since = parse_since(args.since) if args.since else None
@@ -194,12 +187,6 @@ def run(args) -> int:
         print(f"no audit records{' since ' + args.since if args.since else ''} in {path}")
         return EXIT_OK
     rows = [_safe_row(r) for r in records]
-    width = _width()
-    if width:
-        used = sum(max(len(r[i]) for r in rows) + 2 for i in range(6)) + 8
-        room = max(20, width - used)
-        for r in rows:
-            if len(r[6]) > room:
-                r[6] = r[6][:room - 1] + "…"
-    print(table(rows, ["TIME", "FACE/USER", "ACTION", "TARGET", "OUTCOME", "SIGNALS", "MESSAGE"]))
+    headers = ["TIME", "FACE/USER", "ACTION", "TARGET", "OUTCOME", "SIGNALS", "MESSAGE"]
+    print(table(fit_last(rows, headers), headers))
     return EXIT_OK

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 
 from gputop.commands._common import config_from, open_sampler
@@ -13,6 +12,8 @@ HELP = "run an MCP server for AI assistants (stdio, or --http on 127.0.0.1)"
 DESCRIPTION = """Run an MCP server (official MCP SDK) with the tools gpu_status, list_processes, kill_process,
 reap_orphans, reset_gpu, audit_rogue, guard_status and guard_set_mode. Destructive tools preview unless
 called with confirm=true, make the same refusals as the CLI, and write the audit log (face "mcp").
+Over --http every write needs the bearer token of 'gputop serve' (the same token file) or a connection
+from the user the server runs as; the audit log names the uid that asked.
 Example client entry: {"command": "gputop", "args": ["mcp"]}."""
 
 DEFAULT_PORT = 8765
@@ -21,43 +22,62 @@ DEFAULT_PORT = 8765
 def add_arguments(p) -> None:
     p.add_argument("--http", action="store_true",
                    help="serve the streamable HTTP transport on 127.0.0.1 instead of stdio")
-    p.add_argument("--port", type=int, default=None, metavar="N", help=f"--http: port (default {DEFAULT_PORT})")
-
-
-def _check_port(port: int) -> None:
-    """Fail with one line, before anything starts, when the port cannot be bound (uvicorn would print a log
-    line and exit 1 after we had already announced the server)."""
-    from gputop.commands.serve import bind_error
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-    try:
-        sock.bind(("127.0.0.1", port))
-    except OSError as e:
-        raise bind_error("127.0.0.1", port, e, bind_option=None) from None
-    finally:
-        sock.close()
+    p.add_argument("--port", type=int, default=None, metavar="N",
+                   help=f"--http: port (default {DEFAULT_PORT}; 0 picks a free one and prints it)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="--http: bearer token file for writes (default <state dir>/api-token, as serve)")
+    p.add_argument("--create-token", action="store_true",
+                   help="--http: create the token file (mode 0600) with a random token if it does not exist")
 
 
 def run(args) -> int:
     from gputop.faces import LiveSnapshot
-    from gputop.mcp_server import serve_http, serve_stdio
 
-    if args.port is not None and not args.http:
-        raise UsageError("--port goes with --http (the default transport is stdio): gputop mcp --http --port N")
+    if not args.http and (args.port is not None or args.token_file or args.create_token):
+        raise UsageError("--port goes with --http, as do --token-file and --create-token (the default transport is "
+                         "stdio): gputop mcp --http --port N")
     port = DEFAULT_PORT if args.port is None else args.port
+    sock = token_path = note = None
     if args.http:
-        if not 0 < port <= 65535:
-            raise UsageError(f"--port must be between 1 and 65535, got {port}")
-        _check_port(port)
+        from gputop.commands.serve import _listen, resolve_token
+
+        sock = _listen("127.0.0.1", port)  # a busy port fails here with one line, before anything starts
+        token_path, note = resolve_token(args)
     config = config_from(args)
     live = LiveSnapshot(open_sampler(args, config), config)
     try:
-        if args.http:
-            print(f"gputop mcp: streamable HTTP on http://127.0.0.1:{port}/mcp", file=sys.stderr, flush=True)
-            serve_http(live, port)
+        if sock is not None:
+            _serve_http(live, sock, token_path, note)
         else:
-            serve_stdio(live)
+            _serve_stdio(live)
     finally:
         live.close()
+        from gputop.faces import REFUSALS
+
+        REFUSALS.flush_all()  # the count of refusals coalesced in the last window
+        if sock is not None:
+            sock.close()
     return 0
+
+
+def _serve_stdio(live) -> None:
+    from gputop.mcp_server import serve_stdio
+
+    if sys.stdin.isatty():
+        print("gputop mcp: an MCP server on stdio, waiting for a client (an AI assistant starts it with "
+              "'gputop mcp'); Ctrl-C to quit, 'gputop mcp --http' for HTTP", file=sys.stderr, flush=True)
+    serve_stdio(live)
+
+
+def _serve_http(live, sock, token_path, note: str) -> None:
+    import uvicorn
+
+    from gputop.mcp_server import http_app
+
+    port = sock.getsockname()[1]
+    writes = (f"writes need the bearer token in {token_path} or the server's own user" if token_path is not None
+              else f"writes only from the server's own user; {note}")
+    print(f"gputop mcp: streamable HTTP on http://127.0.0.1:{port}/mcp  ({writes})", file=sys.stderr, flush=True)
+    app = http_app(live, token_path)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    server.run(sockets=[sock])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import ipaddress
 import socket
 import sys
@@ -34,6 +35,9 @@ def add_arguments(p) -> None:
     p.add_argument("--metrics-only", action="store_true",
                    help="serve only GET /metrics (no action API, no token): for Prometheus scraping from "
                         "other hosts")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also accept this Host header (e.g. the node's name behind a proxy); by default only "
+                        "the bound address and localhost names are answered (421 otherwise: DNS rebinding)")
 
 
 def bind_error(host: str, port: int, e: OSError, bind_option: str | None) -> GputopError:
@@ -69,7 +73,7 @@ def _listen(bind: str, port: int) -> socket.socket:
 
 
 def run(args) -> int:
-    if args.interval <= 0:
+    if not math.isfinite(args.interval) or args.interval <= 0:
         raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
     if args.metrics_only and (args.create_token or args.token_file):
         raise UsageError("--metrics-only serves no action API: drop --create-token/--token-file")
@@ -83,16 +87,14 @@ def run(args) -> int:
         sock.close()
 
 
-def _serve(args, sock: socket.socket) -> int:
-    import uvicorn
-
-    from gputop.faces import LiveSnapshot
-    from gputop.serve import create_app, create_token, default_token_path, read_token
+def resolve_token(args) -> tuple[Path | None, str]:
+    """(the token file writes need, or None for read-only; a note saying so). Shared with 'mcp --http'."""
+    from gputop.serve import create_token, default_token_path, read_token
 
     token_path: Path | None = Path(args.token_file).expanduser() if args.token_file else default_token_path()
-    if args.metrics_only:
+    if getattr(args, "metrics_only", False):
         token_path, note = None, "metrics only: GET /metrics, no action API"
-    elif args.read_only:
+    elif getattr(args, "read_only", False):
         token_path, note = None, "read-only (--read-only)"
     else:
         token = read_token(token_path)  # refuses a token file others can read: the service does not start
@@ -106,25 +108,38 @@ def _serve(args, sock: socket.socket) -> int:
             token_path = None
         else:
             note = f"writes need the bearer token in {token_path}"
+    return token_path, note
+
+
+def _serve(args, sock: socket.socket) -> int:
+    import uvicorn
+
+    from gputop import faces
+    from gputop.faces import LiveSnapshot
+    from gputop.serve import allowed_hosts, create_app
+
+    token_path, note = resolve_token(args)
     config = config_from(args)
     sampler = open_sampler(args, config)
     live = LiveSnapshot(sampler, config, interval=args.interval)
     try:
         live.start()
+        host, port = sock.getsockname()[:2]
+        hosts = allowed_hosts(host, port, tuple(args.allow_host))
         if args.metrics_only:
             from gputop.metrics import create_metrics_app
 
-            app = create_metrics_app(live)
+            app = create_metrics_app(live)  # no action API; a remote scraper needs no Host check
         else:
-            app = create_app(live, token_path)
-        host, port = sock.getsockname()[:2]
+            app = create_app(live, token_path, hosts=hosts)
         shown = f"[{host}]" if ":" in host else host
         print(f"gputop serve: listening on http://{shown}:{port}  ({note})", file=sys.stderr, flush=True)
         if not ipaddress.ip_address(host).is_loopback:
             print("gputop serve: warning: not bound to loopback; put TLS in front of it before sending a token "
                   "over the network", file=sys.stderr, flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
         server.run(sockets=[sock])
     finally:
         live.close()
+        faces.REFUSALS.flush_all()  # the count of refusals coalesced in the last window
     return 0

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 from gputop.backends import no_gpu_message
-from gputop.commands._common import open_sampler, print_json, table
+from gputop.commands._common import fit_last, open_sampler, print_json, table
 from gputop.errors import UsageError
 from gputop.ownership import NONE, Owner
 from gputop.textsafe import visible
@@ -55,6 +56,9 @@ def run(args) -> int:
         print_json(snap.to_dict(), compact=None)  # one line to a pipe, indented at a terminal
     else:
         print(render(snap, chains=args.chains))
+        note = unavailable_note(snap)
+        if note:
+            print(f"gputop: note: {note}", file=sys.stderr)
     return 0
 
 
@@ -69,6 +73,14 @@ def owner_cell(owner: Owner | None) -> str:
 
 def _pct(v) -> str:
     return fmt_opt(v, "{:.0f}%")
+
+
+def job_cell(h) -> str:
+    """The JOB column: Slurm job id (.step) and its state, e.g. ``42.batch RUNNING``; ``-``: no job."""
+    if h.job is None:
+        return "-"
+    st = h.job_state
+    return f"{h.job.label()} {st.state if st is not None and st.state else 'state?'}"
 
 
 def render(snap: Snapshot, chains: bool = False) -> str:
@@ -92,15 +104,18 @@ def render(snap: Snapshot, chains: bool = False) -> str:
     if snap.holders:
         out.append("")
         owners = any(h.owner is not None for h in snap.holders)  # not read off Linux: no column
+        jobs = any(getattr(h, "job", None) is not None for h in snap.holders)  # a Slurm node: a JOB column
         rows = []
         for h in snap.holders:
             rows.append([
-                str(h.pid), h.user or "?", h.ctx, ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
+                str(h.pid), h.user or "?", *([job_cell(h)] if jobs else []), h.ctx, ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
                 _pct(h.sm_util), fmt_opt(h.cpu_percent, "{:.0f}%"), fmt_duration(h.runtime),
-                h.verdict.kind, *([owner_cell(h.owner)] if owners else []), h.cmd[:60],
+                h.verdict.kind, *([owner_cell(h.owner)] if owners else []), h.cmd,
             ])
-        out.append(table(rows, ["PID", "USER", "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME", "VERDICT",
-                                *(["OWNER"] if owners else []), "COMMAND"], right={0, 4, 5, 6, 7}))
+        headers = ["PID", "USER", *(["JOB"] if jobs else []), "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME",
+                   "VERDICT", *(["OWNER"] if owners else []), "COMMAND"]
+        shift = 1 if jobs else 0
+        out.append(table(fit_last(rows, headers), headers, right={0, 4 + shift, 5 + shift, 6 + shift, 7 + shift}))
         for h in snap.holders:
             # Not-orphan with an orphan test on record: an ownership rule (systemd unit, live login) overruled it.
             if h.verdict.kind != "not-orphan" or h.verdict.orphan_reason:
@@ -118,7 +133,12 @@ def render(snap: Snapshot, chains: bool = False) -> str:
                        f"{','.join(map(str, r.gpus))}, {fmt_bytes(r.gpu_memory)}; {visible(r.reason)}")
     for w in snap.warnings:
         out.append(f"warning: {visible(w)}")
+    return "\n".join(out)
+
+
+def unavailable_note(snap: Snapshot) -> str | None:
+    """Backends that could not be opened while others work: a note for stderr, never in the table."""
     unavailable = [s for s in snap.backends if not s.available]
     if unavailable and snap.devices:
-        out.append("backends unavailable: " + "; ".join(s.reason for s in unavailable))
-    return "\n".join(out)
+        return "backends unavailable: " + "; ".join(s.reason for s in unavailable)
+    return None

@@ -11,6 +11,7 @@ tree (``yaml.compose``), so they point at the offending key or value.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from gputop import safeyaml, saferegex
 from gputop.errors import UsageError
 from gputop.units import parse_duration, parse_memory
 
@@ -210,12 +212,17 @@ def _convert(node: yaml.Node, loader: yaml.SafeLoader, issues: list[Issue]):
 def _compose(text: str, source: str):
     issues: list[Issue] = []
     try:
-        loader = yaml.SafeLoader(text)  # the reader rejects control characters (e.g. NUL) right here
+        # Bounded: size, node count, alias expansion and depth are capped while composing (billion laughs).
+        loader = safeyaml.BoundedLoader(text)  # the reader rejects control characters (e.g. NUL) right here
+    except safeyaml.YamlLimitError as e:
+        raise PolicyError([Issue(None, None, f"invalid policy: {e}")], source) from None
     except yaml.YAMLError as e:
         raise PolicyError([Issue(None, None, f"not a YAML text file: {str(e).splitlines()[0]}")], source) from None
     try:
         node = loader.get_single_node()
         data = _convert(node, loader, issues) if node is not None else None
+    except safeyaml.YamlLimitError as e:
+        raise PolicyError([Issue(None, None, f"invalid policy: {e}")], source) from None
     except RecursionError:
         raise PolicyError([Issue(None, None, "YAML nesting too deep (a recursive alias?)")], source) from None
     except yaml.MarkedYAMLError as e:
@@ -347,8 +354,17 @@ def _day(text: str) -> int:
     raise ValueError(text)
 
 
+def _finite(value: object, what: str) -> object:
+    """Refuse .inf and .nan (YAML floats) with a message that says what to write."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value}: write a number, a size such as 8GiB "
+                         "or a duration such as 5m")
+    return value
+
+
 def _parse_value(kind: str, op: str, value: object, ctype: str):
     """Return the parsed value or raise ValueError with a message that says what to write."""
+    _finite(value, ctype)
     listy = op in ("contains_any", "in", "not_in")
     if kind == "string":
         if listy:
@@ -361,9 +377,9 @@ def _parse_value(kind: str, op: str, value: object, ctype: str):
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             raise ValueError(f"{ctype} {op} needs a string, got {_type_name(value)}")
         if op == "matches":
-            try:
-                return re.compile(str(value))
-            except re.error as e:
+            try:  # bounded (RE2): a command line is chosen by another user
+                return saferegex.compile(str(value))
+            except saferegex.PatternError as e:
                 raise ValueError(f"bad regex {value!r}: {e}") from None
         return str(value)
     if kind == "percent":
@@ -445,7 +461,7 @@ def _condition(c: object, idx: int, line: int, ctx: _Ctx) -> Condition | None:
         try:
             if isinstance(c["duration"], (list, dict)) or c["duration"] is None:
                 raise ValueError(f"bad duration {c['duration']!r}: use seconds or a unit such as 30s, 5m, 2h")
-            duration = parse_duration(c["duration"])
+            duration = parse_duration(_finite(c["duration"], "duration"))
         except ValueError as e:
             ctx.err(_line(c, "duration", line), f"{where}: {e}")
     scope = c.get("scope")
@@ -522,7 +538,7 @@ def _rule(r: object, idx: int, line: int, issues: list[Issue], names: set[str]) 
             try:
                 if isinstance(r[key], (list, dict)) or r[key] is None:
                     raise ValueError(f"bad duration {r[key]!r}: use seconds or a unit such as 30s, 5m, 2h")
-                durations[key] = parse_duration(r[key])
+                durations[key] = parse_duration(_finite(r[key], key))
             except ValueError as e:
                 ctx.err(_line(r, key, rline), f"{key}: {e}")
     desc = r.get("description", "")
@@ -593,8 +609,10 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
 def load_policy(path: str | os.PathLike) -> Policy:
     """Read and validate a policy file. Raises PolicyError (a UsageError, exit code 2)."""
     p = Path(os.path.expanduser(str(path)))
-    try:
-        text = p.read_text(encoding="utf-8")
+    try:  # a regular file only (a FIFO must not block the daemon), and at most safeyaml.MAX_BYTES
+        text = safeyaml.read_regular(p)
+    except ValueError as e:
+        raise PolicyError([Issue(None, None, f"invalid policy: {e}")], str(p)) from None
     except FileNotFoundError:
         raise PolicyError([Issue(None, None, "policy file does not exist: check the path "
                                              "(see examples/policy.yaml)")], str(p)) from None

@@ -122,32 +122,39 @@ def get_mode() -> str:
 
 
 def set_mode(mode: str, face: str) -> str:
-    """Switch the guard mode (atomic, audit-logged). Returns the previous mode."""
+    """Switch the guard mode (atomic, audit-logged). Returns the previous mode.
+
+    A change to the mode already set changes and records nothing. The record is written while the lock
+    is held, so concurrent changes are recorded in the order they were made. Raises AuditLogError when
+    the mode changed but its record could not be written."""
     if mode not in MODES:
         raise UsageError(f"unknown guard mode '{mode}': use one of {', '.join(MODES)}")
     with _locked():
         data = read_state()
         previous = data.get("mode") if data.get("mode") in MODES else DEFAULT_MODE
+        if previous == mode:
+            return previous
         data.update(mode=mode, updated_at=time.time(), updated_by=face)
         _write_json_atomic(state_path(), data)
-    _audit({"at": time.time(), "face": face, "action": "guard-mode", "outcome": "ok",
-            "mode": mode, "previous": previous,
-            "message": f"guard mode {previous} -> {mode} (by {face})"})
+        _audit({"at": time.time(), "face": face, "action": "guard-mode", "outcome": "ok",
+                "mode": mode, "previous": previous,
+                "message": f"guard mode {previous} -> {mode} (by {face})"})
     return previous
 
 
 # ---- policy path ----------------------------------------------------------------------------
 
-def get_policy_path() -> str | None:
+def get_policy_path(config=None) -> str | None:
     """The policy file the guard uses: the one set with set_policy_path, else ``guard.policy`` in the
-    config, else None."""
+    config (``config``, a gputop.config.Config such as the one --config loaded; else the default
+    config), else None."""
     p = read_state().get("policy_file")
     if p:
         return str(p)
     try:
         from gputop.config import load_config
 
-        guard = load_config().extra.get("guard") or {}
+        guard = (config if config is not None else load_config()).extra.get("guard") or {}
     except Exception:
         return None
     p = guard.get("policy") or guard.get("policy_file") if isinstance(guard, dict) else None
@@ -157,10 +164,17 @@ def get_policy_path() -> str | None:
 def set_policy_path(path: str | os.PathLike, face: str) -> None:
     """Point the guard at ``path`` (made absolute). Validate it first: see guard.policy.load_policy."""
     p = str(Path(os.path.expanduser(str(path))).resolve())
-    previous = read_state().get("policy_file")
-    _update(face, policy_file=p, last_error=None)
-    _audit({"at": time.time(), "face": face, "action": "guard-policy", "outcome": "ok",
-            "policy_file": p, "previous": previous, "message": f"guard policy file set to {p} (by {face})"})
+    with _locked():  # read, write and record as one step: concurrent changes are recorded in order
+        data = read_state()
+        previous = data.get("policy_file")
+        if previous == p and not data.get("last_error"):
+            return
+        data.update(policy_file=p, last_error=None, updated_at=time.time(), updated_by=face)
+        _write_json_atomic(state_path(), data)
+        if previous != p:
+            _audit({"at": time.time(), "face": face, "action": "guard-policy", "outcome": "ok",
+                    "policy_file": p, "previous": previous,
+                    "message": f"guard policy file set to {p} (by {face})"})
 
 
 def set_last_error(message: str | None, face: str = "guard") -> None:
@@ -254,10 +268,10 @@ def daemon_status() -> dict:
     return data
 
 
-def status() -> dict:
-    """Everything a face shows about the guard, in one dict."""
+def status(config=None) -> dict:
+    """Everything a face shows about the guard, in one dict (``config``: see get_policy_path)."""
     st = read_state()
-    policy_file = get_policy_path()
+    policy_file = get_policy_path(config)
     valid: bool | None = None
     error = st.get("last_error")
     rules = None

@@ -30,12 +30,15 @@ from gputop.tui import keymap, process_tree
 from gputop.tui.device_pane import DevicePane
 from gputop.tui.history import DeviceHistory
 from gputop.tui.legend import legend_text
-from gputop.tui.process_tree import ColumnHeader, ProcessTree, header_text, use_palette
-from gputop.tui.rows import GROUP_GPU, GROUP_ROOT, SORT_ORDER, build, max_depth
+from gputop.tui.process_tree import ColumnHeader, ProcessTree, column_level, header_text, use_palette
+from gputop.tui.rows import GROUP_GPU, GROUP_JOB, GROUP_ROOT, SORT_ORDER, build, max_depth
+
+GROUP_NAMES = {GROUP_GPU: "GPU", GROUP_ROOT: "orphan root", GROUP_JOB: "Slurm job"}
 from gputop.tui.side_panel import PanelData, SidePanel
 
 MIN_WIDTH, MIN_HEIGHT = 60, 15
 _MAIN_ACTIONS = frozenset(k.action for k in keymap.KEYS)
+FILTER_PLACEHOLDER = "filter: pid, user, name or command (enter keeps, esc clears)"
 SIDE_PANEL_MIN_WIDTH = 120  # below this the side panel starts hidden (b shows it)
 
 
@@ -120,7 +123,7 @@ class PanelSource:
         self._findings: tuple = ()
 
     def __call__(self, snapshot: Snapshot, config: Config) -> PanelData:
-        guard_ok, mode, gerr, hits = False, None, None, ()
+        guard_ok, mode, gerr, hits, daemon, policy = False, None, None, (), None, None
         try:
             from gputop.guard import state as guard_state
         except Exception:
@@ -130,6 +133,10 @@ class PanelSource:
             try:
                 mode = guard_state.get_mode()
                 hits = tuple(guard_state.recent_hits(50))
+                policy = guard_state.get_policy_path()
+                d = guard_state.daemon_status()  # what `gputop guard status` says: is one running?
+                daemon = {"alive": bool(d.get("alive")), "pid": d.get("pid"),
+                          "policy_file": d.get("policy_file"), "mode": d.get("mode")}
             except Exception as e:
                 gerr = f"cannot read guard state: {e}"
         audit_ok, aerr, findings = False, None, ()
@@ -150,7 +157,37 @@ class PanelSource:
                 findings = self._findings
             except Exception as e:
                 aerr = f"audit failed: {e}"
-        return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings)
+        return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings, daemon, policy)
+
+
+# The actions module speaks to the CLI (flags); on this screen the same way out is a button or a key.
+_TUI_WORDING = (
+    ("use --allow-protected for an explicit manual kill", "press Override in the kill dialog to kill it anyway"),
+    ("use --force to send SIGKILL", "kill it again and choose KILL"),
+    ("stop them or use --force to kill them first",
+     "kill its holders first (k), or choose 'Kill holders and reset' in the reset dialog"),
+    ("(sudo gputop reset --gpu", "(run gputop as root; CLI: sudo gputop reset --gpu"),
+    ("(gputop reset --gpu", "(kill them with k first; CLI: gputop reset --gpu"),
+)
+
+
+def tui_wording(message: str) -> str:
+    for cli, tui in _TUI_WORDING:
+        message = message.replace(cli, tui)
+    return message
+
+
+def demo_banner(demo) -> Text:
+    """Where the demo's scenario and state live, and how a second shell uses them (env.sh)."""
+    t = Text(" demo", style="bold")
+    env = getattr(demo, "env_path", None)
+    if env is not None:
+        t.append(" · from a second shell: ")
+        t.append(f". {env}", style="bold")
+        t.append("  (its scenario and state dir)")
+    else:
+        t.append(f"  scenario: {demo.scenario_path}")
+    return t
 
 
 @dataclass(frozen=True)
@@ -187,6 +224,7 @@ class GputopApp(App):
         self.sort_key = "gpu-mem"
         self.sort_reverse = False
         self.filter_text = ""
+        self.search_text = ""
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._sample_error: str | None = None
@@ -197,6 +235,8 @@ class GputopApp(App):
 
     def compose(self) -> ComposeResult:
         yield Static(id="topbar")
+        if self.demo is not None:
+            yield Static(demo_banner(self.demo), id="demo-banner")
         yield VerticalScroll(id="devices")
         with Horizontal(id="main"):
             with Vertical(id="left"):
@@ -204,12 +244,20 @@ class GputopApp(App):
                 yield ProcessTree(id="tree")
             yield SidePanel(id="side")
         yield Static(legend_text(), id="legend")
-        yield Input(placeholder="filter: pid, user, name or command (enter keeps, esc clears)", id="filter")
-        yield Footer()
-        yield Static(id="too-small")
+        yield Input(placeholder=FILTER_PLACEHOLDER, id="filter")
+        yield Input(placeholder="search: pid, user, name or command (F3 next match, enter or esc closes)",
+                    id="search")
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p is in the help; 80 columns fit
 
     def on_mount(self) -> None:
+        from gputop.tui import prefs
+
+        theme = prefs.load().get("theme")
+        if isinstance(theme, str) and theme in self.available_themes and theme != self.theme:
+            self.theme = theme
+        self.theme_changed_signal.subscribe(self, lambda t: prefs.save(theme=t.name))
         self.query_one("#filter", Input).display = False
+        self.query_one("#search", Input).display = False
         self._apply_size()
         self._update_topbar()
         self._update_header()
@@ -223,21 +271,47 @@ class GputopApp(App):
 
     def _apply_size(self, size=None) -> None:
         w, h = size or self.size
-        small = w < MIN_WIDTH or h < MIN_HEIGHT
-        self.screen.set_class(small, "-too-small")
-        if small:
-            self.query_one("#too-small", Static).update(
-                f"Terminal too small: {w}x{h}.\n\ngputop needs at least {MIN_WIDTH}x{MIN_HEIGHT} "
-                f"(80x24 is comfortable).\nEnlarge the window, or press q to quit.")
+        self._too_small(w, h)
         if self._panel_user_choice is None:
             self.query_one("#side", SidePanel).display = w >= SIDE_PANEL_MIN_WIDTH
         tree = self.query_one(ProcessTree)
-        compact = w < 100 or (self.query_one("#side").display and w < 140)
+        compact = column_level(w, self.query_one("#side").display, self.sort_key, self._jobs())
         if compact != tree.compact and self.snapshot is not None:
             self._refresh_tree()
         else:
             tree.compact = compact
         self._update_header()
+
+    def _jobs(self) -> bool:
+        """A JOB column only on a Slurm node: when some holder belongs to a job."""
+        return self.snapshot is not None and any(h.job is not None for h in self.snapshot.holders)
+
+    def fits(self) -> bool:
+        w, h = self.size
+        return w >= MIN_WIDTH and h >= MIN_HEIGHT
+
+    def _too_small(self, w: int, h: int) -> None:
+        """Cover everything, dialogs included, with the too-small message; uncover when it fits again."""
+        from gputop.tui.too_small import TooSmallScreen, message
+
+        small = w < MIN_WIDTH or h < MIN_HEIGHT
+        top = self.screen_stack[-1] if self.screen_stack else None
+        if small and isinstance(top, TooSmallScreen):
+            top.show(message(w, h, MIN_WIDTH, MIN_HEIGHT))
+        elif small:
+            self.push_screen(TooSmallScreen(message(w, h, MIN_WIDTH, MIN_HEIGHT)))
+        elif isinstance(top, TooSmallScreen):
+            self.pop_screen()
+
+    def push_screen(self, screen, *args, **kwargs):
+        """A dialog opened (from a worker) while the terminal is too small goes under the message."""
+        from gputop.tui.too_small import TooSmallScreen
+
+        top = self.screen_stack[-1] if self.screen_stack else None
+        result = super().push_screen(screen, *args, **kwargs)
+        if isinstance(top, TooSmallScreen) and not isinstance(screen, TooSmallScreen):
+            self.call_later(self._apply_size)  # put a message back on top of it
+        return result
 
     # ---- sampling ---------------------------------------------------------------------------------
 
@@ -278,6 +352,8 @@ class GputopApp(App):
         self._wake.set()
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        if self._stop.is_set() or not self.default_screen.query("#topbar"):
+            return  # a sample that arrives while the app shuts down (its widgets already gone)
         snap = message.snapshot
         self.snapshot = snap
         self.panel = message.panel
@@ -294,6 +370,8 @@ class GputopApp(App):
             redraw()
 
     def on_sample_failed(self, message: SampleFailed) -> None:
+        if self._stop.is_set() or not self.default_screen.query("#topbar"):
+            return
         if self._sample_error != message.error:
             self.notify(f"sampling failed: {message.error}", severity="error", timeout=8)
         self._sample_error = message.error
@@ -339,8 +417,7 @@ class GputopApp(App):
         tree = self.query_one(ProcessTree)
         groups = build(self.snapshot, grouping=self.grouping, sort=self.sort_key, reverse=self.sort_reverse,
                        filter_text=self.filter_text)
-        w = self.size.width
-        compact = w < 100 or (self.query_one("#side").display and w < 140)
+        compact = column_level(self.size.width, self.query_one("#side").display, self.sort_key, self._jobs())
         live = {h.pid for h in self.snapshot.holders}
         tree.tagged &= live
         tree.reconcile(groups, max(1, max_depth(groups) - 1), compact)
@@ -385,7 +462,7 @@ class GputopApp(App):
             mode = self.panel.guard_mode or "off"
             t.append("  guard ")
             t.append(mode, style={"enforce": "bold red", "dry-run": "bold yellow"}.get(mode, ""))
-        t.append(f"  by {'GPU' if self.grouping == GROUP_GPU else 'orphan root'}")
+        t.append(f"  by {GROUP_NAMES[self.grouping]}")
         if s is not None:
             t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
         if self._sample_error:
@@ -456,26 +533,60 @@ class GputopApp(App):
         box.value = self.filter_text
         box.focus()
 
+    def action_search(self) -> None:
+        """F3, as in htop: type to jump to the first matching row; F3 in the box jumps to the next match."""
+        box = self.query_one("#search", Input)
+        if box.display:  # F3 while typing: the next match
+            self._search_next(self.search_text, after_cursor=True)
+            return
+        box.display = True
+        box.value = ""
+        box.focus()
+
+    def _search_next(self, text: str, after_cursor: bool) -> bool:
+        """Move the cursor to the next row (after the cursor, wrapping) that matches ``text``."""
+        from gputop.tui.rows import row_matches
+
+        tree = self.query_one(ProcessTree)
+        lines = [line.node for line in tree._tree_lines]
+        if not text or not lines:
+            return False
+        start = tree.cursor_line + 1 if after_cursor else 0
+        for i in range(len(lines)):
+            node = lines[(start + i) % len(lines)]
+            if node.data is not None and row_matches(node.data, text):
+                tree.move_cursor(node)
+                return True
+        return False
+
+    def _close_input(self, box: Input, clear: bool) -> None:
+        box.display = False
+        if box.id == "filter" and clear:
+            box.value = ""
+            self.filter_text = ""
+            self._refresh_tree()
+            self._update_topbar()
+        self.query_one(ProcessTree).focus()
+
     def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id == "filter":
+        if event.input.id == "search":
+            self.search_text = event.value.strip()
+            self._search_next(self.search_text, after_cursor=False)
+        elif event.input.id == "filter":
             self.filter_text = event.value.strip()
             self._refresh_tree()
             self._update_topbar()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id == "filter":
-            event.input.display = False
-            self.query_one(ProcessTree).focus()
+        if event.input.id in ("filter", "search"):
+            self._close_input(event.input, clear=False)
 
     def on_key(self, event) -> None:
-        box = self.query_one("#filter", Input)
-        if event.key == "escape" and box.has_focus:
-            box.value = ""
-            self.filter_text = ""
-            box.display = False
-            self.query_one(ProcessTree).focus()
-            self._refresh_tree()
-            self._update_topbar()
+        focused = self.focused
+        if not isinstance(focused, Input) or focused.id not in ("filter", "search"):
+            return
+        if event.key == "escape":
+            self._close_input(focused, clear=True)
             event.stop()
 
     def action_toggle_tag(self) -> None:
@@ -500,10 +611,13 @@ class GputopApp(App):
         self._update_topbar()
 
     def action_grouping(self) -> None:
-        self.grouping = GROUP_ROOT if self.grouping == GROUP_GPU else GROUP_GPU
+        # GPU -> orphan root -> Slurm job (only where a holder is in a job) -> GPU
+        jobs = self.snapshot is not None and any(h.job is not None for h in self.snapshot.holders)
+        nxt = {GROUP_GPU: GROUP_ROOT, GROUP_ROOT: GROUP_JOB if jobs else GROUP_GPU, GROUP_JOB: GROUP_GPU}
+        self.grouping = nxt.get(self.grouping, GROUP_GPU)
         self._refresh_tree()
         self._update_topbar()
-        self.notify(f"grouped by {'GPU' if self.grouping == GROUP_GPU else 'orphan root'}", timeout=2)
+        self.notify(f"grouped by {GROUP_NAMES[self.grouping]}", timeout=2)
 
     def action_sort(self) -> None:
         i = SORT_ORDER.index(self.sort_key)
@@ -623,7 +737,7 @@ class GputopApp(App):
     def _report(self, result) -> None:
         sev = "information" if result.ok else "error"
         title = f"{result.action} {'done' if result.ok else 'FAILED'}"
-        message = visible(result.message)
+        message = tui_wording(visible(result.message))
         audit_error = (result.details or {}).get("audit_error")
         if audit_error:  # stderr is not visible under the TUI: say it on screen, loudly
             message += f"\nAUDIT LOG NOT WRITTEN: {audit_error}"
@@ -711,14 +825,16 @@ class GputopApp(App):
         if choice is None:
             self.notify("reset cancelled", timeout=2)
             return
-        self._do_reset(index)
+        from gputop.tui.dialogs.reset import FORCE
+
+        self._do_reset(index, choice == FORCE)
 
     @work(thread=True, group="actions")
-    def _do_reset(self, index: int) -> None:
+    def _do_reset(self, index: int, force: bool = False) -> None:
         try:
             from gputop import actions
 
-            r = actions.reset_gpu(index, face="tui", sampler=self.sampler, config=self.config)
+            r = actions.reset_gpu(index, face="tui", force=force, sampler=self.sampler, config=self.config)
             self._report(r)
         except Exception as e:
             self.call_from_thread(self.notify, f"reset GPU {index} failed: {type(e).__name__}: {e}",
@@ -738,7 +854,8 @@ class GputopApp(App):
         modes = guard_state.MODES
         current = self.panel.guard_mode if self.panel.guard_mode in modes else "off"
         target = modes[(modes.index(current) + 1) % len(modes)]
-        self.push_screen(GuardToggleDialog(current, target), partial(self._guard_confirmed, target))
+        self.push_screen(GuardToggleDialog(current, target, self.panel.guard_daemon, self.panel.guard_policy),
+                         partial(self._guard_confirmed, target))
 
     def _guard_confirmed(self, target: str, choice: str | None) -> None:
         if choice is None:

@@ -53,12 +53,21 @@ def line_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
     return out
 
 
+def _pair(a, b, unit: str, what: str) -> str:
+    """``610/700W``; ``power N/A`` when neither is known (not ``N/A/N/AW``); ``610W/N/A`` when one is."""
+    if a is None and b is None:
+        return f"{what} N/A"
+    if a is None or b is None:
+        return f"{_na(a, '{:.0f}' + unit)}/{_na(b, '{:.0f}' + unit)}"
+    return f"{a:.0f}/{b:.0f}{unit}"
+
+
 def sensors_text(d: DeviceSample) -> str:
     """Every sensor of a device on one line: temperature, power and limit, fan, SM and memory clocks."""
     temp = _na(d.temperature, "{:.0f}°C")
-    power = f"{_na(d.power_w, '{:.0f}')}/{_na(d.power_limit_w, '{:.0f}')}W"
+    power = _pair(d.power_w, d.power_limit_w, "W", "power")
     fan = f"fan {_na(d.fan_pct, '{:.0f}%')}"
-    clocks = f"{_na(d.clock_sm_mhz, '{}')}/{_na(d.clock_mem_mhz, '{}')}MHz"
+    clocks = _pair(d.clock_sm_mhz, d.clock_mem_mhz, "MHz", "clocks")
     return f"{temp}  {power}  {fan}  {clocks}"
 
 

@@ -15,8 +15,10 @@ from gputop.tui.legend import legend_text
 
 
 class HelpScreen(ModalScreen):
-    AUTO_FOCUS = "#cancel"
-    BINDINGS = [Binding("escape,q,question_mark", "close", "Close")]
+    # The scrollable body has the focus, so that up/down/pgup/pgdn/home/end reach the legend at the bottom
+    # on an 80x24 terminal without pressing tab first.
+    AUTO_FOCUS = "#help-body"
+    BINDINGS = [Binding("escape,q,question_mark,f1,enter", "close", "Close")]
 
     def __init__(self, readonly: bool = False):
         super().__init__()
@@ -30,8 +32,9 @@ class HelpScreen(ModalScreen):
             if self.readonly and k.destructive:
                 continue
             table.add_row(k.display, k.help)
-        table.add_row("ctrl+p", "Command palette: every action above, by name")
-        table.add_row("up/down", "Move; left/right or enter collapses and expands a branch")
+        table.add_row("ctrl+p", "Command palette: every action above, by name; also picks a theme (remembered)")
+        table.add_row("↑ ↓", "Move the cursor (pgup, pgdn, home, end too)")
+        table.add_row("← →", "Collapse / expand a branch (← on a leaf goes to its parent); enter toggles")
         table.add_row("", "")
         table.add_row(Text("Plot", style="bold underline"), "")
         for k in PLOT_KEYS:
@@ -39,7 +42,7 @@ class HelpScreen(ModalScreen):
         with Vertical(classes="dialog help"):
             yield Static("gputop keys" + ("  (read-only: actions are disabled)" if self.readonly else ""),
                          classes="dialog-title")
-            with VerticalScroll(classes="dialog-body"):
+            with VerticalScroll(classes="dialog-body", id="help-body"):
                 yield Static(table)
                 yield Static(legend_text(long=True))
             yield Button("Close", id="cancel", variant="primary", compact=True)

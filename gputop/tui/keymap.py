@@ -19,29 +19,46 @@ class Key:
 
     @property
     def display(self) -> str:
-        names = {"question_mark": "?", "slash": "/", "space": "space", "escape": "esc"}
-        return "/".join(names.get(k, k) for k in self.key.split(","))
+        return " ".join(key_name(k) for k in self.key.split(","))
+
+
+_NAMES = {"question_mark": "?", "slash": "/", "space": "space", "escape": "esc", "plus": "+", "minus": "-",
+          "equals_sign": "=", "left": "←", "right": "→", "up": "↑", "down": "↓", "enter": "enter"}
+
+
+def key_name(key: str) -> str:
+    """A Textual key name as a person reads it: ``?``, ``+``, ``F5``, ``ctrl+c``."""
+    if key in _NAMES:
+        return _NAMES[key]
+    if len(key) >= 2 and key[0] == "f" and key[1:].isdigit():
+        return key.upper()
+    return key
 
 
 KEYS: tuple[Key, ...] = (
-    Key("question_mark", "help", "Help", "Show every key and what the colours mean"),
+    # htop's function keys sit beside the letters (F1 help, F3 search, F4 filter, F5 tree, F6 sort, F9 kill,
+    # F10 quit); the footer shows the first key of each.
+    Key("question_mark,f1", "help", "Help", "Show every key and what the colours mean"),
     # Quit second: the footer is cut at 80 columns, and q must stay visible there.
-    Key("q", "quit", "Quit", "Quit gputop"),
-    Key("slash", "filter", "Filter", "Filter processes by pid, user, name or command (esc clears)"),
+    Key("q,f10", "quit", "Quit", "Quit gputop"),
+    Key("slash,f4", "filter", "Filter", "Filter processes by pid, user, name or command (esc clears)"),
+    Key("f3", "search", "Search", "Search: jump to the next row whose pid, user, name or command matches",
+        show=False),
     Key("space", "toggle_tag", "Tag", "Tag or untag the selected process (k kills every tagged one)"),
     Key("u", "untag_all", "Untag", "Untag every process", show=False),
-    Key("k", "kill", "Kill", "Kill the selected or tagged processes (choose TERM or KILL)", destructive=True),
+    Key("k,f9", "kill", "Kill", "Kill the selected or tagged processes (choose TERM or KILL)", destructive=True),
     Key("r", "reap", "Reap", "Reap the orphan tree of the selected process, from its root", destructive=True),
     Key("R", "reset", "Reset", "Reset the GPU of the selected row (type its index to confirm)",
         show=False, destructive=True),
     Key("g", "guard", "Guard", "Switch the guard mode (off, dry-run, enforce)", destructive=True),
-    Key("d", "details", "Details", "Details of the selected process: full chain and verdict reason"),
-    Key("o", "grouping", "Group", "Group the tree per GPU or per orphan root"),
-    Key("s", "sort", "Sort", "Sort by the next column (gpu-mem, sm, cpu, host-mem, time, pid, user)"),
+    Key("d", "details", "Details", "Details of the selected process: full chain and verdict reason",
+        show=False),
+    Key("o,f5", "grouping", "Group", "Group the tree per GPU, per orphan root or per Slurm job (htop's F5 tree view)"),
+    Key("s,f6", "sort", "Sort", "Sort by the next column (gpu-mem, sm, cpu, host-mem, time, pid, user)"),
     Key("S", "sort_reverse", "Reverse", "Reverse the sort order", show=False),
-    Key("p", "plot", "Plot", "Open the detailed plot of the selected row's GPU"),
+    Key("p", "plot", "Plot", "Open the detailed plot of the selected row's GPU", show=False),
     Key("b", "panel", "Panel", "Show or hide the side panel (guard hits, audit findings)", show=False),
-    Key("f5", "refresh", "Refresh", "Sample now", show=False),
+    Key("ctrl+l", "refresh", "Refresh", "Sample now and redraw", show=False),
     Key("ctrl+c", "quit", "Quit", "Quit gputop, as top does (ctrl+q too)", show=False),
 )
 

@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import sys
+import signal
 
 from gputop.config import load_config
 from gputop.errors import UsageError
 from gputop.snapshot import Sampler
 
 
+def require_terminal() -> None:
+    """The TUI draws a full screen and reads keys: refuse, with a way out, when either end is not a terminal
+    (``gputop > file``, ``gputop < /dev/null``, a cron job)."""
+    ends = [name for name, f in (("input", sys.stdin), ("output", sys.stdout), ("error", sys.stderr))
+            if f is None or not f.isatty()]
+    if ends:
+        which = ends[0] if len(ends) == 1 else ", ".join(ends[:-1]) + " and " + ends[-1]
+        raise UsageError(f"the full-screen TUI needs a terminal, but standard {which} "
+                         f"{'is not one' if len(ends) == 1 else 'are not'}: run it in a terminal, or use "
+                         "'gputop status' (or 'gputop status --json') for output to a file or a pipe")
+
+
 def run_tui(args) -> int:
     config = load_config(getattr(args, "config", None))
     interval = getattr(args, "interval", None)
-    if interval is not None and interval <= 0:
+    if interval is not None and (not math.isfinite(interval) or interval <= 0):
         raise UsageError(f"--interval must be above 0 seconds, got {interval}")
+    require_terminal()  # after the arguments (their errors first), before the demo starts anything
     stack = contextlib.ExitStack()
     with stack:
         demo = None
@@ -27,11 +43,39 @@ def run_tui(args) -> int:
             scenario, backend = str(demo.scenario_path), "simulated"
             # A sandbox: the demo's guard switch and audit log must not touch the node's real ones.
             os.environ.setdefault("GPUTOP_STATE_DIR", str(demo.dir / "state"))
+            demo.write_env(os.environ["GPUTOP_STATE_DIR"])  # a second shell sources it (see the banner)
         sampler = Sampler.open(backend, scenario, config)
         stack.callback(sampler.close)
         from gputop.tui.app import GputopApp  # imports Textual
 
         app = GputopApp(sampler, config=config, interval=interval, readonly=getattr(args, "readonly", False),
                         demo=demo)
-        app.run()
+        with _exit_on_signals(app):
+            app.run()
         return int(app.return_code or 0)
+
+
+@contextlib.contextmanager
+def _exit_on_signals(app):
+    """SIGTERM and SIGHUP leave through the app's normal exit, which restores the terminal (alternate
+    screen off, mouse tracking off, cursor shown). Exit status 128 + the signal's number."""
+    import asyncio
+
+    def handler(signum, frame):
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not running yet (or any more): nothing on screen to restore
+            raise SystemExit(128 + signum) from None
+        loop.call_soon_threadsafe(lambda: app.exit(return_code=128 + signum))
+
+    saved = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: leave the defaults
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # under nohup SIGHUP stays ignored
+                saved[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, old)

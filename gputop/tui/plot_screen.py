@@ -37,12 +37,16 @@ def plot_text(history: DeviceHistory, index: int, seconds: int, width: int, heig
         xs = [p.at - now for p in pts]
         util = [(x, p.util) for x, p in zip(xs, pts) if p.util is not None]
         mem = [(x, p.mem) for x, p in zip(xs, pts) if p.mem is not None]
+        # No plotext legend: it is drawn inside the canvas, over the newest values. legend() below is
+        # shown in the title line instead, in the colours plotext gives the first and second signal.
+        f.legend(active=False)
         if util:
-            f.draw(f.signal([x for x, _ in util], [y for _, y in util]).label("utilisation %").lines())
+            f.draw(f.signal([x for x, _ in util], [y for _, y in util]).lines())
         if mem:
-            f.draw(f.signal([x for x, _ in mem], [y for _, y in mem]).label("memory %").lines())
+            f.draw(f.signal([x for x, _ in mem], [y for _, y in mem]).lines())
         if not util and not mem:
-            f.draw(f.signal([-seconds, 0], [0, 0]).label("no data"))
+            f.draw(f.signal([-seconds, 0], [0, 0]))
+            title = f"{title} (no data)".strip()
         f.ruler("y").lim(0, 100)
         f.ruler("x").lim(-seconds, 0)
         f.title(title)
@@ -50,6 +54,17 @@ def plot_text(history: DeviceHistory, index: int, seconds: int, width: int, heig
         out = f.build().string(colorless=not color)
         f.clear()
     return Text.from_ansi(out) if color else Text(out)
+
+
+SERIES = (("utilisation %", "color(12)"), ("memory %", "color(10)"))  # plotext's first two colours
+
+
+def legend() -> Text:
+    t = Text()
+    for name, colour in SERIES:
+        t.append("  ━━ ", style=f"bold {colour}")
+        t.append(name)
+    return t
 
 
 class PlotView(Widget):
@@ -87,9 +102,11 @@ class PlotScreen(Screen):
         self._sensors()
 
     def _retitle(self) -> None:
-        self.query_one("#plot-title", Static).update(
-            Text(f" GPU {self.index} · {self.names.get(self.index, '')} · last {RANGES[self.range_i]} s"
-                 f"  (←/→ GPU, +/- range, esc closes)", style="bold"))
+        title = Text(f" GPU {self.index} · {self.names.get(self.index, '')} · last {RANGES[self.range_i]} s",
+                     style="bold")
+        title.append(legend())
+        title.append("  (← → GPU, + - range, esc closes)")
+        self.query_one("#plot-title", Static).update(title)
 
     def _sensors(self) -> None:
         from gputop.tui.device_pane import sensors_text

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.binding import Binding
 from textual.strip import Strip
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
@@ -44,17 +45,59 @@ def use_palette(no_color: bool) -> None:
 use_palette(False)
 
 
-def _make_cols(compact: bool) -> tuple[tuple[str, int, str], ...]:
-    """(title, width, align) of the columns after PID."""
-    cols = [("USER", 6 if compact else 8, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 8, ">"),
-            ("SM%", 4, ">"), ("CPU%", 5, ">")]
-    if not compact:
-        cols.append(("HOST", 6, ">"))
-    cols += [("TIME", 7, ">"), ("COMMAND", 0, "<")]
+WIDE, COMPACT, NARROW = 0, 1, 2  # how many columns fit (``compact``: False/True read as WIDE/COMPACT)
+
+
+def _make_cols(level: int) -> tuple[tuple[str, int, str], ...]:
+    """(title, width, align) of the columns after PID. NARROW (under 80 columns) drops CPU% and TIME so
+    that the command keeps some room."""
+    cols = [("USER", 8 if level == WIDE else 6, "<"), ("T", 3, "<"), ("GPU", 3, ">"), ("GPU-MEM", 8, ">"),
+            ("SM%", 4, ">")]
+    if level != NARROW:
+        cols.append(("CPU%", 5, ">"))
+    if level == WIDE:
+        cols.append(("HOST-MEM", 9, ">"))
+    if level != NARROW:
+        cols.append(("TIME", 7, ">"))
+    cols.append(("COMMAND", 0, "<"))
     return tuple(cols)
 
 
-_COLS = {c: _make_cols(c) for c in (False, True)}  # compact -> columns
+_LEVEL_COLS = {c: _make_cols(c) for c in (WIDE, COMPACT, NARROW)}  # level -> columns
+_WIDTHS = {title: (width, align) for title, width, align in _LEVEL_COLS[WIDE]}
+_WIDTHS_JOB = ("JOB", 10, "<")  # a Slurm node's job id (.step), shown only when some holder has one
+
+
+class _Columns(dict):
+    """layout -> columns. A layout is a level, or (level, sort title): the column sorted by is shown even
+    when the level hides it, in place of the last optional column (TIME; SM% when narrow)."""
+
+    def __missing__(self, layout):
+        level, sort_title, jobs = (tuple(layout) + (False,))[:3] if isinstance(layout, tuple) else (layout, None, False)
+        cols = list(_LEVEL_COLS[level])
+        if jobs:  # JOB goes just before COMMAND
+            cols.insert(len(cols) - 1, _WIDTHS_JOB)
+        titles = [c[0] for c in cols]
+        if sort_title in _WIDTHS and sort_title not in titles:
+            i = titles.index("TIME" if "TIME" in titles else "SM%")
+            cols[i] = (sort_title, *_WIDTHS[sort_title])
+        self[layout] = out = tuple(cols)
+        return out
+
+
+_COLS = _Columns()
+
+
+def column_level(width: int, side_panel: bool, sort: str | None = None, jobs: bool = False):
+    """Which columns fit a terminal ``width`` columns wide (the side panel takes its own 38); with ``sort``,
+    a layout that also shows the column sorted by; with ``jobs``, a JOB column too (a Slurm node)."""
+    if width < 80:
+        level = NARROW
+    else:
+        level = COMPACT if width < 100 or (side_panel and width < 140) else WIDE
+    if sort is None and not jobs:
+        return level
+    return (level, SORTS[sort][0] if sort is not None else None, jobs)
 
 
 def _cell(text: str, width: int, align: str) -> str:
@@ -68,8 +111,12 @@ def header_text(depth_pad: int, compact: bool, sort: str, reverse: bool) -> Text
     """The column header, aligned with rows at depth 1 under a pad of ``depth_pad`` cells."""
     arrow = "▲" if (SORTS[sort][1] == reverse) else "▼"
     sort_title = SORTS[sort][0]
-    out = Text(" " * (GUIDE + EXPANDER) + "  " + "PID".rjust(7) + " " * depth_pad, style="bold")
-    for title, width, align in _COLS[compact]:
+    cols = _COLS[compact]
+    out = Text(" " * (GUIDE + EXPANDER) + "  ", style="bold")
+    pid = "PID" + arrow if sort_title == "PID" else "PID"
+    out.append(pid.rjust(7), style="bold reverse" if pid != "PID" else "bold")
+    out.append(" " * depth_pad)
+    for title, width, align in cols:
         t = title + arrow if title == sort_title else title
         out.append(" ")
         out.append(_cell(t, width, align), style="bold reverse" if t != title else "bold")
@@ -94,13 +141,14 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
         values = {
             "USER": user, "T": h.ctx, "GPU": ",".join(str(g) for g in h.gpus),
             "GPU-MEM": fmt_bytes(h.gpu_memory), "SM%": "N/A" if sm is None else f"{sm:.0f}%",
-            "CPU%": "N/A" if cpu is None else f"{cpu:.0f}%", "HOST": fmt_bytes(h.rss),
+            "CPU%": "N/A" if cpu is None else f"{cpu:.0f}%", "HOST-MEM": fmt_bytes(h.rss),
             "TIME": fmt_duration(h.runtime),
+            "JOB": h.job.label() if h.job is not None else "-",
         }
         cmd = visible(h.cmd)
     else:
-        values = {"USER": user, "HOST": fmt_bytes(p.rss) if p is not None else ""}
-        cmd = visible(p.cmd) if p is not None else ""
+        values = {"USER": user, "HOST-MEM": fmt_bytes(p.rss) if p is not None else ""}
+        cmd = p.cmd if p is not None else ""
     head = ("*" if tagged else " ") + flag + str(node.pid).rjust(7) + " " * max(0, (max_depth - depth) * GUIDE)
     cells = tuple([_cell(values.get(title, ""), width, align) for title, width, align in _COLS[compact][:-1]])
     return ("row", style, tagged, head, cells, h.ctx if h is not None else None, cmd, h is not None)
@@ -117,7 +165,7 @@ def text_from_cells(cells: tuple) -> Text:
     if ctx is not None:  # the T column: the second value
         start = len(head) + 1 + len(values[0]) + 1
         out.stylize(CTX_STYLE.get(ctx, ""), start, start + len(values[1]))
-    elif len(values) > 6:  # an ancestor's host memory is secondary
+    else:  # an ancestor row: its few values are secondary
         out.stylize("dim", len(head) + 1, len(plain))
     out.append(Text(cmd, style="" if is_holder else "dim"))  # a command line is never parsed as markup
     return out
@@ -134,6 +182,14 @@ class ColumnHeader(Static):
 
 class ProcessTree(Tree[Node]):
     """A Tree of groups, ancestor chains and holders, reconciled by key."""
+
+    # Tree binds space to toggle_node, and a focused widget's keys run before the app's: space tags here,
+    # as in htop and nvitop (enter still toggles a branch). Left and right collapse and expand.
+    BINDINGS = [
+        Binding("space", "app.toggle_tag", "Tag"),
+        Binding("left", "collapse_or_parent", "Collapse", show=False),
+        Binding("right", "expand_or_child", "Expand", show=False),
+    ]
 
     def __init__(self, **kw):
         super().__init__("processes", **kw)
@@ -270,6 +326,26 @@ class ProcessTree(Tree[Node]):
         if isinstance(label, str):
             label = Text(label)
         return label
+
+    def action_collapse_or_parent(self) -> None:
+        """Collapse the branch under the cursor; on a leaf or a collapsed branch, go to its parent."""
+        node = self.cursor_node
+        if node is None:
+            return
+        if node.allow_expand and node.is_expanded:
+            node.collapse()
+        elif node.parent is not None and node.parent is not self.root:
+            self.move_cursor(node.parent)
+
+    def action_expand_or_child(self) -> None:
+        """Expand the branch under the cursor; on an expanded one, go to its first child."""
+        node = self.cursor_node
+        if node is None or not node.allow_expand:
+            return
+        if not node.is_expanded:
+            node.expand()
+        elif node.children:
+            self.move_cursor(node.children[0])
 
     @property
     def selected(self) -> Node | None:

@@ -16,14 +16,15 @@ from gputop.textsafe import visible
 
 GROUP_GPU = "gpu"
 GROUP_ROOT = "root"
-GROUPINGS = (GROUP_GPU, GROUP_ROOT)
+GROUP_JOB = "job"
+GROUPINGS = (GROUP_GPU, GROUP_ROOT, GROUP_JOB)
 
 # name -> (title, key function over a holder, descending by default)
 SORTS: dict[str, tuple[str, bool]] = {
     "gpu-mem": ("GPU-MEM", True),
     "sm": ("SM%", True),
     "cpu": ("CPU%", True),
-    "host-mem": ("HOST", True),
+    "host-mem": ("HOST-MEM", True),
     "time": ("TIME", True),
     "pid": ("PID", False),
     "user": ("USER", False),
@@ -74,6 +75,17 @@ def matches(h: Holder, text: str) -> bool:
         if t == str(p.pid) or t in p.name.lower() or t in p.cmd.lower() or (p.user and t in p.user.lower()):
             return True
     return not h.proc and t in h.cmd.lower()
+
+
+def row_matches(node: "Node", text: str) -> bool:
+    """The search (F3): does this row's pid, user, name or command contain ``text``?"""
+    t = text.lower()
+    p = node.proc
+    if node.pid is not None and t in str(node.pid):
+        return True
+    if p is not None and (t in p.name.lower() or t in p.cmd.lower() or (p.user and t in p.user.lower())):
+        return True
+    return node.holder is not None and t in node.holder.cmd.lower()
 
 
 def shown_chain(h: Holder) -> list[ProcInfo]:
@@ -142,6 +154,28 @@ def _group_title(head: str, holders: list[Holder]) -> str:
     return f"{head} · {n} holder{'s' if n != 1 else ''}{mem}"
 
 
+def _job_groups(holders: list[Holder]) -> list[Node]:
+    """One group per Slurm job (with slurmctld's state), then the holders in no job."""
+    by_job: dict[int | None, list[Holder]] = {}
+    for h in holders:
+        by_job.setdefault(h.job.job_id if h.job is not None else None, []).append(h)
+    groups = []
+    for jid in sorted(j for j in by_job if j is not None):
+        on = by_job[jid]
+        st = on[0].job_state
+        g = Node(f"job{jid}", "group")
+        for h in on:
+            _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
+        state = st.state if st is not None and st.state else "state unknown"
+        g.title = _group_title(f"Slurm job {jid} ({'ended: ' if st is not None and st.ended else ''}{state})", on)
+        groups.append(g)
+    rest = Node("nojob", "group")
+    for h in by_job.get(None, []):
+        _insert(rest, rest.key, h, h.gpus[0] if h.gpus else None)
+    rest.title = _group_title("not in a Slurm job", by_job.get(None, []))
+    return groups + [rest]
+
+
 def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem", reverse: bool = False,
           filter_text: str = "") -> list[Node]:
     """The groups of the tree, each with its chains and holders, sorted and filtered."""
@@ -155,6 +189,8 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
                 _insert(g, g.key, h, d.index)
             g.title = _group_title(f"GPU {d.index} {d.name or ''}".rstrip() + (" (lost)" if d.lost else ""), on)
             groups.append(g)
+    elif grouping == GROUP_JOB:
+        groups = _job_groups(holders)
     else:
         by_root = {r.pid: r for r in snapshot.roots}
         for r in snapshot.roots:
@@ -165,12 +201,18 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
                 _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
             g.title = _group_title(f"orphan tree {r.pid} ({visible(r.proc.name)})", on)
             groups.append(g)
-        rest = Node("rest", "group")
-        on = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
-        for h in on:
-            _insert(rest, rest.key, h, h.gpus[0] if h.gpus else None)
-        rest.title = _group_title("not orphaned", on)
-        groups.append(rest)
+        rest = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
+        # An unknown verdict is not "not orphaned": gputop could not tell (and never kills it).
+        unknown = [h for h in rest if h.verdict.kind == UNKNOWN]
+        for key, head, on in (("rest", "not orphaned", [h for h in rest if h.verdict.kind != UNKNOWN]),
+                              ("unknown", "unknown verdict (not visible, or ancestry unreadable)", unknown)):
+            if key == "unknown" and not on:
+                continue
+            g = Node(key, "group")
+            for h in on:
+                _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
+            g.title = _group_title(head, on)
+            groups.append(g)
     for g in groups:
         for c in g.children:
             _rank(c, sort, reverse)

@@ -30,6 +30,23 @@ class PanelData:
     audit_available: bool = False
     audit_error: str | None = None
     findings: tuple = field(default=())
+    guard_daemon: dict | None = None  # {alive, pid, policy_file, mode}: None when not read
+    guard_policy: str | None = None  # the policy file the guard state names
+
+
+def daemon_line(d: PanelData) -> Text:
+    """Whether a guard daemon runs on this node and which policy it uses (as `gputop guard status`)."""
+    daemon = d.guard_daemon
+    if daemon is None:
+        return Text("")
+    if daemon.get("alive"):
+        policy = daemon.get("policy_file") or d.guard_policy or "?"
+        return Text(f"daemon running, pid {daemon.get('pid')}, policy {policy}")
+    t = Text("no guard daemon running", style="bold yellow")
+    t.append(" (gputop guard run): the mode is stored, nothing acts on it", style="")
+    if d.guard_policy:
+        t.append(f"; policy {d.guard_policy}")
+    return t
 
 
 def _hhmmss(t) -> str:
@@ -49,6 +66,10 @@ def guard_text(d: PanelData) -> Text:
     mode = d.guard_mode or "off"
     t.append("  mode ")
     t.append(mode, style={"enforce": "bold reverse red", "dry-run": "bold yellow"}.get(mode, "bold"))
+    line = daemon_line(d)
+    if line.plain:
+        t.append("\n")
+        t.append(line)
     if d.guard_error:
         t.append("\n")
         t.append(Text(d.guard_error, style="red"))
@@ -85,7 +106,7 @@ def audit_text(d: PanelData) -> Text:
     for f in d.findings:
         sev = str(getattr(f, "severity", "?"))
         t.append("\n")
-        t.append(sev.upper()[:4].ljust(4), style=SEVERITY_STYLE.get(sev.lower(), "bold"))
+        t.append(sev.upper().ljust(6), style=SEVERITY_STYLE.get(sev.lower(), "bold"))  # MEDIUM, not MEDI
         pid = getattr(f, "pid", None)
         t.append(f" {pid if pid is not None else '-':>7} ")
         t.append(Text(visible(getattr(f, "reason", "") or getattr(f, "rule", ""))))

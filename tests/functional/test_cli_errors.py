@@ -169,8 +169,8 @@ def test_malformed_scenario_exit_code_is_usage(tmp_path):
 
 
 def test_missing_scenario_file(tmp_path):
-    one_line(run_gputop("status", "--scenario", str(tmp_path / "nope.yaml")), EXIT_UNAVAILABLE,
-             "cannot read scenario", "README")
+    one_line(run_gputop("status", "--scenario", str(tmp_path / "nope.yaml")), EXIT_USAGE,
+             "cannot read scenario", "README")  # README "Exit codes": bad input is 2
 
 
 def test_policy_with_errors_lists_each_problem(tmp_path, scenario):

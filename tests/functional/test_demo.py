@@ -73,8 +73,58 @@ def test_demo_keeps_guard_state_and_audit_log_in_its_own_directory(monkeypatch):
                                                           str(self.demo.scenario_path))
 
     monkeypatch.setattr(tui_app.GputopApp, "run", fake_run)
+    monkeypatch.setattr("gputop.tui.launch.require_terminal", lambda: None)
     args = argparse.Namespace(demo=True, backend=None, scenario=None, config=None, interval=None,
                               readonly=False)
     assert run_tui(args) == 0
     demo_dir = os.path.dirname(seen["scenario"])
     assert seen["state"] == os.path.join(demo_dir, "state") and str(seen["guard"]) == seen["state"]
+
+
+def test_kill_9_of_the_demo_leaves_none_of_its_processes():
+    """SIGKILL runs no handler: the watcher sees the pipe close and kills what the demo started."""
+    from gputop.procs import start_time
+
+    code = ("import json, sys, time\nfrom gputop.demo import Demo\nd = Demo(animate=False).start()\n"
+            "print(json.dumps({'dir': str(d.dir), 'procs': {r: [p.pid, p.start_time] for r, p in d.procs.items()},"
+            " 'watcher': d._watcher.pid}), flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    try:
+        info = json.loads(p.stdout.readline())
+        procs = info["procs"]
+        assert all(start_time(pid) == start for pid, start in procs.values())
+        bystander = subprocess.Popen(["sleep", "60"])  # not the demo's: must survive
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(5)
+        for role, (pid, start) in procs.items():
+            assert wait_gone(pid, 10) or start_time(pid) != start, f"{role} ({pid}) survived kill -9"
+        assert wait_gone(info["watcher"], 10)
+        assert not os.path.exists(info["dir"])
+        assert bystander.poll() is None
+        bystander.kill()
+        bystander.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_the_demo_writes_env_sh_for_a_second_shell(tmp_path):
+    with Demo(animate=False) as demo:
+        env = subprocess.run(["sh", "-c", f". {demo.env_path} && echo $GPUTOP_SCENARIO && echo $GPUTOP_STATE_DIR"],
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert env[0] == str(demo.scenario_path)
+        # From that shell, `gputop status` sees the demo's processes.
+        out = subprocess.run([sys.executable, "-m", "gputop", "status", "--json"], capture_output=True, text=True,
+                             env={**os.environ, "GPUTOP_SCENARIO": env[0], "GPUTOP_STATE_DIR": env[1]})
+        assert out.returncode == 0, out.stderr
+        pids = {h["pid"] for h in json.loads(out.stdout)["holders"]}
+        assert demo.pid("miner") in pids and demo.pid("worker0") in pids
+
+
+def test_the_tui_refuses_without_a_terminal():
+    from tests.conftest import run_gputop
+
+    r = run_gputop("--demo")  # stdin, stdout and stderr are pipes here
+    assert r.returncode == 2 and "needs a terminal" in r.stderr and "gputop status" in r.stderr
+    assert "Traceback" not in r.stderr

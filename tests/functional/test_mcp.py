@@ -44,6 +44,12 @@ def data(result) -> dict:
     return result.structured_content
 
 
+def refusal(result) -> dict:
+    """A refusal comes back with isError true, and the whole result as structured content."""
+    assert result.is_error, result.content
+    return result.structured_content
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -80,7 +86,7 @@ def test_kill_needs_confirm_and_leaves_an_audit_line(demo):
     async def go(c):
         preview = data(await c.call_tool("kill_process", {"pid": w1}))
         still = alive(w1)
-        refused = data(await c.call_tool("kill_process", {"pid": demo.pid("jupyter"), "confirm": True}))
+        refused = refusal(await c.call_tool("kill_process", {"pid": demo.pid("jupyter"), "confirm": True}))
         done = data(await c.call_tool("kill_process", {"pid": w1, "confirm": True}))
         return preview, still, refused, done
 
@@ -104,11 +110,11 @@ def test_reap_reset_and_guard_mode_previews(demo):
     async def go(c):
         prev = data(await c.call_tool("reap_orphans", {}))
         alive_after_preview = alive(root)
-        reset_prev = data(await c.call_tool("reset_gpu", {"index": 0}))
+        reset_prev = refusal(await c.call_tool("reset_gpu", {"index": 0}))
         enforce_prev = data(await c.call_tool("guard_set_mode", {"mode": "enforce"}))
         mode_after_preview = data(await c.call_tool("guard_status", {}))["mode"]
         reap = data(await c.call_tool("reap_orphans", {"confirm": True, "roots": [root]}))
-        reset = data(await c.call_tool("reset_gpu", {"index": 0, "confirm": True}))
+        reset = refusal(await c.call_tool("reset_gpu", {"index": 0, "confirm": True}))
         dry = data(await c.call_tool("guard_set_mode", {"mode": "dry-run"}))
         return prev, alive_after_preview, reset_prev, enforce_prev, mode_after_preview, reap, reset, dry
 
@@ -120,3 +126,53 @@ def test_reap_reset_and_guard_mode_previews(demo):
     assert reset["ok"] is False and reset["outcome"] == "busy"
     assert alive(w0)
     assert dry["mode"] == "dry-run" and dry["previous"] == "off"
+
+
+def test_tool_schemas_describe_every_parameter(demo):
+    async def go(c):
+        return (await c.list_tools()).tools
+
+    tools = session(go)
+    for t in tools:
+        assert t.title, t.name
+        assert t.description and "\n    " not in t.description, (t.name, t.description)
+        for pname, prop in t.input_schema.get("properties", {}).items():
+            assert prop.get("description"), (t.name, pname)
+        assert "ctx" not in t.input_schema.get("properties", {})
+    mode = next(t for t in tools if t.name == "guard_set_mode").input_schema["properties"]["mode"]
+    assert mode.get("enum") == ["off", "dry-run", "enforce"], mode
+
+
+def _as_nobody(fn):
+    """Run ``fn()`` in a forked child that dropped to uid/gid 65534; its return value (picklable)."""
+    import multiprocessing
+
+    def child(q):
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        q.put(fn())
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    out = q.get(timeout=30)
+    p.join(10)
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to nobody")
+def test_previews_say_a_signal_or_reset_would_be_refused_for_lack_of_permission(procs):
+    from gputop import mcp_server, permissions
+
+    victim = procs.sleeper("rootjob")
+    out = _as_nobody(lambda: mcp_server._preview_kill({"ok": True, "outcome": "dry-run"}, victim.pid))
+    assert out["ok"] is False and out["outcome"] == "permission-denied", out
+    assert "would be refused: permission denied" in out["message"] and "refused" in out["next"]
+    why = _as_nobody(lambda: permissions.reset_refusal([victim.pid], True, "nvml"))
+    assert why and "needs root" in why
+    why = _as_nobody(lambda: permissions.reset_refusal([victim.pid], True, "simulated"))
+    assert why and f"pid {victim.pid}" in why
+    assert permissions.signal_refusal(victim.pid) is None  # root may
+    assert alive(victim.pid)

@@ -180,3 +180,21 @@ def _process_series(url: str, pid: int) -> dict:
                   if x.labels["pid"] == str(pid)]
     return {"memory": labels("gputop_process_gpu_memory_bytes"),
             "sm": labels("gputop_process_sm_utilization_ratio"), "verdict": verdict}
+
+
+def test_every_visible_holder_has_an_owner_info_series(served):
+    """The owner (Slurm job, pod, container, unit) is its own info series, one per visible holder."""
+    s, _ = served
+    deadline = time.time() + 20
+    while True:
+        fams = families(httpx.get(s.url + "/metrics").text)
+        visible = {x.labels["pid"] for x in fams["gputop_process_verdict_info"].samples
+                   if x.labels["verdict"] != "unknown"}
+        if visible or time.time() > deadline:
+            break
+        time.sleep(0.3)
+    owners = {x.labels["pid"]: x.labels for x in fams["gputop_process_owner_info"].samples}
+    assert visible and visible <= set(owners), (visible, owners)
+    for labels in owners.values():
+        assert labels["owner_kind"] in ("none", "service", "session", "container", "pod", "slurm")
+        assert set(labels) == {"pid", "Hostname", "owner_kind", "slurm_job", "pod", "container", "unit"}

@@ -535,3 +535,13 @@ def test_cli_reset_refusals_leave_every_process_alone(nvml, procs):
     out = json.loads(r.stdout)
     assert out["ok"] is False and "nvidia-smi not found" in out["message"]
     assert bystander.poll() is None
+
+
+def test_a_garbage_library_is_reported_as_failing_to_load(tmp_path):
+    (tmp_path / "libnvidia-ml.so.1").write_bytes(b"this is not an ELF file\n" * 100)
+    env = _env({"LD_LIBRARY_PATH": str(tmp_path)})
+    env.pop("GPUTOP_BACKEND", None)
+    r = run_gputop("status", env=env)
+    out = r.stdout + r.stderr
+    assert "libnvidia-ml.so.1 failed to load:" in out, out
+    assert "not found (no NVIDIA driver installed)" not in out

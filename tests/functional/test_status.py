@@ -168,7 +168,7 @@ def test_bad_scenario_is_one_line_error(tmp_path):
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "holders[0]" in r.stderr and "pid" in r.stderr
     r = run_gputop("status", "--scenario", str(tmp_path / "missing.yaml"))
-    assert r.returncode == 6 and "cannot read scenario" in r.stderr
+    assert r.returncode == 2 and "cannot read scenario" in r.stderr  # bad input (README "Exit codes")
 
 
 def test_status_does_not_import_textual(scenario):

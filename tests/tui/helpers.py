@@ -121,7 +121,9 @@ def frozen_panel(snapshot, config) -> PanelData:
     findings = (Finding("high", "miner-name", 3200, "process name 'xmrig' is a known crypto miner", "comm=xmrig"),
                 Finding("medium", "pool-port", 3200, "connected to a mining pool port (3333)", "tcp 3333"))
     return PanelData(guard_available=True, guard_mode="dry-run", hits=hits, audit_available=True,
-                     findings=findings)
+                     findings=findings, guard_policy="/etc/gputop/policy.yaml",
+                     guard_daemon={"alive": True, "pid": 4242, "policy_file": "/etc/gputop/policy.yaml",
+                                   "mode": "dry-run"})
 
 
 def seed_history(app, snapshot: Snapshot, n: int = 120) -> None:

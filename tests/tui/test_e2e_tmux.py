@@ -111,3 +111,139 @@ def test_installed_gputop_kills_a_process_from_the_keyboard(procs, scenario, tmp
         assert bystander.poll() is None
     finally:
         tmux("kill-server", check=False)
+
+
+# ---- the installed `gputop --demo` at 80x24 (issue 14) ---------------------------------------------
+
+def _demo_session(tmp_path, cmd_tail: str = "; echo GPUTOP-EXIT=$?; sleep 30", exec_: bool = False):
+    exe = installed_gputop()
+    if exe is None:
+        pytest.skip("the gputop console script is not installed (pip install -e .)")
+    config = tmp_path / "config.yaml"
+    config.write_text("protect: []\n")  # the test runner may itself run inside tmux or screen
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TMUX", "GPUTOP_STATE_DIR"))}
+    env.update(TERM="xterm-256color", GPUTOP_CONFIG=str(config))
+    tmux = Tmux(tmp_path / "tmux.sock")
+    cmd = f"exec {exe} --demo --interval 0.5" if exec_ else f"{exe} --demo --interval 0.5{cmd_tail}"
+    subprocess.run(tmux.base + ["-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "80", "-y", "24",
+                                cmd], env=env, check=True, timeout=10)
+    return tmux
+
+
+def _demo_procs(tmux: Tmux) -> tuple[Path, dict]:
+    """The demo's dir (from the DEMO line on screen) and its processes: role -> (pid, start time)."""
+    import json
+    import re
+
+    screen = tmux.wait_for("env.sh", timeout=30)
+    demo_dir = Path(re.search(r"\. (/\S+)/env\.sh", screen).group(1))
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            procs = json.loads((demo_dir / "procs.json").read_text())
+            if {"miner", "graphics", "jupyter"} <= set(procs):
+                return demo_dir, {role: tuple(v) for role, v in procs.items()}
+        except (OSError, ValueError):
+            pass
+        assert time.monotonic() < deadline, "the demo wrote no procs.json"
+        time.sleep(0.1)
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _same(pid: int, start) -> bool:
+    from gputop.procs import start_time
+
+    return _proc_state(pid) not in (None, "Z") and start_time(pid) == start
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
+@pytest.mark.slow
+def test_demo_tag_two_with_space_and_kill_both(tmp_path):
+    tmux = _demo_session(tmp_path)
+    try:
+        demo_dir, procs = _demo_procs(tmux)
+        miner, gfx = procs["miner"][0], procs["graphics"][0]
+        tmux.wait_for_row(str(miner))
+        for word in ("xmrig", "glxgears"):  # F3 search puts the cursor on the row; space tags it
+            tmux.keys("F3")
+            tmux.wait_for("search: pid")
+            tmux.keys("-l", word)
+            time.sleep(0.5)
+            tmux.keys("Enter")
+            deadline = time.monotonic() + 10
+            while "▔▔▔" in tmux.screen():  # the search box (its border) is still open
+                assert time.monotonic() < deadline, tmux.screen()
+                time.sleep(0.1)
+            tmux.keys("Space")
+            time.sleep(0.5)
+        screen = tmux.wait_for("2 tagged")
+        for pid in (miner, gfx):
+            assert any(f"*" in line.split(str(pid))[0] for line in screen.splitlines() if str(pid) in line), screen
+        tmux.keys("k")
+        tmux.wait_for("Kill 2 tagged processes?")
+        tmux.keys("Tab")  # Cancel -> TERM
+        tmux.keys("Enter")
+        for pid in (miner, gfx):  # /proc: gone, or a zombie that init has not reaped yet (it has exited)
+            assert wait_gone(pid, 15), tmux.screen()
+            assert _proc_state(pid) in (None, "Z"), (pid, _proc_state(pid))
+        # Nothing else: every other demo process is still the same process.
+        for role, (pid, start) in procs.items():
+            if role not in ("miner", "graphics"):
+                assert _same(pid, start), f"{role} ({pid}) was killed too"
+        tmux.keys("q")
+        screen = tmux.wait_for("GPUTOP-EXIT=")
+        assert "GPUTOP-EXIT=0" in screen, screen
+        for role, (pid, _) in procs.items():
+            assert wait_gone(pid, 10), f"{role} ({pid}) outlived the demo"
+    finally:
+        tmux("kill-server", check=False)
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
+@pytest.mark.slow
+def test_kill_9_of_the_demo_leaves_none_of_its_processes(tmp_path):
+    tmux = _demo_session(tmp_path, exec_=True)
+    try:
+        demo_dir, procs = _demo_procs(tmux)
+        gputop_pid = int(tmux("display-message", "-p", "-t", "e2e", "#{pane_pid}").strip())
+        assert all(_same(pid, start) for pid, start in procs.values())
+        os.kill(gputop_pid, 9)
+        for role, (pid, start) in procs.items():
+            deadline = time.monotonic() + 15
+            while _same(pid, start):
+                assert time.monotonic() < deadline, f"{role} ({pid}) survived kill -9 of gputop --demo"
+                time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while demo_dir.exists():
+            assert time.monotonic() < deadline, f"{demo_dir} was left behind"
+            time.sleep(0.1)
+    finally:
+        tmux("kill-server", check=False)
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
+@pytest.mark.slow
+def test_too_small_message_wins_over_an_open_dialog(tmp_path):
+    tmux = _demo_session(tmp_path)
+    try:
+        _demo_procs(tmux)
+        tmux.keys("g")
+        tmux.wait_for("Switch guard mode")
+        tmux("resize-window", "-t", "e2e", "-x", "50", "-y", "12")
+        tmux.wait_for("Terminal too small")
+        tmux("resize-window", "-t", "e2e", "-x", "80", "-y", "24")
+        tmux.wait_for("Switch guard mode")  # the dialog is back, unchanged
+        tmux("resize-window", "-t", "e2e", "-x", "50", "-y", "12")
+        tmux.wait_for("Terminal too small")
+        tmux.keys("q")
+        screen = tmux.wait_for("GPUTOP-EXIT=")
+        assert "GPUTOP-EXIT=0" in screen, screen
+    finally:
+        tmux("kill-server", check=False)

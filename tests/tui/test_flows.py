@@ -179,6 +179,8 @@ async def test_a_refused_kill_is_shown_as_a_failure(procs, scenario):
         assert await wait_until(pilot, lambda: any(n.severity == "error" for n in app._notifications))
         note = next(n for n in app._notifications if n.severity == "error")
         assert "FAILED" in (note.title or "") and "protect" in note.message
+        # The way out on this screen is the Override button, not a CLI flag.
+        assert "--allow-protected" not in note.message and "Override" in note.message, note.message
     assert alive(victim.pid)
     assert any(r.get("face") == "tui" and not r.get("ok") for r in audit_records("kill"))
 
@@ -246,18 +248,58 @@ async def test_reset_needs_the_typed_gpu_index(procs, scenario):
         await pilot.press("R")
         assert await wait_screen(pilot, "ResetDialog")
         dialog = app.screen
-        assert dialog.focused.id == "cancel"
+        assert dialog.focused.id == "confirm-index"  # typing works at once; the button stays disarmed
         button = dialog.query_one("#reset")
-        await pilot.press("tab")  # to the index box
-        assert dialog.focused.id == "confirm-index"
         await pilot.press("0")
         assert button.disabled  # the wrong index does not arm it
-        await pilot.press("backspace", "1")
-        assert not button.disabled
+        await pilot.press("enter")  # and enter with it cancels
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert audit_records("reset") == []
+        await pilot.press("R")
+        assert await wait_screen(pilot, "ResetDialog")
+        await pilot.press("enter")  # an empty answer cancels too
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert audit_records("reset") == []
+        await pilot.press("R")
+        assert await wait_screen(pilot, "ResetDialog")
+        await pilot.press("1")
+        assert not app.screen.query_one("#reset").disabled
         await pilot.press("enter")
         assert await wait_until(pilot, lambda: any("reset" in (n.title or "") for n in app._notifications))
     assert any(r.get("face") == "tui" and (r.get("target") or {}).get("gpu") == 1 and r.get("ok")
                for r in audit_records("reset")), audit_records("reset")
+
+
+@run_async
+async def test_reset_dialog_offers_only_what_would_be_done(procs, scenario):
+    from gputop.config import Config
+    from gputop.snapshot import Sampler
+    from gputop.tui.app import GputopApp
+
+    keep = procs.sleeper("keepme")
+    held = procs.sleeper("heldjob")
+    path = scenario([{"pid": keep.pid, "gpu": 0, "memory": "4GiB"}, {"pid": held.pid, "gpu": 1, "memory": "1GiB"}],
+                    gpus=2)
+    config = Config(protect=("keepme",))
+    app = GputopApp(Sampler.open("simulated", str(path), config), config=config, interval=0.2)
+    async with app.run_test(size=(100, 30)) as pilot:
+        assert await wait_row(pilot, f"gpu1/{held.pid}")
+        assert app.select_key("gpu0")  # held by a protected process: the reset would be refused
+        await pilot.press("R")
+        assert await wait_screen(pilot, "ResetDialog")
+        assert not app.screen.query("#reset") and not app.screen.query("#force")
+        assert "would be refused" in screen_text(app) and app.screen.focused.id == "cancel"
+        await pilot.press("escape")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert app.select_key("gpu1")  # held by an ordinary process: kill it first, then reset
+        await pilot.press("R")
+        assert await wait_screen(pilot, "ResetDialog")
+        assert not app.screen.query("#reset") and app.screen.query("#force")
+        await pilot.press("1", "enter")
+        assert await wait_until(pilot, lambda: held.poll() is not None, timeout=15)
+        assert await wait_until(pilot, lambda: any(r.get("ok") and r.get("force")
+                                                   for r in audit_records("reset")))
+    assert alive(keep.pid)
 
 
 @run_async

@@ -115,3 +115,21 @@ def test_no_color(snap_compare, monkeypatch):
     app = make_app()
     assert app.no_color
     assert snap_compare(app, terminal_size=(80, 24), run_before=ready())
+
+
+def test_main_screen_60x15(snap_compare):
+    # The smallest size gputop runs at: the COMMAND column keeps some room (CPU% and TIME give way).
+    assert snap_compare(make_app(), terminal_size=(60, 15), run_before=ready())
+
+
+def test_reset_dialog_for_a_held_gpu(snap_compare):
+    # Held by an ordinary process: "Kill holders and reset", the index box focused.
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=ready("R", select="gpu0/1101"))
+
+
+def test_tagged_rows_and_sort_by_a_hidden_column(snap_compare):
+    # Two rows tagged with space (marked *, counted on the top line; space moves down, as in htop); sorted
+    # by HOST-MEM, which 80 columns do not show: it takes the place of TIME, with the sort mark.
+    assert snap_compare(make_app(), terminal_size=(80, 24),
+                        run_before=ready("space", "down", "down", "down", "space", "s", "s", "s",
+                                         select="gpu0/1101"))

@@ -146,7 +146,7 @@ def test_yaml_syntax_error_has_line(tmp_path):
     ("rulez: []\n", "unknown top-level key 'rulez'"),
     ("- a\n- b\n", "expected a mapping with 'rules:'"),
     ('rules:\n  - name: "a\0b"\n', "not a YAML text file"),
-    ("a: &x [*x]\nrules: *x\n", "nesting too deep"),
+    ("a: &x [*x]\nrules: *x\n", "recursive alias"),
 ])
 def test_top_level_problems(text, fragment):
     with pytest.raises(PolicyError) as ei:
@@ -178,3 +178,17 @@ def test_missing_file_is_a_usage_error(tmp_path):
     with pytest.raises(PolicyError) as ei:
         load_policy(tmp_path / "nope.yaml")
     assert "does not exist" in str(ei.value) and ei.value.exit_code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("cond,extra,line,fragment", [
+    ("{type: gpu_memory, operator: '>', value: .inf}", "", 4, "gpu_memory must be a finite number, got inf"),
+    ("{type: gpu_utilization, operator: '>', value: .nan}", "", 4, "gpu_utilization must be a finite number"),
+    ("{type: runtime, operator: '>', value: 5, duration: .nan}", "", 4, "duration must be a finite number"),
+    ("{type: orphan, operator: '==', value: true}", "    timeout: .inf\n", 6, "timeout must be a finite number"),
+])
+def test_non_finite_numbers_are_rejected_with_the_line(cond, extra, line, fragment):
+    text = f"rules:\n  - name: r\n    conditions:\n      - {cond}\n    action: kill\n{extra}"
+    with pytest.raises(PolicyError) as ei:
+        parse_policy(text)
+    assert f"line {line}: rule 'r': " in str(ei.value) and fragment in str(ei.value), str(ei.value)
+    assert "Traceback" not in str(ei.value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gputop.orphans import (
     DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE, NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, classify, compile_protect,
 )
@@ -134,9 +136,27 @@ def test_the_jupyter_kernel_is_protected_by_the_default_cmdline_pattern():
 def test_init_and_subreaper_are_not_checked_for_protection():
     # The subreaper's cmdline matches "screen", but it must not protect the orphans it adopted.
     t = Table(P(1, 0, "systemd", 1, 1, "/sbin/init splash screen"),
-              P(40, 1, "reaper", 5, 40, "screen-manager"),
+              P(40, 1, "tini", 5, 40, "/usr/bin/screen-tini --"),
               P(81, 40, "bash", 50, 80), P(82, 81, "python", 60, 80))
     assert classify(82, t, protect=PROTECT).kind == ORPHAN
+
+
+def test_a_live_parent_in_another_session_that_is_no_known_subreaper_gives_unknown():
+    # m (pid 40) started the job in session 80, then called setsid: the job's session leader is gone, but its
+    # parent is alive and was never a subreaper that adopted it. gputop cannot tell the two apart: unknown.
+    t = Table(INIT, P(40, 1, "python", 5, 40, "python launcher.py"),
+              P(81, 40, "bash", 50, 80), P(82, 81, "python", 60, 80))
+    v = classify(82, t, protect=PROTECT)
+    assert v.kind == UNKNOWN and "pid 40 (python) is alive in another session" in v.reason
+
+
+@pytest.mark.parametrize("name,cmd", [("systemd", "/lib/systemd/systemd --user"), ("tini", "/sbin/tini --"),
+                                      ("containerd-shim", "/usr/bin/containerd-shim-runc-v2 -id x"),
+                                      ("bash", "/usr/bin/dumb-init bash")])
+def test_a_known_subreaper_adopts(name, cmd):
+    t = Table(INIT, P(40, 1, name, 5, 40, cmd), P(81, 40, "bash", 50, 80), P(82, 81, "python", 60, 80))
+    v = classify(82, t, protect=PROTECT)
+    assert v.kind == ORPHAN and v.reaper == 40
 
 
 def test_nohup_mark_protects_and_can_be_turned_off():

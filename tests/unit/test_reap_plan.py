@@ -74,7 +74,7 @@ FIXTURES = {
     "root-not-orphan": (FixtureTable(INIT, P(60, 1, "bash", 5, 60), P(61, 60, "python", 10, 60)), 61, {61}),
     # the session leader cannot be seen (hidepid): unknown, never reaped.
     "hidden-leader": (FixtureTable(INIT, P(81, 1, "python", 50, 80), hidden=[(80, 1)]), 81, {81}),
-    "subreaper": (FixtureTable(INIT, P(40, 1, "reaper", 5, 40), P(81, 40, "bash", 50, 80),
+    "subreaper": (FixtureTable(INIT, P(40, 1, "systemd", 5, 40), P(81, 40, "bash", 50, 80),
                                P(82, 81, "python", 60, 80), P(83, 82, "python", 61, 83)), 81, {82}),
 }
 

@@ -24,8 +24,11 @@ def test_per_gpu_tree_puts_holders_under_their_session_chain():
 
 def test_per_root_grouping():
     groups = build(frozen_snapshot(), grouping=GROUP_ROOT)
-    assert [g.key for g in groups] == ["root2000", "rest"]
+    assert [g.key for g in groups] == ["root2000", "rest", "unknown"]
     assert keys(groups[:1]) == ["root2000", "root2000/2000", "root2000/2001"]
+    # An unknown verdict gets its own group, not "not orphaned".
+    assert keys(groups[2:]) == ["unknown", "unknown/4194301"]
+    assert "rest/4194301" not in keys(groups)
 
 
 def test_sort_and_reverse():
@@ -68,3 +71,32 @@ def test_history_ring_buffer():
     assert len(h.series(0)) == 5
     assert h.last(0, 2)[-1].util == 96
     assert h.series(3)[-1].util is None  # a lost device has no utilisation, not 0
+
+
+def test_pair_values_without_data_read_na():
+    from gputop.backends.base import DeviceSample
+    from gputop.tui.device_pane import sensors_text
+
+    text = sensors_text(DeviceSample(0, "x"))
+    assert "N/A/N/A" not in text and "clocks N/A" in text and "power N/A" in text
+    assert "1980/2619MHz" in sensors_text(DeviceSample(0, "x", clock_sm_mhz=1980, clock_mem_mhz=2619))
+
+
+def test_side_panel_shows_whole_severity_names():
+    from gputop.rogue import Finding
+    from gputop.tui.side_panel import PanelData, audit_text
+
+    text = audit_text(PanelData(audit_available=True, findings=(Finding("medium", "r", 1, "why", ""),))).plain
+    assert "MEDIUM" in text
+
+
+def test_sort_mark_for_pid_and_for_a_hidden_column():
+    from gputop.tui.process_tree import COMPACT, NARROW, WIDE, header_text
+
+    assert "PID▲" in header_text(0, WIDE, "pid", False).plain
+    assert "HOST-MEM▼" in header_text(0, WIDE, "host-mem", False).plain
+    assert "HOST-MEM" not in header_text(0, COMPACT, "gpu-mem", False).plain  # hidden at this width...
+    compact = header_text(0, (COMPACT, "HOST-MEM"), "host-mem", False).plain  # ...unless sorted by it
+    assert "HOST-MEM▼" in compact and "COMMAND" in compact
+    assert "TIME▼" in header_text(0, (NARROW, "TIME"), "time", False).plain
+    assert "COMMAND" in header_text(0, NARROW, "gpu-mem", False).plain

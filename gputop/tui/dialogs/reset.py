@@ -1,4 +1,9 @@
-"""Reset confirmation: the holders of the GPU, and the user types the GPU index to confirm."""
+"""Reset confirmation: the holders of the GPU, and the user types the GPU index to confirm.
+
+The dialog offers only what the actions module would do: a GPU held by a protected, unknown or invisible
+process gets no reset button at all (the reset would be refused); a GPU held by other processes gets
+"Kill holders and reset" (the kill goes through the same checks as k); a free GPU gets "Reset GPU". The
+index box has the focus, so typing works at once; Enter with any other index (or none) cancels."""
 
 from __future__ import annotations
 
@@ -6,45 +11,70 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Button, Input, Static
 
+from gputop.orphans import PROTECTED, UNKNOWN
 from gputop.tui.dialogs.base import ConfirmDialog
 from gputop.units import fmt_bytes
 from gputop.textsafe import visible
 
+FORCE = "force"
+
+
+def blockers(holders: list) -> list:
+    """Holders that gputop never kills: the reset is refused while they hold the GPU."""
+    return [h for h in holders if not h.visible or h.verdict.kind in (PROTECTED, UNKNOWN)]
+
 
 class ResetDialog(ConfirmDialog):
-    """Returns "reset" (only once the typed index matches) or None."""
+    """Returns "reset", FORCE (kill the holders, then reset) or None. Only a matching typed index confirms."""
 
-    BODY_FOCUSABLE = False  # tab goes from Cancel to the index box
+    BODY_FOCUSABLE = False
 
     def __init__(self, index: int, name: str | None, holders: list):
         super().__init__()
         self.index = index
         self.gpu_name = name
         self.holders = holders
+        self.blocked = blockers(holders)
+        self.choice = None if self.blocked else (FORCE if holders else "reset")
+        self.AUTO_FOCUS = "#cancel" if self.choice is None else "#confirm-index"
         self.DIALOG_TITLE = f"Reset GPU {index} ({name or 'unknown'})?"
 
     def body(self) -> ComposeResult:
         if self.holders:
             text = Text()
-            text.append(f"{len(self.holders)} process(es) hold this GPU; the reset is refused while they do:\n",
-                        style="bold yellow")
+            text.append(f"{len(self.holders)} process(es) hold this GPU:\n", style="bold yellow")
             for h in self.holders:
-                text.append(f"{h.pid:>7} {visible(h.user or '?'):<8} {fmt_bytes(h.gpu_memory):>7}  ")
+                text.append(f"{h.pid:>7} {visible(h.user or '?'):<8} {fmt_bytes(h.gpu_memory):>7} {h.verdict.kind:<11} ")
                 text.append(Text(visible(h.cmd)))
                 text.append("\n")
             text.rstrip()
         else:
             text = Text("No process holds this GPU.")
         yield Static(text)
-        yield Static(f"Type {self.index} to confirm:", classes="dialog-note")
+        if self.choice is None:
+            pids = ", ".join(str(h.pid) for h in self.blocked)
+            yield Static(Text(f"The reset would be refused: gputop never kills pid(s) {pids} (protected, "
+                              "unknown or not visible here). Stop them yourself first, then reset."),
+                         classes="dialog-note")
+            return
+        if self.choice == FORCE:
+            yield Static("A held GPU is not reset. 'Kill holders and reset' kills them first (each checked "
+                         "as k does); or kill them yourself with k, then reset.", classes="dialog-note")
+        yield Static(f"Type {self.index} and press enter to confirm (any other answer cancels):",
+                     classes="dialog-note")
         yield Input(placeholder=f"GPU index ({self.index})", id="confirm-index")
 
     def buttons(self) -> ComposeResult:
-        yield Button("Reset GPU", id="reset", variant="error", disabled=True, compact=True)
+        if self.choice is not None:
+            label = "Kill holders and reset" if self.choice == FORCE else "Reset GPU"
+            yield Button(label, id=self.choice, variant="error", disabled=True, compact=True)
+
+    def _typed_ok(self, value: str) -> bool:
+        return value.strip() == str(self.index)
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        self.query_one("#reset", Button).disabled = event.value.strip() != str(self.index)
+        self.query_one(f"#{self.choice}", Button).disabled = not self._typed_ok(event.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.value.strip() == str(self.index):
-            self.dismiss("reset")
+        event.stop()
+        self.dismiss(self.choice if self._typed_ok(event.value) else None)

@@ -1,0 +1,299 @@
+"""gputop slurm epilog|prolog|check: clean up after Slurm jobs, and keep a job's GPUs free of strays."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+import time
+
+from gputop.commands._common import config_from, open_sampler, print_json
+from gputop.errors import EXIT_FAILURE, EXIT_OK, UsageError
+from gputop.textsafe import visible
+
+NAME = "slurm"
+HELP = "Slurm node hooks: epilog reaps a finished job's leftovers, prolog frees a job's GPUs, check"
+DESCRIPTION = """Slurm node hooks (run as root by slurmd; see README "Running under Slurm" and docs/slurm.md).
+
+  gputop slurm epilog   as Epilog=: every process still alive that belongs to the job in SLURM_JOB_ID
+                        (by cgroup or by environment) and runs as SLURM_JOB_UID is reaped, GPU holders'
+                        trees first. Exit 0 when nothing is left; 1 (Slurm drains the node) only when a
+                        GPU holder of the job survives, named on stderr.
+  gputop slurm prolog   as Prolog=: the job's GPUs (SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, or the GRES IDX
+                        of 'scontrol show job -d') must hold no process of another job. A stray of an ended
+                        job (an orphan) is reaped; a holder of a running job, or one gputop may not reap,
+                        fails the prolog with exit 1 (Slurm requeues the job and drains the node).
+  gputop slurm check    the same checks, read-only. With a job (SLURM_JOB_ID or --job), the prolog's check
+                        of its GPUs; without one, the whole node: exit 1 when any GPU holder is a stray of
+                        an ended Slurm job. For admins and HealthCheckProgram.
+
+Every signal goes through the same planner and executor as 'gputop reap', and every action is in the
+audit log with the job id and uid."""
+
+EPILOG_GRACE = 3.0  # seconds between SIGTERM and SIGKILL: well inside Slurm's epilog time
+DEADLINE = 60.0  # no new tree or process is started on after this many seconds (each wait is bounded)
+
+
+def add_arguments(p) -> None:
+    from gputop.cli import add_common
+
+    sub = p.add_subparsers(dest="slurm_command", metavar="{epilog,prolog,check}")
+    for name, help_ in (("epilog", "reap what the job in SLURM_JOB_ID left behind (Epilog=)"),
+                        ("prolog", "free the job's GPUs of strays; fail on a running job's holder (Prolog=)"),
+                        ("check", "the prolog's checks, or a node-wide stray check, read-only")):
+        sp = sub.add_parser(name, help=help_, description=help_)
+        add_common(sp, suppress=True)
+        sp.add_argument("--job", type=int, metavar="N", help="the job (default: $SLURM_JOB_ID)")
+        sp.add_argument("--uid", type=int, metavar="UID", help="the job's user (default: $SLURM_JOB_UID)")
+        sp.add_argument("--json", action="store_true", help="print JSON")
+        if name != "epilog":
+            sp.add_argument("--gpus", metavar="LIST", help="the job's GPUs, e.g. 0,2-3 (default: from the "
+                            "job's environment or scontrol)")
+        if name != "check":
+            sp.add_argument("--deadline", type=float, default=DEADLINE, metavar="S",
+                            help=f"start on no new tree after S seconds; report what is left (default {DEADLINE:g})")
+            sp.add_argument("--grace", type=float, default=EPILOG_GRACE, metavar="S",
+                            help=f"seconds between SIGTERM and SIGKILL (default {EPILOG_GRACE:g})")
+
+
+def _env_int(args, attr: str, var: str, required: bool) -> int | None:
+    v = getattr(args, attr, None)
+    if v is not None:
+        return v
+    raw = os.environ.get(var)
+    if raw is None or raw == "":
+        if required:
+            raise UsageError(f"no job: {var} is not set (slurmd sets it for Prolog= and Epilog=); "
+                             f"pass --{attr} to run this by hand")
+        return None
+    if not raw.isdigit():
+        raise UsageError(f"{var}={raw!r} is not a number")
+    return int(raw)
+
+
+def run(args) -> int:
+    cmd = getattr(args, "slurm_command", None)
+    if cmd is None:
+        raise UsageError("say which: gputop slurm epilog|prolog|check")
+    if cmd == "epilog":
+        return _epilog(args)
+    return _prolog(args, apply=(cmd == "prolog"))
+
+
+def _emit(args, result: dict, lines: list[str], errors: list[str]) -> None:
+    if args.json:
+        print_json(result)
+    else:
+        for line in lines:
+            print(line)
+    for e in errors:  # always on stderr: slurmd logs a failed hook's stderr
+        print(f"gputop: {e}", file=sys.stderr)
+
+
+def _audit(config, action: str, job: int | None, uid: int | None, ok: bool, message: str, extra: dict) -> None:
+    from gputop import auditlog
+
+    now = time.time()
+    rec = {"at": now, "time": auditlog.iso(now), "host": socket.gethostname(), "actor": auditlog.actor(),
+           "face": "cli", "action": action, "target": {"slurm_job": job, "slurm_uid": uid}, "signals": [],
+           "outcome": "ok" if ok else "failed", "ok": ok, "message": message,
+           "slurm": {"job_id": job, "uid": uid}, **extra}
+    try:
+        auditlog.append(rec, config=config)
+    except auditlog.AuditLogError:
+        pass  # append() has already warned loudly on stderr
+
+
+# ---- epilog --------------------------------------------------------------------------------------
+
+def _epilog(args) -> int:
+    from gputop import slurm as sl
+    from gputop.procs import ProcTable, self_and_ancestors
+
+    job = _env_int(args, "job", "SLURM_JOB_ID", True)
+    uid = _env_int(args, "uid", "SLURM_JOB_UID", True)
+    config = dataclasses.replace(config_from(args), nohup_protects=False)
+    started = time.monotonic()
+    members = sl.job_processes(job, uid, ProcTable(), exclude=self_and_ancestors())
+    if not members:
+        msg = f"Slurm job {job} (uid {uid}) left no process on this node"
+        _audit(config, "slurm-epilog", job, uid, True, msg, {"members": []})
+        _emit(args, {"ok": True, "job": job, "uid": uid, "members": [], "results": [], "survivors": []}, [msg], [])
+        return EXIT_OK
+    sampler = open_sampler(args, config)
+    sampler.job_states.assume(job, "COMPLETING", "its epilog is running")
+    try:
+        snap = sampler.sample()
+        member_pids = {m.proc.pid for m in members}
+        holders = [h.pid for h in snap.holders if h.pid in member_pids]
+        results = _reap_job(sampler, config, snap, members, job, uid, args.grace, started + args.deadline)
+        after = sampler.sample()
+    finally:
+        sampler.close()
+    survivors = [m for m in sl.job_processes(job, uid, ProcTable(), exclude=self_and_ancestors())]
+    gpu_survivors = [h for h in after.holders if h.pid in {m.proc.pid for m in survivors}]
+    took = time.monotonic() - started
+    ok = not gpu_survivors
+    msg = (f"Slurm job {job} (uid {uid}): {len(members)} leftover process(es), GPU holders {holders}; "
+           f"{len(members) - len(survivors)} gone, {len(survivors)} left ({took:.1f}s)")
+    errors = [f"Slurm job {job}: GPU holder pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) survived the "
+              f"epilog: {_why(results, h.pid)}; the node should be drained and checked" for h in gpu_survivors]
+    errors += [f"warning: pid {m.proc.pid} ({visible(m.proc.name)}) of job {job} is still alive (it holds no GPU)"
+               for m in survivors if m.proc.pid not in {h.pid for h in gpu_survivors}]
+    _audit(config, "slurm-epilog", job, uid, ok, msg + ("" if ok else "; " + "; ".join(errors[:3])),
+           {"members": [_pdict(m.proc) for m in members], "holders": holders,
+            "survivors": [m.proc.pid for m in survivors], "gpu_survivors": [h.pid for h in gpu_survivors],
+            "seconds": round(took, 2)})
+    _emit(args, {"ok": ok, "job": job, "uid": uid, "members": [_pdict(m.proc) for m in members],
+                 "holders": holders, "results": [r.to_dict() for r in results],
+                 "survivors": [m.proc.pid for m in survivors], "gpu_survivors": [h.pid for h in gpu_survivors]},
+          [msg] + [f"  {r.outcome}: {visible(r.message)}" for r in results], errors)
+    return EXIT_OK if ok else EXIT_FAILURE
+
+
+def _pdict(p) -> dict:
+    return {"pid": p.pid, "ppid": p.ppid, "start_time": p.start_time, "name": p.name, "uid": p.uid,
+            "user": p.user, "cmdline": list(p.cmdline)}
+
+
+def _why(results, pid: int) -> str:
+    for r in results:
+        if r.pid == pid or pid in (r.details.get("survivors") or []):
+            return f"{r.outcome}: {visible(r.message)}"
+    failed = [r for r in results if not r.ok]
+    if failed:
+        return f"{failed[0].outcome}: {visible(failed[0].message)}"
+    return "it was not reaped (not an orphan, or protected)"
+
+
+def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float, deadline: float) -> list:
+    """GPU holders' orphan trees first, through the reap planner and executor (gputop.actions.reap_tree);
+    then every other process of the job still alive, one by one through the same kill path, parents first.
+    A holder that is not an orphan (a protect pattern) is not signalled, and so survives."""
+    from gputop import actions
+    from gputop import slurm as sl
+    from gputop.orphans import ORPHAN
+    from gputop.procs import ProcTable, self_and_ancestors
+
+    why = f"slurm epilog: job {job} (uid {uid}) ended; its process was left behind"
+    pids = {m.proc.pid for m in members}
+    roots = sorted({h.verdict.root for h in snap.holders
+                    if h.pid in pids and h.verdict.kind == ORPHAN and h.verdict.root is not None})
+    results = []
+    for root in roots:
+        if time.monotonic() > deadline:
+            break  # what is left is reported as surviving: Slurm drains the node, nothing hangs
+        r = next(x for x in snap.roots if x.pid == root)
+        results.append(actions.reap_tree(root, expected_start=r.proc.start_time, face="cli", grace=grace,
+                                         sampler=sampler, config=config, reason=why))
+    holder_pids = {h.pid for h in snap.holders}
+    rest = sl.job_processes(job, uid, ProcTable(), exclude=self_and_ancestors())
+    order = {p: i for i, p in enumerate(sl.tree_roots(rest))}
+    for m in sorted(rest, key=lambda m: (order.get(m.proc.pid, len(order)), m.proc.pid)):
+        if time.monotonic() > deadline:
+            break
+        if m.proc.pid in holder_pids:
+            continue  # a holder the reap left alone (protected, not an orphan): reported, not killed here
+        results.append(actions.kill_process(m.proc.pid, expected_start=m.proc.start_time, face="cli", force=True,
+                                            timeout=grace, require_holder=False, sampler=sampler, config=config,
+                                            reason=why))
+    return results
+
+
+# ---- prolog and check ----------------------------------------------------------------------------
+
+def _prolog(args, apply: bool) -> int:
+    from gputop import slurm as sl
+    from gputop.orphans import ORPHAN
+
+    job = _env_int(args, "job", "SLURM_JOB_ID", apply)
+    if job is None:
+        return _node_check(args)
+    config = config_from(args)
+    if args.gpus:
+        try:
+            gpus, source = sl.parse_index_list(args.gpus), "--gpus"
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    else:
+        gpus, source = sl.job_gpus(dict(os.environ), job)
+    if gpus is None:
+        msg = f"Slurm job {job}: no GPUs to check ({source})"
+        _emit(args, {"ok": True, "job": job, "gpus": None, "source": source, "holders": []}, [msg], [])
+        return EXIT_OK
+    sampler = open_sampler(args, config)
+    try:
+        snap = sampler.sample()
+        others = [h for h in snap.holders if set(h.gpus) & set(gpus) and (h.job is None or h.job.job_id != job)]
+        results = []
+        if apply:
+            for root in sorted({h.verdict.root for h in others if h.verdict.kind == ORPHAN and h.verdict.root}):
+                results.append(_reap_stray(sampler, config, snap, root, job))
+            if results:
+                snap = sampler.sample()
+                others = [h for h in snap.holders
+                          if set(h.gpus) & set(gpus) and (h.job is None or h.job.job_id != job)]
+    finally:
+        sampler.close()
+    return _prolog_report(args, config, job, gpus, source, others, results, apply)
+
+
+def _holder_line(h) -> str:
+    job = f"Slurm job {h.job.label()} ({h.job_state.describe() if h.job_state else 'state unknown'})" \
+        if h.job else "no Slurm job"
+    return (f"pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) on GPU {','.join(map(str, h.gpus))}: "
+            f"{job}; {h.verdict.kind}: {visible(h.verdict.reason)}")
+
+
+def _prolog_report(args, config, job, gpus, source, others, results, apply) -> int:
+    ok = not others
+    what = "prolog" if apply else "check"
+    msg = (f"Slurm job {job}: GPU(s) {','.join(map(str, gpus))} ({source}) "
+           + ("are free of other jobs' processes" if ok else f"are held by {len(others)} other process(es)")
+           + (f"; {len(results)} stray tree(s) reaped" if results else ""))
+    errors = [f"{_holder_line(h)}" for h in others]
+    if not ok:
+        errors.append(f"the {what} fails: " + ("Slurm requeues the job and drains the node" if apply else
+                                              "the job's GPUs are not free"))
+    if apply:
+        _audit(config, "slurm-prolog", job, _env_int(args, "uid", "SLURM_JOB_UID", False), ok, msg,
+               {"gpus": gpus, "holders": [h.pid for h in others], "reaped": [r.pid for r in results if r.ok]})
+    _emit(args, {"ok": ok, "job": job, "gpus": gpus, "source": source,
+                 "holders": [_hdict(h) for h in others], "results": [r.to_dict() for r in results]},
+          [msg] + [f"  {r.outcome}: {visible(r.message)}" for r in results], errors)
+    return EXIT_OK if ok else EXIT_FAILURE
+
+
+def _hdict(h) -> dict:
+    from gputop.snapshot import slurm_to_dict
+
+    return {"pid": h.pid, "name": h.name, "user": h.user, "gpus": list(h.gpus), "slurm": slurm_to_dict(h),
+            "verdict": {"kind": h.verdict.kind, "reason": h.verdict.reason, "root": h.verdict.root}}
+
+
+def _reap_stray(sampler, config, snap, root: int, job: int):
+    from gputop import actions
+
+    r = next(x for x in snap.roots if x.pid == root)
+    return actions.reap_tree(root, expected_start=r.proc.start_time, face="cli", config=config,
+                             sampler=sampler, reason=f"slurm prolog of job {job}: a stray holds its GPU")
+
+
+def _node_check(args) -> int:
+    """No job: every GPU holder of the node that is a stray of an ended Slurm job fails the check."""
+    sampler = open_sampler(args)
+    try:
+        snap = sampler.sample()
+    finally:
+        sampler.close()
+    strays = [h for h in snap.holders if h.job is not None and h.job_state is not None and h.job_state.ended]
+    unknown = [h for h in snap.holders if h.job is not None and (h.job_state is None or h.job_state.ended is None)]
+    lines = [f"{socket.gethostname()}: {len(snap.holders)} GPU holder(s), "
+             f"{sum(1 for h in snap.holders if h.job)} in Slurm jobs, {len(strays)} stray(s) of ended jobs"]
+    lines += [f"  {_holder_line(h)}" for h in snap.holders if h.job is not None]
+    errors = [f"stray: {_holder_line(h)}" for h in strays]
+    errors += [f"warning: {_holder_line(h)}" for h in unknown]
+    _emit(args, {"ok": not strays, "holders": [_hdict(h) for h in snap.holders], "strays": [h.pid for h in strays]},
+          lines, errors)
+    return EXIT_OK if not strays else EXIT_FAILURE

@@ -1,0 +1,97 @@
+"""`gputop mcp --http` as a real process, and a stdlib-only MCP client that can run as another user."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+
+from tests.conftest import _default_sighup
+
+# Run by /usr/bin/python3 (stdlib only), possibly as another user: argv = url, token ('' for none),
+# then JSON lines of [tool, arguments] on stdin. Prints one JSON line per call: the JSON-RPC response.
+CLIENT = r'''
+import json, sys, urllib.request
+url, token = sys.argv[1], sys.argv[2]
+hdr = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+       "MCP-Protocol-Version": "2025-06-18"}
+if token:
+    hdr["Authorization"] = "Bearer " + token
+def post(body, sid=None):
+    h = dict(hdr)
+    if sid:
+        h["Mcp-Session-Id"] = sid
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=h, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        text = r.read().decode()
+        sid = r.headers.get("Mcp-Session-Id") or sid
+    msgs = [json.loads(l[5:]) for l in text.splitlines() if l.startswith("data:") and l[5:].strip()]
+    if not msgs and text.strip():
+        msgs = [json.loads(text)]
+    return (msgs[-1] if msgs else None), sid
+init, sid = post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+post({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+for n, line in enumerate(sys.stdin, 1):
+    tool, args = json.loads(line)
+    res, _ = post({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                   "params": {"name": tool, "arguments": args}}, sid)
+    print(json.dumps(res), flush=True)
+'''
+
+
+class McpHttp:
+    """A running `gputop mcp --http --port 0`; ``url`` is its /mcp endpoint."""
+
+    def __init__(self, *args: str, timeout: float = 30.0):
+        self.proc = subprocess.Popen([sys.executable, "-m", "gputop", "mcp", "--http", "--port", "0", *args],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, preexec_fn=_default_sighup)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.url = None
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            m = re.search(r"streamable HTTP on (http://\S+/mcp)", line)
+            if m:
+                self.url = m.group(1)
+                return
+        self.stop()
+        raise RuntimeError(f"gputop mcp --http did not start (rc={self.proc.returncode}): {''.join(self.stderr)}")
+
+    def _pump(self):
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            self.lines.put(line)
+
+    def call(self, calls: list[tuple[str, dict]], token: str = "", user: tuple[int, int] | None = None,
+             timeout: float = 90) -> list[dict]:
+        """Make the tool calls in one session, as ``user`` (uid, gid) when given; the JSON-RPC results."""
+        cmd = ["/usr/bin/python3", "-c", CLIENT, self.url, token]
+        if user is not None:
+            cmd = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", *cmd]
+        r = subprocess.run(cmd, input="".join(json.dumps(c) + "\n" for c in calls), capture_output=True,
+                           text=True, timeout=timeout, cwd="/", env={"PATH": os.environ.get("PATH", "")})
+        assert r.returncode == 0, r.stderr
+        return [json.loads(line)["result"] for line in r.stdout.splitlines()]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -1,0 +1,168 @@
+"""`gputop mcp --http`: writes need the serve token (or the server's own uid), and the audit log names
+the uid that asked, found from the socket. A second real user (gti12a) is created for the test."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from gputop import auditlog
+from gputop.guard import state
+from gputop.serve import create_token
+from tests.conftest import wait_gone
+from tests.functional.mcphttp import McpHttp
+
+USER = "gti12a"
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("useradd"),
+                                reason="needs root, setpriv and useradd to act as a second real user")
+
+
+def _retry(cmd: list[str], ok: tuple[int, ...]) -> int:
+    """useradd/userdel, retried: other test runs on the node may hold the passwd lock (exit 10)."""
+    rc = -1
+    for _ in range(40):
+        rc = subprocess.run(cmd, capture_output=True).returncode
+        if rc in ok:
+            return rc
+        time.sleep(0.25)
+    raise AssertionError(f"{cmd} failed with exit {rc}")
+
+
+@pytest.fixture
+def other_user():
+    # 6: no such user; 8: a process runs with its uid (another run's leftover under a reused uid): the
+    # existing user is ours by name and is used as it is (useradd 9: it exists). A uid range of its own
+    # keeps it clear of the users other test runs create.
+    _retry(["userdel", USER], ok=(0, 6, 8))
+    _retry(["useradd", "-M", "-s", "/usr/sbin/nologin", "-K", "UID_MIN=61200", "-K", "UID_MAX=61299",
+            "-K", "GID_MIN=61200", "-K", "GID_MAX=61299", USER], ok=(0, 9))
+    try:
+        pw = pwd.getpwnam(USER)
+        yield pw.pw_uid, pw.pw_gid
+    finally:
+        _retry(["userdel", USER], ok=(0, 6, 8))
+
+
+@pytest.fixture
+def server(scenario, procs, tmp_path):
+    victim = procs.sleeper("victim")
+    bystander = procs.sleeper("bystander")
+    scenario(holders=[{"pid": victim.pid, "gpu": 0, "memory": "4GiB"},
+                      {"pid": bystander.pid, "gpu": 0, "memory": "4GiB"}], gpus=1)
+    token_file = tmp_path / "token"
+    token = create_token(token_file)
+    s = McpHttp("--token-file", str(token_file))
+    try:
+        yield s, token, victim, bystander
+    finally:
+        s.stop()
+
+
+def text(res: dict) -> str:
+    return " ".join(c.get("text", "") for c in res.get("content", []))
+
+
+@needs_root
+def test_http_write_without_token_is_refused_and_the_record_names_the_requesting_uid(server, other_user):
+    s, token, victim, bystander = server
+    uid, gid = other_user
+    kill, mode = s.call([("kill_process", {"pid": victim.pid, "confirm": True}),
+                         ("guard_set_mode", {"mode": "enforce", "confirm": True})], user=(uid, gid))
+    assert kill["isError"] is True and "need a credential" in text(kill), kill
+    assert mode["isError"] is True and f"uid {uid} is not the server's user" in text(mode)
+    time.sleep(0.3)
+    assert victim.poll() is None and state.get_mode() == "off"
+    refused = [r for r in auditlog.read() if r.get("face") == "mcp" and r.get("outcome") == "refused"]
+    assert {r["action"] for r in refused} >= {"kill", "guard-mode"}
+    for r in refused:
+        assert r["actor"]["uid"] == uid and r["actor"]["user"] == USER and r["actor"]["server_uid"] == 0, r
+
+    # a preview needs no credential and writes nothing
+    (preview,) = s.call([("kill_process", {"pid": victim.pid})], user=(uid, gid))
+    assert preview["structuredContent"]["preview"] is True and victim.poll() is None
+
+    # with the token the same user may act, and the record names that user, not root
+    (done,) = s.call([("kill_process", {"pid": victim.pid, "confirm": True})], token=token, user=(uid, gid))
+    assert not done.get("isError"), done
+    assert wait_gone(victim.pid, 15) and bystander.poll() is None
+    kills = [r for r in auditlog.read() if r.get("action") == "kill" and r.get("face") == "mcp"
+             and r.get("ok")]
+    assert kills and kills[-1]["actor"]["uid"] == uid and kills[-1]["actor"]["via"] == "mcp-http"
+
+
+@needs_root
+def test_a_wrong_token_is_refused_and_the_servers_own_user_may_write(server, other_user):
+    s, token, victim, bystander = server
+    uid, gid = other_user
+    (bad,) = s.call([("guard_set_mode", {"mode": "dry-run"})], token="x" * 40, user=(uid, gid))
+    assert bad["isError"] is True and "wrong bearer token" in text(bad)
+    assert state.get_mode() == "off"
+    (mine,) = s.call([("guard_set_mode", {"mode": "dry-run"})])  # root, like the server: peer credential
+    assert not mine.get("isError"), mine
+    assert state.get_mode() == "dry-run"
+    rec = [r for r in auditlog.read() if r.get("action") == "guard-mode" and r.get("outcome") == "ok"][-1]
+    assert rec["actor"]["uid"] == 0 and rec["actor"]["via"] == "mcp-http"
+
+
+def test_http_port_0_picks_a_free_port_and_says_so(scenario):
+    scenario(holders=[], gpus=1)
+    s = McpHttp()
+    try:
+        port = int(s.url.rsplit(":", 1)[1].split("/")[0])
+        assert port > 0
+        (st,) = s.call([("guard_status", {})])
+        assert st["structuredContent"]["mode"] == "off"
+    finally:
+        s.stop()
+
+
+def test_hostile_name_pattern_over_mcp_returns_at_once_and_other_calls_are_answered(scenario, procs):
+    import threading
+
+    p = procs.spawn(["sleep", "600"])
+    scenario(holders=[{"pid": p.pid, "gpu": 0, "memory": "1GiB"}], gpus=1)
+    s = McpHttp()
+    try:
+        out = {}
+
+        def hostile():
+            t = time.monotonic()
+            out["r"] = s.call([("list_processes", {"name": "(.*)*Q" + "(a+)+$" * 10})])[0]
+            out["t"] = time.monotonic() - t
+
+        th = threading.Thread(target=hostile)
+        th.start()
+        (st,) = s.call([("guard_status", {})])
+        th.join(60)
+        assert st["structuredContent"]["mode"] == "off"
+        assert out["r"]["structuredContent"]["count"] == 0 and out["t"] < 20
+        (bad,) = s.call([("list_processes", {"name": r"(x)\1"})])
+        assert bad["isError"] is True and "backreferences" in text(bad)
+    finally:
+        s.stop()
+
+
+def test_stdio_server_on_a_terminal_says_what_it_is(scenario):
+    import os as _os
+    import pty
+    import select
+    import sys
+
+    scenario(holders=[], gpus=1)
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "gputop", "mcp"], stdin=slave, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    _os.close(slave)
+    try:
+        r, _, _ = select.select([p.stderr], [], [], 30)
+        line = p.stderr.readline().decode() if r else ""
+    finally:
+        p.terminate()
+        p.wait(10)
+        _os.close(master)
+    assert "MCP server on stdio, waiting for a client" in line
