@@ -73,6 +73,23 @@ def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
         ctx.close()
 
 
+def reset_blockers(holders, ancestors: set[int] | None = None) -> list[tuple[object, str]]:
+    """The holders gputop never kills, each with why: a reset of their GPU is refused while they hold it.
+    One rule for the reset itself and for every face that offers a reset (the TUI dialog)."""
+    ancestors = self_and_ancestors() if ancestors is None else ancestors
+    out = []
+    for h in holders:
+        if not h.visible:
+            out.append((h, f"pid {h.pid} cannot be seen here (another PID namespace)"))
+            continue
+        rule = safety_refusal(h.proc, ancestors) if h.proc is not None else None
+        if rule is not None:
+            out.append((h, f"pid {h.pid} ({rule[1]})"))
+        elif h.verdict.kind in (PROTECTED, UNKNOWN):
+            out.append((h, f"pid {h.pid} ({visible(h.name)}) is {h.verdict.kind}: {h.verdict.reason}"))
+    return out
+
+
 def _clear_holders(ctx, index, holders, face, reason, kill_timeout, dry_run, details, done):
     """Kill the GPU's holders (all or none): a result that stops the reset, or None once they are gone."""
     invisible = [h.pid for h in holders if not h.visible]
@@ -80,14 +97,7 @@ def _clear_holders(ctx, index, holders, face, reason, kill_timeout, dry_run, det
         return done(False, "refused", f"GPU {index} is held by pid(s) {invisible} that gputop cannot see "
                     "(another PID namespace); stop them there first", EXIT_REFUSED)
     # Refuse before killing anyone: a reset that one holder blocks must not cost the others their jobs.
-    ancestors = self_and_ancestors()
-    blocked = []
-    for h in holders:
-        rule = safety_refusal(h.proc, ancestors) if h.proc is not None else None
-        if rule is not None:
-            blocked.append(f"pid {h.pid} ({rule[1]})")
-        elif h.verdict.kind in (PROTECTED, UNKNOWN):
-            blocked.append(f"pid {h.pid} ({visible(h.name)}) is {h.verdict.kind}: {h.verdict.reason}")
+    blocked = [why for _, why in reset_blockers(holders)]
     if blocked:
         details["rule"] = "holder-refused"
         return done(False, "refused", f"GPU {index} not reset, and no holder was killed: "

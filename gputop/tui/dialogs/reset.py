@@ -11,7 +11,6 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Button, Input, Static
 
-from gputop.orphans import PROTECTED, UNKNOWN
 from gputop.tui.dialogs.base import ConfirmDialog
 from gputop.units import fmt_bytes
 from gputop.textsafe import visible
@@ -20,8 +19,10 @@ FORCE = "force"
 
 
 def blockers(holders: list) -> list:
-    """Holders that gputop never kills: the reset is refused while they hold the GPU."""
-    return [h for h in holders if not h.visible or h.verdict.kind in (PROTECTED, UNKNOWN)]
+    """Holders that gputop never kills: the reset is refused while they hold the GPU (the actions rule)."""
+    from gputop.actions.reset import reset_blockers
+
+    return [h for h, _ in reset_blockers(holders)]
 
 
 class ResetDialog(ConfirmDialog):
