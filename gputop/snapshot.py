@@ -198,6 +198,7 @@ class Sampler:
         self._leaders_seen: set[tuple[int, float]] = set()
         self.job_states = JobStates(ttl=max(0.5, self.config.interval * 0.9))
         self._job_refs: dict[tuple[int, float], JobRef | None] = {}
+        self._hidepid: tuple[str | None] | None = None  # (the hidepid warning or None), once read
 
     def _job_of(self, info: ProcInfo) -> JobRef | None:
         """The Slurm job of a process, read once per identity (a process's job never changes)."""
@@ -328,7 +329,9 @@ class Sampler:
     def sample(self) -> Snapshot:
         now = self.clock()
         warnings: list[str] = []
-        note = hidepid_note(self.proc_root)
+        if self._hidepid is None:  # the mount's options: read once per sampler, not every refresh
+            self._hidepid = (hidepid_note(self.proc_root),)
+        note = self._hidepid[0]
         if note:
             warnings.append(note)
         devices: list[DeviceSample] = []
