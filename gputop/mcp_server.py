@@ -166,9 +166,7 @@ def _register_reads(tool, live: LiveSnapshot, fresh) -> None:
 
 
 def _preview_kill(out: dict, pid: int) -> dict:
-    why = permissions.signal_refusal(pid) if out.get("ok") else None
-    if why is not None:
-        out.update(ok=False, outcome="permission-denied", message=f"would be refused: {why}")
+    # The actions dry run already made the kernel's permission check (a refusal is 'permission-denied').
     out["preview"] = True
     out["next"] = ("nothing was done; call kill_process again with confirm=true to do it"
                    if out.get("ok") else "refused: this process will not be killed")

@@ -22,6 +22,7 @@ from gputop.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
     GputopError,
 )
+from gputop.permissions import signal_refusal
 from gputop.orphans import PROTECTED, UNKNOWN
 from gputop.procs import HIDDEN, read_proc, self_and_ancestors, tgid_of, visibility
 
@@ -84,7 +85,10 @@ class _KillRun:
         if refusal is not None:
             return refusal
         info = self.info
-        if self.dry_run:
+        if self.dry_run:  # every check a real kill makes, the kernel's permission check (kill(pid, 0)) too
+            why = signal_refusal(self.pid)
+            if why is not None:
+                return self.done(False, "permission-denied", f"would be refused: {why}", EXIT_PERMISSION)
             return self.done(True, "dry-run", f"would send {sig.name} to pid {self.pid} ({name(info)}, user "
                              f"{user(info)})" + (" and SIGKILL after the timeout"
                                                  if self.force and sig != signal.SIGKILL else ""), EXIT_OK)

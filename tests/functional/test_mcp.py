@@ -167,7 +167,13 @@ def test_previews_say_a_signal_or_reset_would_be_refused_for_lack_of_permission(
     from gputop import mcp_server, permissions
 
     victim = procs.sleeper("rootjob")
-    out = _as_nobody(lambda: mcp_server._preview_kill({"ok": True, "outcome": "dry-run"}, victim.pid))
+    from gputop import actions
+
+    def preview():  # the real dry run (every check a kill makes), as the MCP preview makes it
+        r = actions.kill_process(victim.pid, expected_start=None, face="mcp", dry_run=True, require_holder=False)
+        return mcp_server._preview_kill(r.to_dict(), victim.pid)
+
+    out = _as_nobody(preview)
     assert out["ok"] is False and out["outcome"] == "permission-denied", out
     assert "would be refused: permission denied" in out["message"] and "refused" in out["next"]
     why = _as_nobody(lambda: permissions.reset_refusal([victim.pid], True, "nvml"))
