@@ -201,22 +201,36 @@ def test_status_json_is_compact_to_a_pipe_and_indented_at_a_terminal(procs, scen
     assert piped.stdout.count("\n") == 1 and '"pid":' in piped.stdout
     doc = json.loads(piped.stdout)
     master, slave = pty.openpty()
+    chunks = []
     try:
-        p = subprocess.run([sys.executable, "-m", "gputop", "status", "--json", "--scenario", path],
-                           stdout=slave, stderr=subprocess.PIPE, timeout=60)
+        # Drain the terminal while the child writes: the indented document is larger than a pty's buffer, and a
+        # child blocked on a full pty never exits.
+        p = subprocess.Popen([sys.executable, "-m", "gputop", "status", "--json", "--scenario", path],
+                             stdout=slave, stderr=subprocess.PIPE)
         os.close(slave)
-        chunks = []
-        while True:
+        slave = None
+        import select
+        import time
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 1)[0]:
+                continue
             try:
                 data = os.read(master, 65536)
-            except OSError:  # EIO: the other side is closed and drained
+            except OSError:  # EIO: the child has exited and its side is drained
                 break
             if not data:
                 break
             chunks.append(data)
+        else:
+            p.kill()
+        stderr = p.stderr.read()
+        p.wait(timeout=60)
     finally:
+        if slave is not None:
+            os.close(slave)
         os.close(master)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 0, stderr
     shown = b"".join(chunks).decode().replace("\r\n", "\n")
     assert '\n  "at": ' in shown
     assert json.loads(shown)["holders"][0]["pid"] == doc["holders"][0]["pid"] == worker
