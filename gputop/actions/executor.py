@@ -6,19 +6,45 @@
    frozen process that is no longer a member is continued and left alone.
 3. SIGTERM and SIGCONT the members; anything they start during the grace is stopped at once.
 4. SIGKILL what is left; report every member that survives (success means every member is gone).
+In every round the executor also looks for processes that joined the tree without being under a live
+member (a member started a worker and exited at once, so init or a subreaper took the worker): new since
+the reap began, in the tree's session and process group (gputop.actions.plan.joiners). They are classified
+like members, stopped, and killed with the rest; one the classifier does not call an orphan is reported
+and left alone.
 Every signal goes through a verified pidfd (gputop.actions.identity.Handle).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
 from gputop.actions.common import Ctx, proc_dict, sig_event
 from gputop.actions.identity import Handle, wait_gone
-from gputop.actions.plan import ReapPlan, walk
+from gputop.actions.plan import Lineage, ReapPlan, Stat, joiners, lineage, walk
 from gputop.errors import EXIT_FAILURE, EXIT_PERMISSION, EXIT_REFUSED
-from gputop.procs import ProcInfo, ProcTable, read_proc
+from gputop.procs import IS_LINUX, ProcInfo, ProcTable, read_proc
+
+
+def scan_stats(proc_root: str = "/proc") -> dict[int, Stat]:
+    """(ppid, process group, session, start) of every process, from /proc/PID/stat; empty off Linux."""
+    if not IS_LINUX:
+        return {}
+    out: dict[int, Stat] = {}
+    try:
+        pids = [d for d in os.listdir(proc_root) if d.isdigit()]
+    except OSError:
+        return out
+    for d in pids:
+        try:
+            with open(f"{proc_root}/{d}/stat", "rb") as f:
+                raw = f.read()
+            f_ = raw[raw.rindex(b")") + 2:].split()
+            out[int(d)] = Stat(int(f_[1]), int(f_[2]), int(f_[3]), int(f_[19]))
+        except (OSError, ValueError, IndexError):
+            continue  # gone or unreadable: as the table does
+    return out
 
 
 class Executor:
@@ -30,6 +56,10 @@ class Executor:
         self.released: list[int] = []  # frozen, then found not to be members: continued, left alone
         self.late: set[int] = set()
         self.pre_stopped: set[int] = set()  # stopped before gputop came (a paused job): never continued
+        # Taken before any signal: what was there when the reap began, and the tree's session and groups.
+        self.lineage: Lineage = lineage(scan_stats(), plan.pids)
+        self.foreign: set[tuple[int, int]] = set()  # new, but another tree's: never taken
+        self.joined: set[int] = set()  # found by session and group, not under a live member
 
     # ---- signals ----
     def adopt(self, procs: list[ProcInfo], sigs: list[int]) -> list[int]:
@@ -87,7 +117,8 @@ class Executor:
 
     # ---- planning against the live table ----
     def new_members(self) -> list[ProcInfo]:
-        """Processes under the tracked members that the planner accepts and that are not tracked yet."""
+        """Processes the planner accepts that are not tracked yet: under the tracked members, or joined
+        by session and process group after their parent exited (``plan.joiners``)."""
         from gputop.actions.reap import make_rules
 
         table = ProcTable()
@@ -95,11 +126,15 @@ class Executor:
         rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
         alive = self.alive()
         members, left = walk(table, alive, set(self.handles) | self.gone, self.run.info, rules)
-        for e in left:
+        ours = (set(self.handles) - set(self.released)) | self.gone | {m.pid for m in members}
+        found, left_j = joiners(scan_stats(), table, self.lineage, ours, self.run.info, rules, self.foreign)
+        found = [m for m in found if m.pid not in self.plan_never and not _is_mine(m.pid, table)]
+        self.joined.update(m.pid for m in found)
+        for e in left + left_j:
             seen = self.run.details.setdefault("left_alone_new", [])
             if all(x["pid"] != e.pid for x in seen):
                 seen.append(e.to_dict())
-        return members
+        return members + found
 
     @property
     def plan_never(self) -> frozenset[int]:
@@ -108,16 +143,25 @@ class Executor:
         return frozenset(self_and_ancestors())
 
     def freeze(self, first: list[int]) -> None:
-        """Stop ``first``, then every new member under the tracked ones, until a scan taken while all
-        are stopped finds nothing new: a stopped process cannot fork, so nothing can appear after that."""
+        """Stop ``first``, then every new member (under the tracked ones, or joined by session and group),
+        until a scan taken while all are stopped finds nothing new: a stopped process cannot fork, so
+        nothing can appear after that."""
         self.send_all(signal.SIGSTOP, first)
         self.wait_stopped(first)
         for _ in range(50):
             new = self.adopt(self.new_members(), [signal.SIGSTOP])
             if not new:
                 return
-            self.run.signals.append(sig_event(signal.SIGSTOP, new))
+            self.run.signals.append(self._stop_event(new))
             self.wait_stopped(new)
+
+    def _stop_event(self, new: list[int], note: str | None = None) -> dict:
+        joined = [p for p in new if p in self.joined]
+        if joined:
+            extra = f"pid(s) {joined} joined the tree's session after their parent exited"
+            note = f"{note}; {extra}" if note else extra
+        ev = sig_event(signal.SIGSTOP, new)
+        return {**ev, "note": note} if note else ev
 
     def replan(self):
         """Plan again from the frozen table. Returns a refusal result, or None and keeps only members."""
@@ -162,21 +206,21 @@ class Executor:
             new = self.adopt(self.new_members(), [signal.SIGSTOP])
             if new:
                 self.late.update(new)
-                self.run.signals.append({**sig_event(signal.SIGSTOP, new),
-                                         "note": "started after SIGTERM: kept stopped"})
+                self.run.signals.append(self._stop_event(new, "started after SIGTERM: kept stopped"))
             running = [p for p in self.alive() if p not in self.late]
             if (not running and not new) or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
 
     def kill_rest(self) -> bool:
+        """SIGKILL every member still alive, after a freeze that takes in whatever joined the tree; until
+        a scan finds neither a live member nor a new one (success means every target is gone)."""
         killed_any = False
         for _ in range(20):
+            self.freeze(self.alive())
             alive = self.alive()
             if not alive:
                 break
-            self.freeze(alive)
-            alive = self.alive()
             self.send_all(signal.SIGKILL, alive)
             killed_any = True
             if wait_gone([self.handles[p] for p in alive], 5.0):
@@ -188,6 +232,12 @@ class Executor:
             h.close()
 
 
+def _is_mine(pid: int, table: ProcTable) -> bool:
+    """True for gputop's own descendants (a helper it runs while reaping from a dead session)."""
+    me = os.getpid()
+    return any(a.pid == me for a in table.ancestors(pid))
+
+
 def execute(ctx: Ctx, run, plan: ReapPlan, snapshot):
     """Carry out ``plan``. Returns a finished ActionResult on refusal or failure to start, else None with
     ``run.details`` saying what happened (members, survivors, left alone, sigkill)."""
@@ -197,8 +247,9 @@ def execute(ctx: Ctx, run, plan: ReapPlan, snapshot):
         if refused is not None:
             return refused
         ex.terminate(run.grace)
-        run.details["started_during_reap"] = sorted(ex.late)
         run.details["sigkill"] = ex.kill_rest()
+        run.details["started_during_reap"] = sorted(ex.late)
+        run.details["joined_by_session"] = sorted(ex.joined)
         survivors = ex.alive()
     except BaseException as e:
         # Interrupted (Ctrl-C, a bug): never leave a tree stopped. Whatever has SIGTERM pending acts on it.

@@ -199,3 +199,102 @@ def _root_refusal(root: ProcInfo, rules: Rules) -> tuple[str, str] | None:
         why = v.reason if v.kind != ORPHAN else f"its orphan tree's root is pid {v.root}"
         return "not-orphan", (f"{_label(root)} is not the root of an orphan tree: {why}; see 'gputop reap'")
     return None
+
+
+# ---- processes the tree starts during the reap, found by session and process group ----
+
+@dataclass(frozen=True)
+class Stat:
+    """The fields of /proc/PID/stat a lineage check needs (start in clock ticks since boot)."""
+
+    ppid: int
+    pgid: int
+    sid: int
+    start: int
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What marks a process as the reaped tree's own after its parent has gone.
+
+    A member that starts a worker and exits at once leaves the worker reparented to init or a subreaper,
+    out of reach of a walk down the tree. The worker keeps the tree's session and process group, and it
+    did not exist when the reap began: that is how the executor finds it."""
+
+    sessions: frozenset[int]  # the members' sessions (a dead session, for an orphan tree)
+    groups: frozenset[int]  # the members' process groups
+    foreign_groups: frozenset[int]  # groups, in those sessions, of processes that are not the tree's
+    baseline: frozenset[tuple[int, int]]  # (pid, start) of every process when the reap began
+
+    def is_new(self, pid: int, st: Stat) -> bool:
+        return (pid, st.start) not in self.baseline
+
+    def group_is_ours(self, st: Stat) -> bool:
+        return st.pgid in self.groups or st.pgid not in self.foreign_groups
+
+
+def lineage(stats: dict[int, Stat], members: Iterable[int]) -> Lineage:
+    """The lineage of a tree whose members are ``members``, from a stat scan taken before any signal."""
+    mine = {p for p in members if p in stats}
+    sessions = frozenset(stats[p].sid for p in mine if stats[p].sid > 0)
+    groups = frozenset(stats[p].pgid for p in mine)
+    foreign = frozenset(s.pgid for p, s in stats.items() if s.sid in sessions and p not in mine) - groups
+    return Lineage(sessions, groups, foreign, frozenset((p, s.start) for p, s in stats.items()))
+
+
+def joiners(stats: dict[int, Stat], table: TreeTable, lin: Lineage, ours: set[int], owner: ProcInfo,
+            rules: Rules, foreign: set[tuple[int, int]]) -> tuple[list[ProcInfo], list[LeftAlone]]:
+    """Processes that joined the tree during the reap without being under a live member.
+
+    A candidate is in one of the tree's sessions, new since the reap began, in one of the tree's process
+    groups (or a group new in that session), and its parent is one of ``ours``, gone, or outside the
+    session (init or a subreaper took it). Each is classified like any member (``leave_reason``): one
+    the classifier does not call an orphan of this user is left alone and reported, never signalled.
+    ``foreign`` (updated in place) holds new processes once seen under a live process that is not the
+    tree's (another tree in the same session): they are never taken, even after their parent exits."""
+    cand = _candidates(stats, lin, ours, foreign)
+    # Children of a candidate are reached by the walk below, under their parent's verdict.
+    tops = sorted((p for p, st in cand.items() if st.ppid not in cand), key=lambda p: (cand[p].start, p))
+    members: list[ProcInfo] = []
+    left: list[LeftAlone] = []
+    for pid in tops:
+        info = table.get(pid)
+        if info is None or info.zombie:
+            continue
+        why = leave_reason(info, owner, rules)
+        if why is not None:
+            left.append(LeftAlone(info, pid, why[0], why[1], _subtree(table, pid), why[2]))
+        else:
+            members.append(info)
+    more, more_left = walk(table, [m.pid for m in members], set(ours) | {m.pid for m in members}, owner, rules)
+    return members + more, left + more_left
+
+
+def _candidates(stats: dict[int, Stat], lin: Lineage, ours: set[int],
+                foreign: set[tuple[int, int]]) -> dict[int, Stat]:
+    fresh = {p: st for p, st in stats.items()
+             if st.sid in lin.sessions and p not in ours and lin.is_new(p, st) and (p, st.start) not in foreign
+             and lin.group_is_ours(st)}
+    verdict: dict[int, bool] = {}
+
+    def ours_by_parent(pid: int, depth: int = 0) -> bool:
+        if pid in verdict:
+            return verdict[pid]
+        st = fresh[pid]
+        parent = stats.get(st.ppid)
+        if st.ppid in ours or parent is None or parent.sid != st.sid:
+            ok = True  # a member's child, or reparented away from a member that exited
+        elif st.ppid in fresh and depth < 1000:
+            ok = ours_by_parent(st.ppid, depth + 1)
+        else:
+            ok = False  # under a live process of the session that is not the tree's
+        verdict[pid] = ok
+        return ok
+
+    out = {}
+    for pid, st in fresh.items():
+        if ours_by_parent(pid):
+            out[pid] = st
+        else:
+            foreign.add((pid, st.start))
+    return out

@@ -193,13 +193,17 @@ def _finish(ctx: Ctx, run: ReapRun, plan: ReapPlan) -> ActionResult:
         return run.done(False, "still-alive", f"pid(s) {names} of the tree of pid {run.root_pid} are still alive "
                         "after SIGKILL (uninterruptible I/O?); check 'gputop reap' again", EXIT_FAILURE)
     mem = memory_released(ctx, set(d.get("reaped_holders") or ()))
-    late = len(d.get("started_during_reap") or ())
+    late = len(set(d.get("started_during_reap") or ()) | set(d.get("joined_by_session") or ()))
     msg = (f"reaped the tree of pid {run.root_pid} ({name(run.info)}): {n} process(es)"
            + (f" ({late} started during the reap, stopped at once)" if late else "")
            + (", SIGKILL needed" if d.get("sigkill") else ", all exited after SIGTERM"))
     left = d.get("left_alone") or []
     if left:
         msg += f"; left alone as planned: {', '.join(str(e['pid']) for e in left)} (not orphans)"
+    new_left = d.get("left_alone_new") or []
+    if new_left:
+        msg += (f"; started during the reap and left alone: {', '.join(str(e['pid']) for e in new_left)} "
+                "(not orphans of this tree; see the audit log)")
     if mem is True:
         msg += "; GPU memory released"
     elif mem is False:
