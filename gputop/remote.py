@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputop.errors import EXIT_UNAVAILABLE, UnavailableError, UsageError
+from gputop.textsafe import visible
 
 ENV_REMOTE_CMD = "GPUTOP_REMOTE_CMD"  # the gputop command on the remote side (a shell string)
 ENV_SSH = "GPUTOP_SSH"  # the local ssh command (e.g. "ssh -F ~/.ssh/lab_config")
@@ -297,8 +298,20 @@ def parse_hosts(spec: str | None = None, hosts_file: str | None = None) -> list[
 
 # ---- merging ---------------------------------------------------------------------------------
 
+def _rows(host: str, value, what: str, bad: list[str]) -> list[dict]:
+    """A remote list of objects, each with the host added; anything else is dropped with a warning."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    out = [{"host": host, **{k: v for k, v in x.items() if k != "host"}} for x in items if isinstance(x, dict)]
+    if len(out) != len(items):
+        bad.append(f"{len(items) - len(out)} {what} entr(ies) in its answer were not objects; dropped")
+    return out
+
+
 def merged_dict(results: list[HostResult]) -> dict:
-    """One JSON document with the host on every row."""
+    """One JSON document with the host on every row. A remote host's answer is not trusted: rows that
+    are not objects are dropped (and said so), and the host field is always the name we asked."""
     hosts, gpus, holders, roots, warnings = [], [], [], [], []
     for r in results:
         entry = {"host": r.host, "ok": r.ok, "seconds": round(r.seconds, 3)}
@@ -306,14 +319,24 @@ def merged_dict(results: list[HostResult]) -> dict:
             s = r.status or {}
             entry.update({"hostname": s.get("host"), "at": s.get("at"), "version": s.get("version"),
                           "error": None})
-            gpus += [{"host": r.host, **g} for g in (s.get("gpu") or {}).get("gpus", [])]
-            holders += [{"host": r.host, **h} for h in s.get("holders", [])]
-            roots += [{"host": r.host, **x} for x in s.get("roots", [])]
-            warnings += [{"host": r.host, "message": w} for w in s.get("warnings", [])]
+            bad: list[str] = []
+            gpu = s.get("gpu")
+            gpus += _rows(r.host, gpu.get("gpus") if isinstance(gpu, dict) else gpu, "gpu", bad)
+            holders += _rows(r.host, s.get("holders"), "holder", bad)
+            roots += _rows(r.host, s.get("roots"), "root", bad)
+            ws = s.get("warnings") or []
+            warnings += [{"host": r.host, "message": w if isinstance(w, str) else json.dumps(w)}
+                         for w in (ws if isinstance(ws, list) else [ws])]
+            warnings += [{"host": r.host, "message": b} for b in bad]
         else:
             entry["error"] = {"kind": r.kind, "message": r.message}
         hosts.append(entry)
     return {"hosts": hosts, "gpus": gpus, "holders": holders, "roots": roots, "warnings": warnings}
+
+
+def _num(v):
+    """A remote number, or None when the remote sent something else (shown as N/A, never a traceback)."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def render_merged(results: list[HostResult]) -> str:
@@ -329,34 +352,36 @@ def render_merged(results: list[HostResult]) -> str:
         rows = []
         for g in merged["gpus"]:
             if g.get("lost"):
-                rows.append([g["host"], str(g.get("index")), g.get("name") or "?", "LOST", "", "", ""])
+                rows.append([g["host"], str(g.get("index")), str(g.get("name") or "?"), "LOST", "", "", ""])
                 continue
             rows.append([
-                g["host"], str(g.get("index")), g.get("name") or "N/A",
-                fmt_opt(g.get("utilization_gpu"), "{:.0f}%"),
-                f"{fmt_bytes(g.get('memory_used'))} / {fmt_bytes(g.get('memory_total'))}",
-                fmt_opt(g.get("temperature_c"), "{:.0f}C"), fmt_opt(g.get("power_w"), "{:.0f}W"),
+                g["host"], str(g.get("index")), str(g.get("name") or "N/A"),
+                fmt_opt(_num(g.get("utilization_gpu")), "{:.0f}%"),
+                f"{fmt_bytes(_num(g.get('memory_used')))} / {fmt_bytes(_num(g.get('memory_total')))}",
+                fmt_opt(_num(g.get("temperature_c")), "{:.0f}C"), fmt_opt(_num(g.get("power_w")), "{:.0f}W"),
             ])
         out.append(table(rows, ["HOST", "GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER"], right={1, 3, 5, 6}))
     if merged["holders"]:
         out.append("")
         rows = []
         for h in merged["holders"]:
-            cmd = " ".join(h.get("cmdline") or []) or (h.get("name") or "(not visible)")
+            argv, gl, verdict = h.get("cmdline"), h.get("gpus") or [], h.get("verdict")
+            cmd = (" ".join(map(str, argv)) if isinstance(argv, list) else "") or str(h.get("name") or "(not visible)")
             rows.append([
-                h["host"], str(h.get("pid")), h.get("user") or "?", h.get("ctx") or "?",
-                ",".join(map(str, h.get("gpus") or [])), fmt_bytes(h.get("gpu_memory")),
-                fmt_opt(h.get("sm_util"), "{:.0f}%"), (h.get("verdict") or {}).get("kind", "?"), cmd[:50],
+                h["host"], str(h.get("pid")), str(h.get("user") or "?"), str(h.get("ctx") or "?"),
+                ",".join(map(str, gl)) if isinstance(gl, list) else "?", fmt_bytes(_num(h.get("gpu_memory"))),
+                fmt_opt(_num(h.get("sm_util")), "{:.0f}%"),
+                str(verdict.get("kind", "?")) if isinstance(verdict, dict) else "?", cmd[:50],
             ])
         out.append(table(rows, ["HOST", "PID", "USER", "TYPE", "GPU", "GPU-MEM", "SM", "VERDICT", "COMMAND"],
                          right={1, 5, 6}))
     for w in merged["warnings"]:
-        out.append(f"warning: {w['host']}: {w['message']}")
+        out.append(f"warning: {w['host']}: {visible(w['message'])}")  # the remote's text: made visible
     failed = [r for r in results if not r.ok]
     if failed:
         out.append("")
         for r in failed:
-            out.append(f"{r.host}: {r.kind}: {r.message}")
+            out.append(f"{r.host}: {r.kind}: {visible(r.message)}")  # ssh's or the remote's stderr
     return "\n".join(out)
 
 
