@@ -53,7 +53,7 @@ def guard_dir() -> Path:
 
 @dataclass(frozen=True)
 class Config:
-    protect: tuple[str, ...] = DEFAULT_PROTECT  # case-insensitive regexes over name and argv[0]
+    protect: tuple[str, ...] = DEFAULT_PROTECT  # case-insensitive regexes over name and argv[0]'s basename (no '/')
     protect_cmdline: tuple[str, ...] = DEFAULT_PROTECT_CMDLINE  # regexes over the whole command line
     nohup_protects: bool = True  # a chain member that ignores SIGHUP counts as protected
     max_chain: int = DEFAULT_MAX_CHAIN
@@ -158,6 +158,11 @@ def _patterns(value, key: str) -> tuple[str, ...]:
             saferegex.compile(pat, ignore_case=True)
         except saferegex.PatternError as e:
             raise ValueError(f"{key} pattern {pat!r} is not a regular expression: {e}") from None
+        if key == "protect" and "/" in pat:
+            # A protect pattern is matched against the process name and argv[0]'s basename, where a '/'
+            # never appears: such a pattern would silently protect nothing.
+            raise ValueError(f"protect pattern {pat!r} contains '/', but 'protect' matches only the process "
+                             "name and argv[0]'s basename; put patterns for paths in 'protect_cmdline'")
     return out
 
 

@@ -55,6 +55,8 @@ def test_config_file(tmp_path):
     ("protect: [a\n", "line"), ("reap: {grace: soon}\n", "bad duration"), ("protect: tmux\n", "list"),
     ("- 1\n", "mapping"), ("reap: {bogus: 1}\n", "unknown key"),
     ('protect: ["(("]\n', "not a regular expression"),
+    ('protect: [/opt/lab/bin/keep]\n', "put patterns for paths in 'protect_cmdline'"),
+    ('reap: {protect: [tmux, "bin/screen"]}\n', "contains '/'"),
 ])
 def test_config_errors_are_one_line(tmp_path, text, msg):
     p = tmp_path / "c.yaml"
@@ -75,3 +77,9 @@ def test_guard_dir_is_node_wide_once_the_service_dir_exists(tmp_path, monkeypatc
     assert config.guard_dir() == node  # the daemon's directory: every face shares it
     monkeypatch.setenv("GPUTOP_STATE_DIR", str(tmp_path / "mine"))
     assert config.guard_dir() == tmp_path / "mine"  # an explicit choice wins
+
+
+def test_a_path_is_fine_in_protect_cmdline(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("protect_cmdline: [/opt/lab/bin/keep]\n")
+    assert load_config(str(p)).protect_cmdline == ("/opt/lab/bin/keep",)
