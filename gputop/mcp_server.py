@@ -280,13 +280,13 @@ def _preview_reset(live: LiveSnapshot, snap, index: int, force: bool, actor: dic
         res = _call(faces.do_reset, live, FACE, index=index, force=force, dry_run=True,
                     reason="preview through MCP")
     holders = snap.holders_on(index)
+    # The core reset dry run (gputop.actions.reset) makes every check, the rights to reset and to signal
+    # the holders included: the preview says what the CLI's --dry-run and the TUI dialog say.
     ok, message = res.ok, res.message
-    why = permissions.reset_refusal([h.pid for h in holders], force, dev.backend) if ok else None
-    if why is not None:
-        ok, message = False, f"would be refused: {why}"
-    elif not ok:
+    if not ok:
         message = f"would refuse: {res.message}"
     out = {"preview": True, "confirmed": False, "ok": ok, "gpu": index, "name": dev.name, "message": message,
+           "outcome": res.outcome,
            "holders": [holder_to_dict(h) for h in holders],
            "next": ("nothing was done; call reset_gpu again with confirm=true to do it" if ok
                     else "refused: this GPU will not be reset")}

@@ -3,7 +3,8 @@
 A dry run in gputop.actions makes every safety check (identity, protected, unknown, own ancestors) but
 sends no signal, so it cannot learn that the signal itself would be refused. A preview that says "would
 send SIGTERM" when the real call gets EPERM is a lie; the faces ask here first. ``os.kill(pid, 0)`` makes
-exactly the kernel's permission check for a signal, and sends nothing.
+exactly the kernel's permission check for a signal, and sends nothing. (A GPU reset's preview is the
+core reset dry run itself: gputop.actions.reset.reset_rights and signal_blockers.)
 """
 
 from __future__ import annotations
@@ -39,14 +40,4 @@ def first_signal_refusal(pids: Iterable[int]) -> str | None:
         why = signal_refusal(pid)
         if why is not None:
             return why
-    return None
-
-
-def reset_refusal(holder_pids: Iterable[int], force: bool, backend: str | None) -> str | None:
-    """Why a GPU reset by this process would be refused for lack of rights, or None. Every vendor
-    backend resets only as root; the simulated one (a scenario file) does not need it."""
-    if backend != "simulated" and hasattr(os, "geteuid") and os.geteuid() != 0:
-        return f"permission denied: a GPU reset needs root (this server runs as uid {os.geteuid()})"
-    if force:
-        return first_signal_refusal(holder_pids)
     return None

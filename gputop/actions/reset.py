@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from gputop.actions.common import Ctx, FACES, ActionResult, log_record, record, safety_refusal
@@ -54,6 +55,11 @@ def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
             ctx.sampler.locate(index)
         except GputopError as e:
             return done(False, "not-found", str(e), e.exit_code)
+        rights = reset_rights(ctx.sampler.locate(index)[0])
+        if rights is not None:  # before any holder is killed: a reset that cannot happen costs nobody a job
+            outcome, code, hint = _RESET_CODES[rights[0]]
+            details["kind"] = rights[0]
+            return done(False, outcome, f"GPU {index} not reset: {rights[1]}; {hint.format(i=index)}", code)
         snap = ctx.sample()
         holders = snap.holders_on(index)
         details["holders"] = [{"pid": h.pid, "start_time": h.start_time, "user": h.user, "name": h.name,
@@ -71,6 +77,30 @@ def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
         return _reset(ctx, index, details, done)
     finally:
         ctx.close()
+
+
+def reset_rights(backend) -> tuple[str, str] | None:
+    """(kind, why) when this process cannot reset a GPU of ``backend`` at all, or None.
+
+    The same facts the backends enforce in ``reset`` (every vendor backend resets only as root; the base
+    backend cannot reset), asked before anything else, so the dry run every face previews with (the CLI's
+    --dry-run, the TUI dialog, MCP, the API) says what the real reset will do, and a real reset with
+    --force does not kill the holders first only to fail."""
+    from gputop.backends.base import Backend
+
+    name = getattr(backend, "name", "?")
+    if type(backend).reset is Backend.reset:
+        return "unsupported", f"{name}: reset is not supported by this backend"
+    if name != "simulated" and hasattr(os, "geteuid") and os.geteuid() != 0:
+        return "permission", f"{name}: a GPU reset needs root (this process runs as uid {os.geteuid()})"
+    return None
+
+
+def signal_blockers(holders) -> list[str]:
+    """Why the kernel would refuse this process's signal to a holder (kill(pid, 0), which sends nothing)."""
+    from gputop.permissions import signal_refusal
+
+    return [why for why in (signal_refusal(h.pid) for h in holders) if why is not None]
 
 
 def reset_blockers(holders, ancestors: set[int] | None = None) -> list[tuple[object, str]]:
@@ -102,6 +132,11 @@ def _clear_holders(ctx, index, holders, face, reason, kill_timeout, dry_run, det
         details["rule"] = "holder-refused"
         return done(False, "refused", f"GPU {index} not reset, and no holder was killed: "
                     + "; ".join(blocked) + "; gputop never kills these, stop them yourself first", EXIT_REFUSED)
+    denied = signal_blockers(holders)
+    if denied:
+        details["rule"] = "permission"
+        return done(False, "permission-denied", f"GPU {index} not reset, and no holder was killed: "
+                    + "; ".join(denied), EXIT_PERMISSION)
     if dry_run:
         return done(True, "dry-run", f"would kill {len(holders)} process(es) holding GPU {index} "
                     f"({', '.join(str(h.pid) for h in holders)}), then reset it", EXIT_OK)

@@ -7,6 +7,7 @@ import sys
 from gputop import actions
 from gputop.commands._common import config_from, open_sampler, print_json
 from gputop.errors import UsageError
+from gputop.textsafe import visible
 from gputop.units import parse_duration
 
 NAME = "reset"
@@ -46,6 +47,7 @@ def run(args) -> int:
         print(r.message) if r.ok else print(f"gputop: {r.message}", file=sys.stderr)
         if not r.ok and r.outcome == "busy":
             for h in r.details.get("holders", []):
-                print(f"  holder pid {h['pid']} ({h['name']}, user {h['user']}, {h['verdict']}): {h['cmd'][:70]}")
+                print(f"  holder pid {h['pid']} ({visible(h['name'])}, user {visible(h['user'])}, {h['verdict']}): "
+                      f"{visible((h['cmd'] or '')[:70])}")
         # an audit-log failure was already printed once, loudly, by auditlog.warn()
     return r.exit_code
