@@ -57,11 +57,19 @@ def test_a_worker_started_on_sigterm_by_an_exiting_member_is_not_left_running(pr
     procs.pids.extend(new)
     assert not new, f"the reap said {out.stdout.strip()!r} (exit {out.returncode}) while the worker {new} runs on"
     assert out.returncode == 0, out.stdout + out.stderr
+    _check_record(holder, m)
+
+
+def _check_record(holder: int, m: str) -> None:
+    """The audit record names the worker among the members, as started during the reap; when it was found
+    by session (its member had exited before the next scan: the usual case), it says so."""
     [rec] = records(action="reap", pid=holder)
-    joined = rec["details"]["joined_by_session"]
-    assert len(joined) == 1, rec["details"]
-    assert joined[0] in [m_["pid"] for m_ in rec["details"]["members"]]
-    assert any(joined[0] in s["pids"] and "joined" in (s.get("note") or "") for s in rec["signals"]), rec["signals"]
+    assert rec["ok"] and rec["outcome"] == "reaped", rec
+    d = rec["details"]
+    [worker] = [x["pid"] for x in d["members"] if (x["cmdline"] or [""])[-1] == f"{m}-new"]
+    assert worker in set(d["joined_by_session"]) | set(d["started_during_reap"]), d
+    if worker in d["joined_by_session"]:
+        assert any(worker in s["pids"] and "joined" in (s.get("note") or "") for s in rec["signals"]), rec
 
 
 def test_a_process_started_at_the_same_moment_in_another_session_survives(procs, scenario, cfg, tmp_path):
@@ -82,3 +90,15 @@ def test_a_process_started_at_the_same_moment_in_another_session_survives(procs,
     procs.pids.extend(new + bystanders)
     assert not new and reap.returncode == 0, stdout + stderr
     assert len(bystanders) == 2, f"a bystander in another session was killed: {stdout}"
+
+
+def test_the_watchdog_reaps_through_the_same_executor(procs, scenario, cfg, tmp_path):
+    m = unique("gtrev-esc")
+    holder = _start(procs, scenario, tmp_path, m)
+    out = run_gputop("reap", "--watch", "--apply", "--grace", "0", "--interval", "0.2", "--count", "2", "--json")
+    assert wait_gone(holder)
+    time.sleep(0.3)
+    new = _with_last_arg(f"{m}-new")
+    procs.pids.extend(new)
+    assert not new, f"the watchdog left the worker {new} running: {out.stdout}"
+    _check_record(holder, m)
