@@ -8,12 +8,14 @@ the remote command to the remote user's shell as one string.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -152,6 +154,30 @@ def missing_message(host: str) -> str:
             f"(or ${ENV_REMOTE_CMD})")
 
 
+def terminal_safe(text: str) -> str:
+    """``visible`` for a stream of lines: newlines and tabs are kept, every other control character (ESC,
+    CR, BEL, C1, ...) is shown as ``\\xNN``."""
+    return "\n".join("\t".join(visible(part) for part in line.split("\t")) for line in text.split("\n"))
+
+
+def _pump(src, dst) -> None:
+    """Copy a remote stream to our terminal through terminal_safe, chunk by chunk (a prompt without a
+    newline shows at once); UTF-8 split across chunks is decoded whole."""
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    fd = src.fileno()
+    try:
+        while True:
+            chunk = os.read(fd, 65536)
+            text = dec.decode(chunk, final=not chunk)
+            if text:
+                dst.write(terminal_safe(text))
+                dst.flush()
+            if not chunk:
+                return
+    except (OSError, ValueError):
+        return
+
+
 def run_remote(inv: RemoteInvocation) -> int:
     """Run gputop on the remote host; its output streams through and its exit status is ours."""
     sub = _subcommand(inv.args)
@@ -159,13 +185,22 @@ def run_remote(inv: RemoteInvocation) -> int:
     interactive = sys.stdin.isatty()
     argv = build_ssh_argv(inv.host, inv.args, remote_cmd=inv.remote_cmd, tty=tui and interactive,
                           batch=not interactive)
+    # A subcommand's output is text from the remote host: at a terminal it goes through terminal_safe. The
+    # TUI (ssh -t) is a terminal session and passes as it is; a pipe gets the remote's bytes unchanged.
+    filt = [] if tui else [name for name in ("stdout", "stderr") if getattr(sys, name).isatty()]
     try:
-        proc = subprocess.Popen(argv)
+        proc = subprocess.Popen(argv, **{name: subprocess.PIPE for name in filt})
     except FileNotFoundError:
         raise UnavailableError("the OpenSSH client 'ssh' was not found: install openssh-client "
                                "(apt install openssh-client, dnf install openssh-clients)") from None
+    pumps = [threading.Thread(target=_pump, args=(getattr(proc, name), getattr(sys, name)), daemon=True)
+             for name in filt]
+    for t in pumps:
+        t.start()
     try:
         rc = proc.wait()
+        for t in pumps:
+            t.join(5)
     except KeyboardInterrupt:
         # ssh got the same SIGINT (same process group); give it a moment to close the session.
         try:

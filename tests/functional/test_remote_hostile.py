@@ -61,3 +61,61 @@ def test_hostile_remote_json_keeps_exact_values_and_the_asked_host(tmp_path):
     [h] = data["holders"]
     assert h["host"] == "evil" and h["user"] == "eve" + C1  # the remote cannot name another host
     assert "\x1b" not in r.stdout  # JSON escapes control characters itself
+
+
+FAKE_SSH_STREAM = """import sys
+sys.stdout.write('GPU 0  H100\\x1b]0;owned\\x07\\tok\\n')
+sys.stdout.flush()
+sys.stderr.write('warning: disk \\x1b[2J\\x9b31m full\\r\\n')
+sys.exit(3)
+"""
+
+
+def _on_a_terminal(argv, env) -> tuple[int, str]:
+    """Run ``argv`` with stdout and stderr on a pty; (exit status, what the terminal got)."""
+    import os
+    import pty
+    import select
+    import subprocess
+
+    master, slave = pty.openpty()
+    chunks = []
+    try:
+        p = subprocess.Popen(argv, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env)
+        os.close(slave)
+        slave = None
+        while True:
+            if not select.select([master], [], [], 30)[0]:
+                break
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child has exited and its side is drained
+                break
+            if not data:
+                break
+            chunks.append(data)
+        rc = p.wait(timeout=60)
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    return rc, b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_remote_subcommand_output_at_a_terminal_is_made_visible(tmp_path):
+    import os
+
+    fake = tmp_path / "fake_ssh_stream.py"
+    fake.write_text(FAKE_SSH_STREAM)
+    env = {**os.environ, "GPUTOP_SSH": f"{sys.executable} {fake}"}
+    rc, shown = _on_a_terminal([sys.executable, "-m", "gputop", "--remote", "evil", "status"], env)
+    assert rc == 3, shown  # the remote's exit status is ours
+    for raw in ("\x1b", "\x07", "\x9b"):
+        assert raw not in shown, f"a raw control character {raw!r} reached the terminal: {shown!r}"
+    assert "H100\\x1b]0;owned\\x07\tok" in shown and "disk \\x1b[2J\\x9b31m full\\x0d" in shown, repr(shown)
+    # a pipe gets the remote's bytes unchanged (JSON for a program)
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "gputop", "--remote", "evil", "status"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert "\x1b]0;owned\x07" in r.stdout
