@@ -235,6 +235,8 @@ def test_sighup_reloads_a_good_policy_keeps_the_last_valid_one_on_a_bad_one_and_
         daemon.send_signal(signal.SIGHUP)
         assert wait_gone(v.pid, 30), "the guard stopped enforcing after SIGHUP"
         assert bystander.poll() is None
+        # the victim can be gone a moment before the daemon writes its hit line: wait for the line, then stop it
+        poll(lambda: "[kill-victims] kill" in (tmp_path / "guard.log").read_text(), what="the kill's log line")
     finally:
         daemon.send_signal(signal.SIGTERM)
         rc = daemon.wait(20)
