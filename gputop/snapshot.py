@@ -21,7 +21,7 @@ from gputop.backends import probe
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
 from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
-from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
+from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect, verdict_inputs
 from gputop.ownership import Owner, OwnerCache
 from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, hidepid_note, start_time, tgid_of
 from gputop.slurm import JobRef, JobState, JobStates, process_job
@@ -162,6 +162,50 @@ class Snapshot:
         return snapshot_to_dict(self)
 
 
+class _Recording:
+    """A view of a ProcTable that records every answer classify() gets from it (get and hidden)."""
+
+    __slots__ = ("_table", "gets", "hides")
+
+    def __init__(self, table: ProcTable):
+        self._table = table
+        self.gets: dict[int, ProcInfo | None] = {}
+        self.hides: dict[int, bool] = {}
+
+    def get(self, pid: int) -> ProcInfo | None:
+        info = self.gets[pid] = self._table.get(pid)
+        return info
+
+    def hidden(self, pid: int) -> bool:
+        answer = self.hides[pid] = self._table.hidden(pid)
+        return answer
+
+
+@dataclass(frozen=True)
+class _Memo:
+    """One holder's verdict and chain, with every input they were computed from: each process-table
+    answer classify() got (a ProcInfo or None per PID looked up, hidden or not per PID asked) and the
+    holder's owner. classify() is a pure function of these and of the rules (config), so while every
+    one of them gives the same answer again, it would return the same verdict."""
+
+    gets: tuple[tuple[int, ProcInfo | None], ...]
+    hides: tuple[tuple[int, bool], ...]
+    owner: Owner | None
+    verdict: Verdict
+    chain: tuple[ProcInfo, ...]
+
+    def still_holds(self, table: ProcTable, owner: Owner | None) -> bool:
+        """Whether the current table (and owner) answer every recorded question as before."""
+        for pid, old in self.gets:
+            cur = table.get(pid)
+            if cur is not old and (cur is None or old is None or verdict_inputs(cur) != verdict_inputs(old)):
+                return False  # gone, appeared, replaced (pid, start), reparented, renamed, exec'd, exited...
+        for pid, was in self.hides:
+            if table.hidden(pid) != was:
+                return False
+        return owner == self.owner
+
+
 class Sampler:
     """Reads the backends and the host processes; keeps the state that CPU% needs between samples."""
 
@@ -199,6 +243,10 @@ class Sampler:
         self.job_states = JobStates(ttl=max(0.5, self.config.interval * 0.9))
         self._job_refs: dict[tuple[int, float], JobRef | None] = {}
         self._hidepid: tuple[str | None] | None = None  # (the hidepid warning or None), once read
+        # The verdict memo: holder pid -> _Memo, kept while every input of the verdict is unchanged, for
+        # the rules of _rules_of (see _verdict). Faces only: actions classify again on a fresh table.
+        self._memo: dict[int, _Memo] = {}
+        self._rules_of: tuple[Config, str] = (self.config, self.platform)
 
     def _job_of(self, info: ProcInfo) -> JobRef | None:
         """The Slurm job of a process, read once per identity (a process's job never changes)."""
@@ -274,18 +322,10 @@ class Sampler:
                 cpu_seen: dict[tuple[int, float], tuple[float, float]], jobs: dict[int, JobRef],
                 job_states: dict[int, JobState]) -> Holder:
         """One visible holder: its verdict, chain, CPU%, owners and Slurm job."""
-        walked: list = []
-        owner_of = self.owner_of if self._owners is not None else None
-        verdict = classify(pid, table, platform=self.platform, protect=self._protect,
-                           nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
-                           walked=walked, owner_of=owner_of, job_of=self._job_of if jobs else None,
-                           job_state=job_states.get, protect_cmdline=self._protect_cmdline)
+        owners = self._owners
+        owner = owners.of(info) if owners is not None else None
+        verdict, chain = self._verdict(pid, info, table, owner, jobs, job_states)
         job = jobs.get(pid)
-        if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
-            init = table.get(1) if walked[-1].ppid == 1 else None
-            chain = tuple(walked[1:]) + ((init,) if init is not None else ())
-        else:
-            chain = tuple(table.ancestors(pid, limit=self.config.max_chain))
         cpu = None
         if info.cpu_time is not None:
             key = info.identity
@@ -295,11 +335,53 @@ class Sampler:
             elif now > info.start_time:  # first sight: lifetime average, as ps shows
                 cpu = info.cpu_time / max(now - info.start_time, 1e-3) * 100.0
             cpu_seen[key] = (info.cpu_time, now)
-        owner, chain_owners = None, ()
-        if owner_of is not None:  # read only for holders and their chains
-            owner, chain_owners = owner_of(info), tuple(owner_of(c) for c in chain)
+        # Owners are read only for holders and their chains.
+        chain_owners = tuple(owners.of(c) for c in chain) if owners is not None else ()
         return Holder(pid, uses, info, chain, verdict, cpu, max(0.0, now - info.start_time), owner,
                       chain_owners, job, job_states.get(job.job_id) if job is not None else None)
+
+    def _verdict(self, pid: int, info: ProcInfo, table: ProcTable, owner: Owner | None,
+                 jobs: dict[int, JobRef], job_states: dict[int, JobState]) -> tuple[Verdict, tuple[ProcInfo, ...]]:
+        """The holder's verdict and its chain (parent, ... up to init), from the memo while every input
+        of the verdict gives the same answer, else from classify() over this sample's table.
+
+        Not memoised: a holder in a Slurm job (its job's state changes without any process changing)
+        and a chain that could not be walked (unknown, and cheap). The memo is only ever a faster way to
+        the verdict classify() would return now: never an older one."""
+        memo = self._memo.get(pid)
+        if memo is not None and pid not in jobs and memo.still_holds(table, owner):
+            chain = memo.chain
+            if any(table.get(c.pid) is not c for c in chain):  # same verdict inputs, fresh CPU and RSS
+                chain = tuple(table.get(c.pid) for c in chain)
+            return memo.verdict, chain  # type: ignore[return-value]
+        rec = _Recording(table)
+        rec.get(pid)  # the holder first: still_holds() checks it first
+        walked: list = []
+        owners = self._owners
+        verdict = classify(pid, rec, platform=self.platform, protect=self._protect,
+                           nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
+                           walked=walked, owner_of=owners.of if owners is not None else None,
+                           job_of=self._job_of if jobs else None, job_state=job_states.get,
+                           protect_cmdline=self._protect_cmdline)
+        if not walked:  # the walk failed (unknown): the chain as far as it goes
+            self._memo.pop(pid, None)
+            return verdict, tuple(table.ancestors(pid, limit=self.config.max_chain))
+        # The chain the verdict walked, up to init: the same as table.ancestors(pid).
+        init = rec.get(1) if walked[-1].ppid == 1 else None
+        chain = tuple(walked[1:]) + ((init,) if init is not None else ())
+        if pid in jobs:
+            self._memo.pop(pid, None)
+        else:
+            self._memo[pid] = _Memo(tuple(rec.gets.items()), tuple(rec.hides.items()), owner, verdict, chain)
+        return verdict, chain
+
+    def _check_rules(self) -> None:
+        """A new config (a reload) brings new protect rules: compile them, and forget every verdict."""
+        if self.config is not self._rules_of[0] or self.platform != self._rules_of[1]:
+            self._protect = compile_protect(self.config.protect)
+            self._protect_cmdline = compile_protect(self.config.protect_cmdline)
+            self._rules_of = (self.config, self.platform)
+            self._memo.clear()
 
     def _device(self, gi: int, backend: Backend, local: int) -> DeviceSample:
         try:
@@ -328,6 +410,7 @@ class Sampler:
 
     def sample(self) -> Snapshot:
         now = self.clock()
+        self._check_rules()
         warnings: list[str] = []
         if self._hidepid is None:  # the mount's options: read once per sampler, not every refresh
             self._hidepid = (hidepid_note(self.proc_root),)
@@ -376,6 +459,7 @@ class Sampler:
             holders.append(self._holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states))
         self._cpu_prev = cpu_seen
         self._leaders, self._leaders_seen = self._leaders_seen, set()
+        self._memo = {h.pid: self._memo[h.pid] for h in holders if h.pid in self._memo}
         live = {h.proc.identity for h in holders if h.proc is not None}
         self._job_refs = {k: v for k, v in self._job_refs.items() if k in live}
         if self._static is not None:
