@@ -433,6 +433,12 @@ class OwnerCache:
         """``get`` for a ProcInfo (the ``owner_of`` callable that orphans.classify takes)."""
         return self.get(proc.pid, proc.start_time)
 
+    def of_all(self, procs) -> tuple[Owner | None, ...]:
+        """``of`` for each of ``procs`` (a holder's chain), in order."""
+        seen, entries = self._seen, self._entries
+        return tuple(entries[(p.pid, p.start_time)][1] if (p.pid, p.start_time) in seen
+                     else self.get(p.pid, p.start_time) for p in procs)
+
     def prune(self, keep: Iterable[tuple[int, float]] = ()) -> None:
         used = self._seen | set(keep)
         self._entries = {k: v for k, v in self._entries.items() if k in used}

@@ -155,8 +155,12 @@ class StaticCache:
     def unchanged(self, pid: int, stat: bytes) -> ProcInfo | None:
         """The ProcInfo made last time, if the stat line is the same bytes and the entry is fresh."""
         last = self._last.get(pid)
-        if last is None or last[0] != stat or self.get(last[2]) is None:
+        if last is None or last[0] != stat:
             return None
+        e = self._entries.get(last[2])  # get(), inlined: called for every known process every refresh
+        if e is None or self.clock() - e[0] >= self.ttl:
+            return None
+        self._used.add(last[2])
         return last[1]
 
     def knows(self, pid: int) -> bool:
@@ -446,12 +450,13 @@ def hidepid_note(proc_root: str = "/proc") -> str | None:
     return None
 
 
-def visibility(pid: int, proc_root: str = "/proc") -> str:
+def visibility(pid: int, proc_root: str = "/proc", read_first: bool = True) -> str:
     """``gone`` only when the kernel says no such process (ESRCH); ``hidden`` when it exists but /proc does
-    not show it (hidepid, another user's process); ``visible`` otherwise. Cannot see is not gone."""
+    not show it (hidepid, another user's process); ``visible`` otherwise. Cannot see is not gone.
+    ``read_first=False``: the caller has just read /proc and not found it (the answer is the same)."""
     if pid <= 0:
         return GONE
-    if read_proc(pid, proc_root) is not None:
+    if read_first and read_proc(pid, proc_root) is not None:
         return VISIBLE
     try:
         os.kill(pid, 0)
@@ -486,13 +491,23 @@ class ProcTable:
         try:
             return self._cache[pid]
         except KeyError:
-            stat = self._scan_stat.pop(pid, None) if self._scan_stat else None
-            if stat is not None:  # scan_all read its stat line: read the rest now
-                info = _read_linux(pid, self.proc_root, self.static, stat)
-            else:
-                info = read_proc(pid, self.proc_root, self.static)
-            self._cache[pid] = info
-            return info
+            pass
+        static = self.static
+        stat = self._scan_stat.pop(pid, None) if self._scan_stat else None
+        if stat is not None:  # scan_all read its stat line: read the rest now
+            info = _read_linux(pid, self.proc_root, static, stat)
+        elif static is not None and IS_LINUX and static.knows(pid):
+            # A process an earlier sample read (a long-lived sampler, every refresh): one stat read, and
+            # usually the same bytes as last time, so the same ProcInfo. Else as _read_linux() would.
+            stat = _read(f"{self.proc_root}/{pid}/stat")
+            info = None
+            if stat:
+                info = (static.unchanged(pid, stat) if b") Z " not in stat else None) \
+                    or _read_linux(pid, self.proc_root, static, stat)
+        else:
+            info = read_proc(pid, self.proc_root, static)
+        self._cache[pid] = info
+        return info
 
     def __contains__(self, pid: int) -> bool:
         return self.get(pid) is not None
@@ -507,7 +522,7 @@ class ProcTable:
         try:
             return self._hidden[pid]
         except KeyError:
-            answer = self._hidden[pid] = visibility(pid, self.proc_root) == HIDDEN
+            answer = self._hidden[pid] = visibility(pid, self.proc_root, read_first=False) == HIDDEN
             return answer
 
     def scan_all(self) -> None:

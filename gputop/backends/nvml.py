@@ -328,7 +328,7 @@ class NvmlBackend(Backend):
             fan_pct=float(fan) if fan is not None else None,
             clock_sm_mhz=int(sm) if sm is not None else None,
             clock_mem_mhz=int(mem_clock) if mem_clock is not None else None,
-            errors=tuple(errors),
+            errors=tuple(errors), backend=self.name, backend_index=index,
         )
 
     # ---- processes ----
