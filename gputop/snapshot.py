@@ -13,7 +13,6 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Callable
 
 from gputop import __version__, saferegex
@@ -27,6 +26,23 @@ from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, hidepid_not
 from gputop.slurm import JobRef, JobState, JobStates, process_job
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
+
+
+class cached_property:  # noqa: N801 (functools.cached_property, without its lock)
+    """functools.cached_property without the lock Python before 3.12 takes on every first read (~1 us):
+    a snapshot makes a thousand holders a refresh, each read once from one thread."""
+
+    def __init__(self, fn):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass(frozen=True)
