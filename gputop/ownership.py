@@ -435,9 +435,11 @@ class OwnerCache:
 
     def of_all(self, procs) -> tuple[Owner | None, ...]:
         """``of`` for each of ``procs`` (a holder's chain), in order."""
-        seen, entries = self._seen, self._entries
-        return tuple(entries[(p.pid, p.start_time)][1] if (p.pid, p.start_time) in seen
-                     else self.get(p.pid, p.start_time) for p in procs)
+        seen, entries, out = self._seen, self._entries, []
+        for p in procs:
+            key = (p.pid, p.start_time)
+            out.append(entries[key][1] if key in seen else self.get(p.pid, p.start_time))
+        return tuple(out)
 
     def prune(self, keep: Iterable[tuple[int, float]] = ()) -> None:
         used = self._seen | set(keep)

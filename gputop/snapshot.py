@@ -219,7 +219,7 @@ class _Memo:
         for pid, was in self.hides:
             if table.hidden(pid) != was:
                 return False
-        return owner == self.owner
+        return owner is self.owner or owner == self.owner
 
 
 class Sampler:
@@ -367,8 +367,10 @@ class Sampler:
         memo = self._memo.get(pid)
         if memo is not None and pid not in jobs and memo.still_holds(table, owner):
             chain = memo.chain
-            if any(table.get(c.pid) is not c for c in chain):  # same verdict inputs, fresh CPU and RSS
-                chain = tuple(table.get(c.pid) for c in chain)
+            for c in chain:
+                if table.get(c.pid) is not c:  # the same verdict inputs, but new CPU time or RSS
+                    chain = tuple(table.get(c.pid) for c in chain)
+                    break
             return memo.verdict, chain  # type: ignore[return-value]
         rec = _Recording(table)
         rec.get(pid)  # the holder first: still_holds() checks it first

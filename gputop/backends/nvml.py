@@ -418,7 +418,7 @@ class NvmlBackend(Backend):
             try:
                 fn = self._fn(name)
                 buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
-                return [(int(buf[i].pid), _mem(buf[i].usedGpuMemory)) for i in range(n)]
+                return [(e.pid, _mem(e.usedGpuMemory)) for e in buf[:n]]  # one struct view per entry
             except nv.NVMLError as e:
                 if getattr(e, "value", None) == ERR_FUNCTION_NOT_FOUND and \
                         self._proc_version[kind] + 1 < len(PROC_VERSIONS):
@@ -433,7 +433,7 @@ class NvmlBackend(Backend):
             fn = self._fn("nvmlDeviceGetProcessUtilization")
             buf, n = self._fill(("nvmlDeviceGetProcessUtilization", index), _ProcessUtilizationSample,
                                 lambda b, c: fn(h, b, c, since))
-            samples = [buf[i] for i in range(n)]
+            samples = buf[:n]
         except nv.NVMLError as e:
             code = getattr(e, "value", None)
             if code == ERR_GPU_IS_LOST:
@@ -444,10 +444,11 @@ class NvmlBackend(Backend):
         latest: dict[int, tuple[int, float]] = {}
         newest = self._last_seen.get(index, 0)
         for s in samples:
-            ts = int(s.timeStamp)
-            newest = max(newest, ts)
-            if s.pid not in latest or ts >= latest[s.pid][0]:
-                latest[int(s.pid)] = (ts, float(s.smUtil))
+            ts, pid = s.timeStamp, s.pid
+            if ts > newest:
+                newest = ts
+            if pid not in latest or ts >= latest[pid][0]:
+                latest[pid] = (ts, float(s.smUtil))
         self._last_seen[index] = newest
         return {pid: sm for pid, (_, sm) in latest.items()}
 
