@@ -418,7 +418,8 @@ class NvmlBackend(Backend):
             try:
                 fn = self._fn(name)
                 buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
-                return [(e.pid, _mem(e.usedGpuMemory)) for e in buf[:n]]  # one struct view per entry
+                # One struct view per entry (buf[i] makes a new one per field read); no buffer yet when n is 0.
+                return [(e.pid, _mem(e.usedGpuMemory)) for e in buf[:n]] if n else []
             except nv.NVMLError as e:
                 if getattr(e, "value", None) == ERR_FUNCTION_NOT_FOUND and \
                         self._proc_version[kind] + 1 < len(PROC_VERSIONS):
@@ -433,7 +434,7 @@ class NvmlBackend(Backend):
             fn = self._fn("nvmlDeviceGetProcessUtilization")
             buf, n = self._fill(("nvmlDeviceGetProcessUtilization", index), _ProcessUtilizationSample,
                                 lambda b, c: fn(h, b, c, since))
-            samples = buf[:n]
+            samples = buf[:n] if n else []
         except nv.NVMLError as e:
             code = getattr(e, "value", None)
             if code == ERR_GPU_IS_LOST:
