@@ -140,6 +140,9 @@ class StaticCache:
         # pid -> (the stat line last read, the ProcInfo made from it, its key): an idle process has a
         # byte-identical stat line from one refresh to the next, and then parses to the same ProcInfo.
         self._last: dict[int, tuple[bytes, ProcInfo, tuple[int, int]]] = {}
+        # pid -> Tgid, from the status files read since the last prune (a refresh): tgid_of() without
+        # reading the file again.
+        self.tgids: dict[int, int] = {}
 
     def get(self, key: tuple[int, int]) -> tuple[tuple[str, ...], int | None] | None:
         e = self._entries.get(key)
@@ -175,6 +178,7 @@ class StaticCache:
         self._entries = {k: v for k, v in self._entries.items() if k in self._used}
         self._last = {p: v for p, v in self._last.items() if v[2] in self._used}
         self._used = set()
+        self.tgids = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -251,9 +255,11 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
                 return _read_linux_pinned(pid, proc_root, base, static, dfd, start_ticks)
             finally:
                 os.close(dfd)
-        cmdline, uid, sighup = _read_static(dfd, base, half, sighup)
+        cmdline, uid, sighup, tgid = _read_static(dfd, base, half, sighup)
         if static is not None:
             static.put(key, cmdline, uid)
+            if tgid is not None:
+                static.tgids[pid] = tgid
     name = comm
     if len(comm) >= 15 and cmdline:  # comm is truncated to 15 bytes
         exe_name = os.path.basename(cmdline[0])
@@ -270,13 +276,17 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
     return info
 
 
-def _read_static(dfd: int, base: str, half: bool, sighup: bool | None) -> tuple[tuple[str, ...], int | None, bool | None]:
-    """Command line, uid and (when stat had no sigignore field) the nohup mark, through the pinned dir."""
+def _read_static(dfd: int, base: str, half: bool,
+                 sighup: bool | None) -> tuple[tuple[str, ...], int | None, bool | None, int | None]:
+    """Command line, uid, (when stat had no sigignore field) the nohup mark, and the thread group (Tgid),
+    through the pinned dir."""
     raw_cmd = _read("cmdline", dfd) or (_live_thread_file(base, "cmdline") if half else b"") or b""
     cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0") if a)
-    uid = None
+    uid = tgid = None
     status = _read("status", dfd)
     if status:
+        tg = _status_field(status, b"\nTgid:")
+        tgid = int(tg) if tg is not None and tg.isdigit() else None
         uid = _status_field(status, b"\nUid:")
         if uid is not None:
             uid = int(uid)
@@ -289,7 +299,7 @@ def _read_static(dfd: int, base: str, half: bool, sighup: bool | None) -> tuple[
             uid = os.stat(".", dir_fd=dfd).st_uid
         except OSError:
             pass
-    return cmdline, uid, sighup
+    return cmdline, uid, sighup, tgid
 
 
 def _read_linux_pinned(pid: int, proc_root: str, base: str, static: StaticCache | None, dfd: int,

@@ -418,7 +418,10 @@ class Sampler:
         if key is not None and key in self._leaders:
             self._leaders_seen.add(key)
             return pid
-        tgid = tgid_of(pid, self.proc_root)
+        # The status file the table has just read for this PID (a new process), else read it now.
+        tgid = self._static.tgids.get(pid) if self._static is not None and info is not None else None
+        if tgid is None:
+            tgid = tgid_of(pid, self.proc_root)
         if tgid == pid and key is not None:
             self._leaders_seen.add(key)
         return tgid
@@ -441,6 +444,8 @@ class Sampler:
         uses: dict[int, list[GpuUse]] = {}
         visible: dict[int, bool] = {}
         table = ProcTable(self.proc_root, static=self._static)
+        if self._static is not None:
+            self._static.tgids.clear()  # this refresh's reads only (prune clears it too, unless one failed)
         for gi, (backend, local) in enumerate(self._index_map()):
             dev = self._device(gi, backend, local)
             devices.append(dev)

@@ -54,14 +54,14 @@ class Host:
         (self.proc / "stat").write_text(f"cpu 0 0 0 0\nbtime {BTIME}\n")
 
     def write_proc(self, pid, ppid, sid, name, *, start=100, cmd=None, utime=0, state="S", uid=1000,
-                   sigign=0, cgroup=None):
+                   sigign=0, cgroup=None, tgid=None):
         d = self.proc / str(pid)
         d.mkdir(exist_ok=True)
         rest = [state, ppid, sid, sid, 0, -1, 0, 0, 0, 0, 0, utime, 0, 0, 0, 20, 0, 1, 0, start, 0, 10]
         rest += [0] * (30 - len(rest)) + [sigign, 0, 0]
         (d / "stat").write_text(f"{pid} ({name}) " + " ".join(map(str, rest)) + "\n")
         (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in (cmd or [name])) + b"\0")
-        (d / "status").write_text(f"Name:\t{name}\nTgid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+        (d / "status").write_text(f"Name:\t{name}\nTgid:\t{tgid or pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
         if cgroup is not None:
             (d / "cgroup").write_text(cgroup)
 
@@ -311,3 +311,11 @@ def test_actions_do_not_use_the_memo():
     for path in root.glob("*.py"):
         assert not re.search(r"\._memo\b|\._verdict\(|_Memo\b", path.read_text()), path.name
     assert "classify(" in (root / "reap.py").read_text() and "classify(" in (root / "common.py").read_text()
+
+
+def test_a_thread_id_is_mapped_to_its_process_on_the_first_and_later_samples(host, ttl):
+    # NVML may report a thread id; the first sample takes the Tgid from the status file the table read.
+    host.write_proc(301, PARENT, LEADER, "python", start=70, cmd=["python", "worker.py"], tgid=HOLDER)
+    s = sampler(host, holders=(301,), static_ttl=ttl)
+    for _ in range(3):
+        assert [h.pid for h in s.sample().holders] == [HOLDER]
