@@ -587,7 +587,9 @@ def use_to_dict(u: GpuUse) -> dict:
     return {"gpu": u.gpu, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util}
 
 
-def holder_to_dict(h: Holder) -> dict:
+def holder_to_dict(h: Holder, _entries: dict | None = None) -> dict:
+    """``_entries``: chain entries already made in this document, by (process, owner) object; the
+    holders of one tree share their ancestors, so a node's JSON makes each one once."""
     p = h.proc
     owners = h.chain_owners or (None,) * len(h.chain)
     return {
@@ -601,8 +603,18 @@ def holder_to_dict(h: Holder) -> dict:
         "verdict": verdict_to_dict(h.verdict),
         "owner": owner_to_dict(h.owner),
         "slurm": slurm_to_dict(h),
-        "chain": [{**proc_to_dict(c), "owner": owner_to_dict(o)} for c, o in zip(h.chain, owners)],
+        "chain": [_chain_entry(c, o, _entries) for c, o in zip(h.chain, owners)],
     }
+
+
+def _chain_entry(c: ProcInfo, o: Owner | None, entries: dict | None) -> dict:
+    if entries is None:
+        return {**proc_to_dict(c), "owner": owner_to_dict(o)}
+    key = (id(c), id(o))  # both alive (held by the snapshot) while the document is made
+    e = entries.get(key)
+    if e is None:
+        e = entries[key] = {**proc_to_dict(c), "owner": owner_to_dict(o)}
+    return e
 
 
 def slurm_to_dict(h: Holder) -> dict | None:
@@ -615,6 +627,9 @@ def slurm_to_dict(h: Holder) -> dict | None:
 
 
 def snapshot_to_dict(s: Snapshot) -> dict:
+    """The snapshot as JSON-ready data. Chain entries of holders that share an ancestor are one dict
+    object (made once): serialise it, do not edit it in place."""
+    entries: dict = {}
     gpu_holders = [
         {"gpu": u.gpu, "pid": h.pid, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util}
         for h in s.holders for u in h.uses
@@ -626,7 +641,7 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "platform": s.platform,
         "version": __version__,
         "gpu": {"gpus": [device_to_dict(d) for d in s.devices], "holders": gpu_holders},
-        "holders": [holder_to_dict(h) for h in s.holders],
+        "holders": [holder_to_dict(h, entries) for h in s.holders],
         "roots": [
             {**proc_to_dict(r.proc), "holders": list(r.holders), "gpus": list(r.gpus),
              "gpu_memory": r.gpu_memory, "reason": r.reason, "reaper": r.reaper,
