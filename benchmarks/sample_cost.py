@@ -115,6 +115,12 @@ class _LibClock:
                     return fn
 
                 pynvml._nvmlGetFunctionPointer = lookup
+                # The backend keeps the function pointers of its list calls (process lists, process
+                # utilisation) itself, fetched before this clock was installed: fetch them again through
+                # it, or the fake library's /proc reads in those calls count as gputop's time.
+                for nb in backends:
+                    if nb.name == "nvml":
+                        getattr(nb, "_fns", {}).clear()
                 # The Python bindings' own functions (nvmlDeviceGet...): their time includes the C time.
                 for name in dir(pynvml):
                     fn = getattr(pynvml, name)

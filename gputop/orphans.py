@@ -46,6 +46,16 @@ class Table(Protocol):
     # user's process). A table without it cannot tell hidden from gone, and treats missing as gone.
 
 
+def verdict_inputs(p: ProcInfo) -> tuple:
+    """Everything of one process that a verdict may read: all of ProcInfo but what changes while a process
+    merely runs (CPU time, RSS, and the run state R/S/D, of which only "exited" (``zombie``) counts).
+    Two processes with equal inputs get the same verdict from the same table answers, so a sampler may
+    keep a verdict while every process it read still gives these (see Sampler's verdict memo). A field
+    that classify() starts to read must be added here (tests/unit/test_verdict_memo.py checks)."""
+    return (p.pid, p.ppid, p.name, p.cmdline, p.start_time, p.uid, p.user, p.sid, p.zombie, p.half_exited,
+            p.sighup_ignored, p.kthread)
+
+
 def _hidden(table: Table, pid: int) -> bool:
     fn = getattr(table, "hidden", None)
     return bool(fn(pid)) if fn is not None else False

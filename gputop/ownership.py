@@ -381,7 +381,7 @@ def slurm_job_from_environ(pid: int, proc_root: str = "/proc") -> SlurmEnv | Non
     None when the file cannot be read (another user's process without root, gone, hidden) or has no
     valid job id: never an error."""
     data = _read_bytes(f"{proc_root}/{pid}/environ", _MAX_ENVIRON)
-    if not data:
+    if not data or b"SLURM_JOB_ID=" not in data:  # the common case, in one scan instead of a loop
         return None
     env: dict[bytes, bytes] = {}
     for item in data.split(b"\0"):
@@ -432,6 +432,14 @@ class OwnerCache:
     def of(self, proc) -> Owner | None:
         """``get`` for a ProcInfo (the ``owner_of`` callable that orphans.classify takes)."""
         return self.get(proc.pid, proc.start_time)
+
+    def of_all(self, procs) -> tuple[Owner | None, ...]:
+        """``of`` for each of ``procs`` (a holder's chain), in order."""
+        seen, entries, out = self._seen, self._entries, []
+        for p in procs:
+            key = (p.pid, p.start_time)
+            out.append(entries[key][1] if key in seen else self.get(p.pid, p.start_time))
+        return tuple(out)
 
     def prune(self, keep: Iterable[tuple[int, float]] = ()) -> None:
         used = self._seen | set(keep)

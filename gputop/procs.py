@@ -140,6 +140,9 @@ class StaticCache:
         # pid -> (the stat line last read, the ProcInfo made from it, its key): an idle process has a
         # byte-identical stat line from one refresh to the next, and then parses to the same ProcInfo.
         self._last: dict[int, tuple[bytes, ProcInfo, tuple[int, int]]] = {}
+        # pid -> Tgid, from the status files read since the last prune (a refresh): tgid_of() without
+        # reading the file again.
+        self.tgids: dict[int, int] = {}
 
     def get(self, key: tuple[int, int]) -> tuple[tuple[str, ...], int | None] | None:
         e = self._entries.get(key)
@@ -155,8 +158,12 @@ class StaticCache:
     def unchanged(self, pid: int, stat: bytes) -> ProcInfo | None:
         """The ProcInfo made last time, if the stat line is the same bytes and the entry is fresh."""
         last = self._last.get(pid)
-        if last is None or last[0] != stat or self.get(last[2]) is None:
+        if last is None or last[0] != stat:
             return None
+        e = self._entries.get(last[2])  # get(), inlined: called for every known process every refresh
+        if e is None or self.clock() - e[0] >= self.ttl:
+            return None
+        self._used.add(last[2])
         return last[1]
 
     def knows(self, pid: int) -> bool:
@@ -171,6 +178,7 @@ class StaticCache:
         self._entries = {k: v for k, v in self._entries.items() if k in self._used}
         self._last = {p: v for p, v in self._last.items() if v[2] in self._used}
         self._used = set()
+        self.tgids = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -247,9 +255,11 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
                 return _read_linux_pinned(pid, proc_root, base, static, dfd, start_ticks)
             finally:
                 os.close(dfd)
-        cmdline, uid, sighup = _read_static(dfd, base, half, sighup)
+        cmdline, uid, sighup, tgid = _read_static(dfd, base, half, sighup)
         if static is not None:
             static.put(key, cmdline, uid)
+            if tgid is not None:
+                static.tgids[pid] = tgid
     name = comm
     if len(comm) >= 15 and cmdline:  # comm is truncated to 15 bytes
         exe_name = os.path.basename(cmdline[0])
@@ -266,13 +276,17 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
     return info
 
 
-def _read_static(dfd: int, base: str, half: bool, sighup: bool | None) -> tuple[tuple[str, ...], int | None, bool | None]:
-    """Command line, uid and (when stat had no sigignore field) the nohup mark, through the pinned dir."""
+def _read_static(dfd: int, base: str, half: bool,
+                 sighup: bool | None) -> tuple[tuple[str, ...], int | None, bool | None, int | None]:
+    """Command line, uid, (when stat had no sigignore field) the nohup mark, and the thread group (Tgid),
+    through the pinned dir."""
     raw_cmd = _read("cmdline", dfd) or (_live_thread_file(base, "cmdline") if half else b"") or b""
     cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0") if a)
-    uid = None
+    uid = tgid = None
     status = _read("status", dfd)
     if status:
+        tg = _status_field(status, b"\nTgid:")
+        tgid = int(tg) if tg is not None and tg.isdigit() else None
         uid = _status_field(status, b"\nUid:")
         if uid is not None:
             uid = int(uid)
@@ -285,7 +299,7 @@ def _read_static(dfd: int, base: str, half: bool, sighup: bool | None) -> tuple[
             uid = os.stat(".", dir_fd=dfd).st_uid
         except OSError:
             pass
-    return cmdline, uid, sighup
+    return cmdline, uid, sighup, tgid
 
 
 def _read_linux_pinned(pid: int, proc_root: str, base: str, static: StaticCache | None, dfd: int,
@@ -446,12 +460,13 @@ def hidepid_note(proc_root: str = "/proc") -> str | None:
     return None
 
 
-def visibility(pid: int, proc_root: str = "/proc") -> str:
+def visibility(pid: int, proc_root: str = "/proc", read_first: bool = True) -> str:
     """``gone`` only when the kernel says no such process (ESRCH); ``hidden`` when it exists but /proc does
-    not show it (hidepid, another user's process); ``visible`` otherwise. Cannot see is not gone."""
+    not show it (hidepid, another user's process); ``visible`` otherwise. Cannot see is not gone.
+    ``read_first=False``: the caller has just read /proc and not found it (the answer is the same)."""
     if pid <= 0:
         return GONE
-    if read_proc(pid, proc_root) is not None:
+    if read_first and read_proc(pid, proc_root) is not None:
         return VISIBLE
     try:
         os.kill(pid, 0)
@@ -486,13 +501,23 @@ class ProcTable:
         try:
             return self._cache[pid]
         except KeyError:
-            stat = self._scan_stat.pop(pid, None) if self._scan_stat else None
-            if stat is not None:  # scan_all read its stat line: read the rest now
-                info = _read_linux(pid, self.proc_root, self.static, stat)
-            else:
-                info = read_proc(pid, self.proc_root, self.static)
-            self._cache[pid] = info
-            return info
+            pass
+        static = self.static
+        stat = self._scan_stat.pop(pid, None) if self._scan_stat else None
+        if stat is not None:  # scan_all read its stat line: read the rest now
+            info = _read_linux(pid, self.proc_root, static, stat)
+        elif static is not None and IS_LINUX and static.knows(pid):
+            # A process an earlier sample read (a long-lived sampler, every refresh): one stat read, and
+            # usually the same bytes as last time, so the same ProcInfo. Else as _read_linux() would.
+            stat = _read(f"{self.proc_root}/{pid}/stat")
+            info = None
+            if stat:
+                info = (static.unchanged(pid, stat) if b") Z " not in stat else None) \
+                    or _read_linux(pid, self.proc_root, static, stat)
+        else:
+            info = read_proc(pid, self.proc_root, static)
+        self._cache[pid] = info
+        return info
 
     def __contains__(self, pid: int) -> bool:
         return self.get(pid) is not None
@@ -507,7 +532,7 @@ class ProcTable:
         try:
             return self._hidden[pid]
         except KeyError:
-            answer = self._hidden[pid] = visibility(pid, self.proc_root) == HIDDEN
+            answer = self._hidden[pid] = visibility(pid, self.proc_root, read_first=False) == HIDDEN
             return answer
 
     def scan_all(self) -> None:

@@ -13,7 +13,6 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Callable
 
 from gputop import __version__, saferegex
@@ -21,12 +20,29 @@ from gputop.backends import probe
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
 from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
-from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect
+from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect, verdict_inputs
 from gputop.ownership import Owner, OwnerCache
 from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, hidepid_note, start_time, tgid_of
 from gputop.slurm import JobRef, JobState, JobStates, process_job
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
+
+
+class cached_property:  # noqa: N801 (functools.cached_property, without its lock)
+    """functools.cached_property without the lock Python before 3.12 takes on every first read (~1 us):
+    a snapshot makes a thousand holders a refresh, each read once from one thread."""
+
+    def __init__(self, fn):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass(frozen=True)
@@ -162,6 +178,50 @@ class Snapshot:
         return snapshot_to_dict(self)
 
 
+class _Recording:
+    """A view of a ProcTable that records every answer classify() gets from it (get and hidden)."""
+
+    __slots__ = ("_table", "gets", "hides")
+
+    def __init__(self, table: ProcTable):
+        self._table = table
+        self.gets: dict[int, ProcInfo | None] = {}
+        self.hides: dict[int, bool] = {}
+
+    def get(self, pid: int) -> ProcInfo | None:
+        info = self.gets[pid] = self._table.get(pid)
+        return info
+
+    def hidden(self, pid: int) -> bool:
+        answer = self.hides[pid] = self._table.hidden(pid)
+        return answer
+
+
+@dataclass(frozen=True)
+class _Memo:
+    """One holder's verdict and chain, with every input they were computed from: each process-table
+    answer classify() got (a ProcInfo or None per PID looked up, hidden or not per PID asked) and the
+    holder's owner. classify() is a pure function of these and of the rules (config), so while every
+    one of them gives the same answer again, it would return the same verdict."""
+
+    gets: tuple[tuple[int, ProcInfo | None], ...]
+    hides: tuple[tuple[int, bool], ...]
+    owner: Owner | None
+    verdict: Verdict
+    chain: tuple[ProcInfo, ...]
+
+    def still_holds(self, table: ProcTable, owner: Owner | None) -> bool:
+        """Whether the current table (and owner) answer every recorded question as before."""
+        for pid, old in self.gets:
+            cur = table.get(pid)
+            if cur is not old and (cur is None or old is None or verdict_inputs(cur) != verdict_inputs(old)):
+                return False  # gone, appeared, replaced (pid, start), reparented, renamed, exec'd, exited...
+        for pid, was in self.hides:
+            if table.hidden(pid) != was:
+                return False
+        return owner is self.owner or owner == self.owner
+
+
 class Sampler:
     """Reads the backends and the host processes; keeps the state that CPU% needs between samples."""
 
@@ -199,6 +259,10 @@ class Sampler:
         self.job_states = JobStates(ttl=max(0.5, self.config.interval * 0.9))
         self._job_refs: dict[tuple[int, float], JobRef | None] = {}
         self._hidepid: tuple[str | None] | None = None  # (the hidepid warning or None), once read
+        # The verdict memo: holder pid -> _Memo, kept while every input of the verdict is unchanged, for
+        # the rules of _rules_of (see _verdict). Faces only: actions classify again on a fresh table.
+        self._memo: dict[int, _Memo] = {}
+        self._rules_of: tuple[Config, str] = (self.config, self.platform)
 
     def _job_of(self, info: ProcInfo) -> JobRef | None:
         """The Slurm job of a process, read once per identity (a process's job never changes)."""
@@ -274,18 +338,10 @@ class Sampler:
                 cpu_seen: dict[tuple[int, float], tuple[float, float]], jobs: dict[int, JobRef],
                 job_states: dict[int, JobState]) -> Holder:
         """One visible holder: its verdict, chain, CPU%, owners and Slurm job."""
-        walked: list = []
-        owner_of = self.owner_of if self._owners is not None else None
-        verdict = classify(pid, table, platform=self.platform, protect=self._protect,
-                           nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
-                           walked=walked, owner_of=owner_of, job_of=self._job_of if jobs else None,
-                           job_state=job_states.get, protect_cmdline=self._protect_cmdline)
+        owners = self._owners
+        owner = owners.of(info) if owners is not None else None
+        verdict, chain = self._verdict(pid, info, table, owner, jobs, job_states)
         job = jobs.get(pid)
-        if walked:  # the chain the verdict walked, up to init: the same as table.ancestors(pid)
-            init = table.get(1) if walked[-1].ppid == 1 else None
-            chain = tuple(walked[1:]) + ((init,) if init is not None else ())
-        else:
-            chain = tuple(table.ancestors(pid, limit=self.config.max_chain))
         cpu = None
         if info.cpu_time is not None:
             key = info.identity
@@ -295,17 +351,63 @@ class Sampler:
             elif now > info.start_time:  # first sight: lifetime average, as ps shows
                 cpu = info.cpu_time / max(now - info.start_time, 1e-3) * 100.0
             cpu_seen[key] = (info.cpu_time, now)
-        owner, chain_owners = None, ()
-        if owner_of is not None:  # read only for holders and their chains
-            owner, chain_owners = owner_of(info), tuple(owner_of(c) for c in chain)
+        # Owners are read only for holders and their chains.
+        chain_owners = owners.of_all(chain) if owners is not None else ()
         return Holder(pid, uses, info, chain, verdict, cpu, max(0.0, now - info.start_time), owner,
                       chain_owners, job, job_states.get(job.job_id) if job is not None else None)
+
+    def _verdict(self, pid: int, info: ProcInfo, table: ProcTable, owner: Owner | None,
+                 jobs: dict[int, JobRef], job_states: dict[int, JobState]) -> tuple[Verdict, tuple[ProcInfo, ...]]:
+        """The holder's verdict and its chain (parent, ... up to init), from the memo while every input
+        of the verdict gives the same answer, else from classify() over this sample's table.
+
+        Not memoised: a holder in a Slurm job (its job's state changes without any process changing)
+        and a chain that could not be walked (unknown, and cheap). The memo is only ever a faster way to
+        the verdict classify() would return now: never an older one."""
+        memo = self._memo.get(pid)
+        if memo is not None and pid not in jobs and memo.still_holds(table, owner):
+            chain = memo.chain
+            for c in chain:
+                if table.get(c.pid) is not c:  # the same verdict inputs, but new CPU time or RSS
+                    chain = tuple(table.get(c.pid) for c in chain)
+                    break
+            return memo.verdict, chain  # type: ignore[return-value]
+        rec = _Recording(table)
+        rec.get(pid)  # the holder first: still_holds() checks it first
+        walked: list = []
+        owners = self._owners
+        verdict = classify(pid, rec, platform=self.platform, protect=self._protect,
+                           nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
+                           walked=walked, owner_of=owners.of if owners is not None else None,
+                           job_of=self._job_of if jobs else None, job_state=job_states.get,
+                           protect_cmdline=self._protect_cmdline)
+        if not walked:  # the walk failed (unknown): the chain as far as it goes
+            self._memo.pop(pid, None)
+            return verdict, tuple(table.ancestors(pid, limit=self.config.max_chain))
+        # The chain the verdict walked, up to init: the same as table.ancestors(pid).
+        init = rec.get(1) if walked[-1].ppid == 1 else None
+        chain = tuple(walked[1:]) + ((init,) if init is not None else ())
+        if pid in jobs:
+            self._memo.pop(pid, None)
+        else:
+            self._memo[pid] = _Memo(tuple(rec.gets.items()), tuple(rec.hides.items()), owner, verdict, chain)
+        return verdict, chain
+
+    def _check_rules(self) -> None:
+        """A new config (a reload) brings new protect rules: compile them, and forget every verdict."""
+        if self.config is not self._rules_of[0] or self.platform != self._rules_of[1]:
+            self._protect = compile_protect(self.config.protect)
+            self._protect_cmdline = compile_protect(self.config.protect_cmdline)
+            self._rules_of = (self.config, self.platform)
+            self._memo.clear()
 
     def _device(self, gi: int, backend: Backend, local: int) -> DeviceSample:
         try:
             dev = backend.sample(local)
         except Exception as e:  # a backend bug must degrade one device, not the program
             dev = DeviceSample(index=local, lost=True, errors=(f"sample failed: {e}",))
+        if dev.index == gi and dev.backend == backend.name and dev.backend_index == local:
+            return dev  # the backend filled them in (replace() costs ~20 us a device)
         return dataclasses.replace(dev, index=gi, backend=backend.name, backend_index=local)
 
     def _tgid(self, pid: int, table: ProcTable) -> int:
@@ -316,7 +418,10 @@ class Sampler:
         if key is not None and key in self._leaders:
             self._leaders_seen.add(key)
             return pid
-        tgid = tgid_of(pid, self.proc_root)
+        # The status file the table has just read for this PID (a new process), else read it now.
+        tgid = self._static.tgids.get(pid) if self._static is not None and info is not None else None
+        if tgid is None:
+            tgid = tgid_of(pid, self.proc_root)
         if tgid == pid and key is not None:
             self._leaders_seen.add(key)
         return tgid
@@ -328,6 +433,7 @@ class Sampler:
 
     def sample(self) -> Snapshot:
         now = self.clock()
+        self._check_rules()
         warnings: list[str] = []
         if self._hidepid is None:  # the mount's options: read once per sampler, not every refresh
             self._hidepid = (hidepid_note(self.proc_root),)
@@ -338,6 +444,8 @@ class Sampler:
         uses: dict[int, list[GpuUse]] = {}
         visible: dict[int, bool] = {}
         table = ProcTable(self.proc_root, static=self._static)
+        if self._static is not None:
+            self._static.tgids.clear()  # this refresh's reads only (prune clears it too, unless one failed)
         for gi, (backend, local) in enumerate(self._index_map()):
             dev = self._device(gi, backend, local)
             devices.append(dev)
@@ -376,6 +484,7 @@ class Sampler:
             holders.append(self._holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states))
         self._cpu_prev = cpu_seen
         self._leaders, self._leaders_seen = self._leaders_seen, set()
+        self._memo = {h.pid: self._memo[h.pid] for h in holders if h.pid in self._memo}
         live = {h.proc.identity for h in holders if h.proc is not None}
         self._job_refs = {k: v for k, v in self._job_refs.items() if k in live}
         if self._static is not None:
@@ -478,7 +587,9 @@ def use_to_dict(u: GpuUse) -> dict:
     return {"gpu": u.gpu, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util}
 
 
-def holder_to_dict(h: Holder) -> dict:
+def holder_to_dict(h: Holder, _entries: dict | None = None) -> dict:
+    """``_entries``: chain entries already made in this document, by (process, owner) object; the
+    holders of one tree share their ancestors, so a node's JSON makes each one once."""
     p = h.proc
     owners = h.chain_owners or (None,) * len(h.chain)
     return {
@@ -492,8 +603,18 @@ def holder_to_dict(h: Holder) -> dict:
         "verdict": verdict_to_dict(h.verdict),
         "owner": owner_to_dict(h.owner),
         "slurm": slurm_to_dict(h),
-        "chain": [{**proc_to_dict(c), "owner": owner_to_dict(o)} for c, o in zip(h.chain, owners)],
+        "chain": [_chain_entry(c, o, _entries) for c, o in zip(h.chain, owners)],
     }
+
+
+def _chain_entry(c: ProcInfo, o: Owner | None, entries: dict | None) -> dict:
+    if entries is None:
+        return {**proc_to_dict(c), "owner": owner_to_dict(o)}
+    key = (id(c), id(o))  # both alive (held by the snapshot) while the document is made
+    e = entries.get(key)
+    if e is None:
+        e = entries[key] = {**proc_to_dict(c), "owner": owner_to_dict(o)}
+    return e
 
 
 def slurm_to_dict(h: Holder) -> dict | None:
@@ -506,6 +627,9 @@ def slurm_to_dict(h: Holder) -> dict | None:
 
 
 def snapshot_to_dict(s: Snapshot) -> dict:
+    """The snapshot as JSON-ready data. Chain entries of holders that share an ancestor are one dict
+    object (made once): serialise it, do not edit it in place."""
+    entries: dict = {}
     gpu_holders = [
         {"gpu": u.gpu, "pid": h.pid, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util}
         for h in s.holders for u in h.uses
@@ -517,7 +641,7 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "platform": s.platform,
         "version": __version__,
         "gpu": {"gpus": [device_to_dict(d) for d in s.devices], "holders": gpu_holders},
-        "holders": [holder_to_dict(h) for h in s.holders],
+        "holders": [holder_to_dict(h, entries) for h in s.holders],
         "roots": [
             {**proc_to_dict(r.proc), "holders": list(r.holders), "gpus": list(r.gpus),
              "gpu_memory": r.gpu_memory, "reason": r.reason, "reaper": r.reaper,

@@ -157,6 +157,31 @@ _PROC_STRUCT = {"_v3": _ProcessInfoV2, "_v2": _ProcessInfoV2, "": _ProcessInfoV1
 NVML_SUCCESS, ERR_INSUFFICIENT_SIZE = 0, 7
 
 
+# The device fields, read straight through ctypes into these (nvml.h layouts): nvidia-ml-py's structs
+# reroute every field access through Python (__getattribute__/__setattr__), and each of its calls makes a
+# new struct and looks its function up under a lock, for eight calls a device a refresh.
+class _Memory(ctypes.Structure):  # nvmlMemory_t
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class _MemoryV2(ctypes.Structure):  # nvmlMemory_v2_t
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class _Utilization(ctypes.Structure):  # nvmlUtilization_t
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _TemperatureV1(ctypes.Structure):  # nvmlTemperature_v1_t
+    _fields_ = [("version", ctypes.c_uint), ("sensorType", ctypes.c_uint), ("temperature", ctypes.c_int)]
+
+
+MEMORY_V2 = ctypes.sizeof(_MemoryV2) | (2 << 24)  # nvmlMemory_v2 (NVML_STRUCT_VERSION(Memory, 2))
+TEMPERATURE_V1 = ctypes.sizeof(_TemperatureV1) | (1 << 24)  # nvmlTemperature_v1
+TEMPERATURE_GPU, CLOCK_SM, CLOCK_MEM = 0, 1, 2  # nvmlTemperatureSensors_t, nvmlClockType_t
+
+
 class _Lost(Exception):
     pass
 
@@ -182,6 +207,8 @@ class NvmlBackend(Backend):
         self._fns: dict[str, Any] = {}
         self._bufs: dict[tuple[str, int], Any] = {}
         self._mem_v2: bool | None = None  # None: not tried yet; False: fall back for good
+        self._memory_v2, self._memory_v1, self._util = _MemoryV2(), _Memory(), _Utilization()
+        self._temp_v1, self._uint = _TemperatureV1(), ctypes.c_uint()
         self._temp_v: bool | None = None
         self._warnings: list[str] = []
         self._initialised = False
@@ -253,41 +280,65 @@ class NvmlBackend(Backend):
             self._static[index] = info
         return info
 
+    def _ret(self, name: str, *args) -> int | None:
+        """One NVML call through its C function: the status it returns (FUNCTION_NOT_FOUND when the
+        driver lacks the function)."""
+        try:
+            return self._fn(name)(*args)
+        except self._nv.NVMLError as e:
+            return getattr(e, "value", None)
+
+    def _c(self, errors: list[str], label: str, name: str, *args) -> bool:
+        """``_ret``, with _field's outcomes: True on success; GPU_IS_LOST raises _Lost; any other error
+        is noted in ``errors`` and the field is unknown."""
+        ret = self._ret(name, *args)
+        if ret == NVML_SUCCESS:
+            return True
+        if ret == ERR_GPU_IS_LOST:
+            raise _Lost(label)
+        errors.append(f"{label}: {error_name(ret)}")
+        return False
+
     def _memory(self, h, errors: list[str]) -> tuple[int | None, int | None]:
-        nv = self._nv
         if self._mem_v2 is not False:
-            try:
-                m = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+            m = self._memory_v2
+            m.version = MEMORY_V2
+            ret = self._ret("nvmlDeviceGetMemoryInfo_v2", h, ctypes.byref(m))
+            if ret == NVML_SUCCESS:
                 self._mem_v2 = True
                 return int(m.total), int(m.used)  # v2 "used" leaves out the driver-reserved memory
-            except nv.NVMLError as e:
-                code = getattr(e, "value", None)
-                if code == ERR_GPU_IS_LOST:
-                    raise _Lost("memory") from None
-                if code not in (ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH):
-                    errors.append(f"memory: {error_name(code)}")
-                    return None, None
-                self._mem_v2 = False
-        m = self._field(errors, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
-        return (int(m.total), int(m.used)) if m is not None else (None, None)
+            if ret == ERR_GPU_IS_LOST:
+                raise _Lost("memory")
+            if ret not in (ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH):
+                errors.append(f"memory: {error_name(ret)}")
+                return None, None
+            self._mem_v2 = False
+        m1 = self._memory_v1
+        if self._c(errors, "memory", "nvmlDeviceGetMemoryInfo", h, ctypes.byref(m1)):
+            return int(m1.total), int(m1.used)
+        return None, None
 
     def _temperature(self, h, errors: list[str]) -> float | None:
         # nvmlDeviceGetTemperature is deprecated (to go in CUDA 14); older drivers lack the V call.
-        nv = self._nv
-        if self._temp_v is not False and hasattr(nv, "nvmlDeviceGetTemperatureV"):
-            try:
-                t = nv.nvmlDeviceGetTemperatureV(h, nv.NVML_TEMPERATURE_GPU)
+        if self._temp_v is not False:
+            t = self._temp_v1
+            t.version, t.sensorType = TEMPERATURE_V1, TEMPERATURE_GPU
+            ret = self._ret("nvmlDeviceGetTemperatureV", h, ctypes.byref(t))
+            if ret == NVML_SUCCESS:
                 self._temp_v = True
-                return t
-            except nv.NVMLError as e:
-                code = getattr(e, "value", None)
-                if code == ERR_GPU_IS_LOST:
-                    raise _Lost("temperature") from None
-                if code not in (ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH):
-                    errors.append(f"temperature: {error_name(code)}")
-                    return None
-                self._temp_v = False
-        return self._field(errors, "temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+                return t.temperature
+            if ret == ERR_GPU_IS_LOST:
+                raise _Lost("temperature")
+            if ret not in (ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH):
+                errors.append(f"temperature: {error_name(ret)}")
+                return None
+            self._temp_v = False
+        return self._uint_field(errors, "temperature", "nvmlDeviceGetTemperature", h, TEMPERATURE_GPU)
+
+    def _uint_field(self, errors: list[str], label: str, name: str, h, *args) -> int | None:
+        """A call whose result is one unsigned int, after the handle and ``args``; None when unknown."""
+        u = self._uint
+        return u.value if self._c(errors, label, name, h, *args, ctypes.byref(u)) else None
 
     def sample(self, index: int) -> DeviceSample:
         with self._lock:
@@ -305,30 +356,32 @@ class NvmlBackend(Backend):
                                     errors=(f"handle: {error_name(getattr(e, 'value', None))}",), **info)
 
     def _read(self, index: int, h, info: dict, errors: list[str]) -> DeviceSample:
-        nv, f = self._nv, self._field
+        f = self._uint_field
         total, used = self._memory(h, errors)
-        util = f(errors, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        u = self._util
+        util = (u.gpu, u.memory) if self._c(errors, "utilization", "nvmlDeviceGetUtilizationRates", h,
+                                            ctypes.byref(u)) else None
         temp = self._temperature(h, errors)
-        power = f(errors, "power", lambda: nv.nvmlDeviceGetPowerUsage(h))
+        power = f(errors, "power", "nvmlDeviceGetPowerUsage", h)
         limit_errors: list[str] = []
-        limit = f(limit_errors, "power limit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h))
+        limit = f(limit_errors, "power limit", "nvmlDeviceGetEnforcedPowerLimit", h)
         if limit is None:
-            limit = f(errors, "power limit", lambda: nv.nvmlDeviceGetPowerManagementLimit(h))
-        fan = f(errors, "fan", lambda: nv.nvmlDeviceGetFanSpeed(h))
-        sm = f(errors, "sm clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-        mem_clock = f(errors, "memory clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
+            limit = f(errors, "power limit", "nvmlDeviceGetPowerManagementLimit", h)
+        fan = f(errors, "fan", "nvmlDeviceGetFanSpeed", h)
+        sm = f(errors, "sm clock", "nvmlDeviceGetClockInfo", h, CLOCK_SM)
+        mem_clock = f(errors, "memory clock", "nvmlDeviceGetClockInfo", h, CLOCK_MEM)
         return DeviceSample(
             index=index, name=info.get("name"), uuid=info.get("uuid"), pci_bus_id=info.get("pci_bus_id"),
             memory_total=total, memory_used=used,
-            util_gpu=float(util.gpu) if util is not None else None,
-            util_mem=float(util.memory) if util is not None else None,
+            util_gpu=float(util[0]) if util is not None else None,
+            util_mem=float(util[1]) if util is not None else None,
             temperature=float(temp) if temp is not None else None,
             power_w=power / 1000.0 if power is not None else None,
             power_limit_w=limit / 1000.0 if limit is not None else None,
             fan_pct=float(fan) if fan is not None else None,
             clock_sm_mhz=int(sm) if sm is not None else None,
             clock_mem_mhz=int(mem_clock) if mem_clock is not None else None,
-            errors=tuple(errors),
+            errors=tuple(errors), backend=self.name, backend_index=index,
         )
 
     # ---- processes ----
@@ -365,7 +418,8 @@ class NvmlBackend(Backend):
             try:
                 fn = self._fn(name)
                 buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
-                return [(int(buf[i].pid), _mem(buf[i].usedGpuMemory)) for i in range(n)]
+                # One struct view per entry (buf[i] makes a new one per field read); no buffer yet when n is 0.
+                return [(e.pid, _mem(e.usedGpuMemory)) for e in buf[:n]] if n else []
             except nv.NVMLError as e:
                 if getattr(e, "value", None) == ERR_FUNCTION_NOT_FOUND and \
                         self._proc_version[kind] + 1 < len(PROC_VERSIONS):
@@ -380,7 +434,7 @@ class NvmlBackend(Backend):
             fn = self._fn("nvmlDeviceGetProcessUtilization")
             buf, n = self._fill(("nvmlDeviceGetProcessUtilization", index), _ProcessUtilizationSample,
                                 lambda b, c: fn(h, b, c, since))
-            samples = [buf[i] for i in range(n)]
+            samples = buf[:n] if n else []
         except nv.NVMLError as e:
             code = getattr(e, "value", None)
             if code == ERR_GPU_IS_LOST:
@@ -391,10 +445,11 @@ class NvmlBackend(Backend):
         latest: dict[int, tuple[int, float]] = {}
         newest = self._last_seen.get(index, 0)
         for s in samples:
-            ts = int(s.timeStamp)
-            newest = max(newest, ts)
-            if s.pid not in latest or ts >= latest[s.pid][0]:
-                latest[int(s.pid)] = (ts, float(s.smUtil))
+            ts, pid = s.timeStamp, s.pid
+            if ts > newest:
+                newest = ts
+            if pid not in latest or ts >= latest[pid][0]:
+                latest[pid] = (ts, float(s.smUtil))
         self._last_seen[index] = newest
         return {pid: sm for pid, (_, sm) in latest.items()}
 

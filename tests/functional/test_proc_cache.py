@@ -211,7 +211,7 @@ def test_a_gone_pid_is_checked_once_per_table(procs, monkeypatch):
     p.wait()
     calls = []
     real = procs_mod.visibility
-    monkeypatch.setattr(procs_mod, "visibility", lambda pid, root="/proc": calls.append(pid) or real(pid, root))
+    monkeypatch.setattr(procs_mod, "visibility", lambda pid, root="/proc", **kw: calls.append(pid) or real(pid, root, **kw))
     table = procs_mod.ProcTable()
     assert [table.hidden(p.pid) for _ in range(5)] == [False] * 5
     assert calls == [p.pid]
