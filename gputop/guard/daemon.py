@@ -228,6 +228,7 @@ class GuardDaemon:
             else:
                 self.config = new
                 self.engine.config = new
+                self.sampler.config = new  # the snapshots' verdicts use the new protect rules from the next sample
                 self.say("config reloaded", LOG_NOTICE)
         wanted = _state.get_policy_path()  # guard.json's choice, else guard.policy in the config
         if wanted and str(Path(wanted).resolve()) != self.policy_path:

@@ -36,3 +36,20 @@ def test_a_running_guard_keeps_its_last_valid_config(scenario, tmp_path):
     d.reload()
     assert d.config.protect == ("keep-me",) and d.engine.config.protect == ("keep-me",)
     assert "protect_cmdline" in d.last_error and "keeping the last valid config" in d.last_error
+
+
+def test_a_good_config_reload_reaches_the_guards_sampler(scenario, tmp_path):
+    # the snapshots the guard's rules see are classified with the reloaded protect patterns, not the start-up ones
+    from gputop.guard.daemon import GuardDaemon
+    from tests.functional.guard_helpers import Clock, sampler_for
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("protect: [keep-me]\n")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(KILL_VICTIMS)
+    path = scenario(holders=[], gpus=1)
+    d = GuardDaemon(sampler_for(path, Clock()), str(policy), config=load_config(str(cfg)), interval=0.1,
+                    out=io.StringIO(), config_loader=lambda: load_config(str(cfg)))
+    cfg.write_text("protect: [keep-me, keep-this-too]\n")
+    d.reload()
+    assert d.sampler.config is d.config and d.sampler.config.protect == ("keep-me", "keep-this-too")
