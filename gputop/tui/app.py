@@ -207,7 +207,9 @@ class GputopApp(App):
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, sampler, *, config: Config | None = None, interval: float | None = None,
-                 readonly: bool = False, demo=None, panel_source=None):
+                 readonly: bool = False, demo=None, panel_source=None, devices: tuple | None = None):
+        """``devices``: the devices alone, read before the app starts (launch.run_tui), shown in the first
+        frame; without them the sampling thread reads them first (see _sample_devices_first)."""
         super().__init__()
         use_palette(self.no_color)  # App reads NO_COLOR in __init__
         self.sampler = LockedSampler(sampler)
@@ -230,6 +232,7 @@ class GputopApp(App):
         self._sample_error: str | None = None
         self._panel_user_choice: bool | None = None
         self._devices_only = False  # the device panes are up, the first full sample is not
+        self._first_devices = devices or None
 
     # ---- layout ---------------------------------------------------------------------------------
 
@@ -259,6 +262,8 @@ class GputopApp(App):
         self.query_one("#filter", Input).display = False
         self.query_one("#search", Input).display = False
         self._apply_size()
+        if self._first_devices:  # mounted now, they are in the first frame
+            self._show_devices_only(self._first_devices)
         self._update_topbar()
         self._update_header()
 
@@ -317,7 +322,8 @@ class GputopApp(App):
 
     @work(thread=True, exclusive=True, group="sampler", name="sampler")
     def _sample_loop(self) -> None:
-        self._sample_devices_first()
+        if not self._first_devices:
+            self._sample_devices_first()
         while not self._stop.is_set():
             started = time.monotonic()
             try:
@@ -342,8 +348,11 @@ class GputopApp(App):
     def on_devices_ready(self, message: "DevicesReady") -> None:
         if self.snapshot is not None:  # the full sample came first: it has the devices too
             return
+        self._show_devices_only(message.devices)
+
+    def _show_devices_only(self, devices: tuple) -> None:
         s = self.sampler.statuses
-        self._update_devices(Snapshot(at=time.time(), host="", devices=message.devices, holders=(), roots=(),
+        self._update_devices(Snapshot(at=time.time(), host="", devices=devices, holders=(), roots=(),
                                       backends=tuple(s), warnings=(), platform=""))
         self._devices_only = True
         self._update_topbar()

@@ -46,13 +46,23 @@ def run_tui(args) -> int:
             demo.write_env(os.environ["GPUTOP_STATE_DIR"])  # a second shell sources it (see the banner)
         sampler = Sampler.open(backend, scenario, config)
         stack.callback(sampler.close)
+        devices = _first_devices(sampler)
         from gputop.tui.app import GputopApp  # imports Textual
 
         app = GputopApp(sampler, config=config, interval=interval, readonly=getattr(args, "readonly", False),
-                        demo=demo)
+                        demo=demo, devices=devices)
         with _exit_on_signals(app):
             app.run()
         return int(app.return_code or 0)
+
+
+def _first_devices(sampler) -> tuple | None:
+    """The devices alone (a few ms), read before the app starts so that its first frame shows them; None
+    when they cannot be read (the app's first full sample then reports why)."""
+    try:
+        return sampler.sample_devices() or None
+    except Exception:
+        return None
 
 
 @contextlib.contextmanager
