@@ -190,6 +190,32 @@ def demo_banner(demo) -> Text:
     return t
 
 
+ALT_SCREEN_ON = "\x1b[?1049h"
+
+
+def _driver_after_first_frame(app):
+    """Textual's terminal driver, for a terminal that first_frame already switched to the alternate screen.
+
+    Switching again would save the cursor a second time, over the one saved on the normal screen (xterm
+    saves on every switch), and the shell's prompt would come back at the wrong place after gputop exits;
+    some terminals also clear the screen. So the first switch is skipped; the rest of Textual's start, its
+    exit (back to the normal screen, cursor restored) and a later suspend and resume (ctrl+z) are its own.
+    ``app.took_screen`` says whether the driver took the screen over (launch undoes the frame if not).
+    """
+    from textual.drivers.linux_driver import LinuxDriver  # what Textual runs where first_frame.wanted()
+
+    class AfterFirstFrame(LinuxDriver):
+        _switched = False
+
+        def write(self, data: str) -> None:
+            if data == ALT_SCREEN_ON and not self._switched:
+                self._switched = app.took_screen = True
+                return
+            super().write(data)
+
+    return AfterFirstFrame
+
+
 @dataclass(frozen=True)
 class Selection:
     pid: int | None
@@ -207,10 +233,12 @@ class GputopApp(App):
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, sampler, *, config: Config | None = None, interval: float | None = None,
-                 readonly: bool = False, demo=None, panel_source=None, devices: tuple | None = None):
+                 readonly: bool = False, demo=None, panel_source=None, devices: tuple | None = None,
+                 first_frame: bool = False):
         """``devices``: the devices alone, read before the app starts (launch.run_tui), shown in the first
-        frame; without them the sampling thread reads them first (see _sample_devices_first)."""
-        super().__init__()
+        frame; without them the sampling thread reads them first (see _sample_devices_first).
+        ``first_frame``: gputop.tui.first_frame already put the terminal on the alternate screen."""
+        super().__init__(driver_class=_driver_after_first_frame(self) if first_frame else None)
         use_palette(self.no_color)  # App reads NO_COLOR in __init__
         self.sampler = LockedSampler(sampler)
         self.config = config or Config()
@@ -233,6 +261,7 @@ class GputopApp(App):
         self._panel_user_choice: bool | None = None
         self._devices_only = False  # the device panes are up, the first full sample is not
         self._first_devices = devices or None
+        self.took_screen = False  # see _driver_after_first_frame
 
     # ---- layout ---------------------------------------------------------------------------------
 
