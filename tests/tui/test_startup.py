@@ -91,3 +91,115 @@ async def test_first_frame_shows_the_devices_given_at_start(procs, scenario):
             gate.set()
     finally:
         gate.set()
+
+
+# ---- the frame drawn before Textual is imported (gputop.tui.first_frame) ------------------------------
+
+def _dev(index, name="NVIDIA H200", **kw):
+    from gputop.backends.base import DeviceSample
+
+    return DeviceSample(index=index, name=name, memory_total=140 << 30, memory_used=1 << 30, util_gpu=35.0,
+                        temperature=40.0, power_w=180.0, **kw)
+
+
+def test_first_frame_lines_are_real_readings_and_safe_text():
+    from gputop.tui.first_frame import frame_lines
+
+    lines = frame_lines([_dev(0), _dev(1, name="evil\x1b[2Jname"), _dev(2, lost=True)], 80, 24)
+    assert lines[0].strip() == "gputop"
+    assert "GPU 0  NVIDIA H200  util 35%  mem 1.0GiB/140GiB  40°C  180W" in lines[1]
+    assert "\x1b" not in "".join(lines) and "evil\\x1b[2Jname" in lines[2]
+    assert lines[3].endswith("LOST") and "util" not in lines[3]  # no readings from a lost device
+    assert all(len(line) <= 80 for line in lines)
+    # As many devices as the app's device box holds (about half the screen), then how many more.
+    many = frame_lines([_dev(i) for i in range(16)], 80, 24)
+    assert len(many) == 1 + 7 + 1 and many[-1].strip() == "… 9 more GPU(s)"
+
+
+def _pty(cols, rows):
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    return master, os.fdopen(slave, "w", encoding="utf-8")
+
+
+def test_first_frame_draws_on_the_alternate_screen_only_where_the_app_fits(monkeypatch):
+    import os
+
+    from gputop.tui import first_frame
+
+    monkeypatch.delenv("TEXTUAL_DRIVER", raising=False)
+    master, out = _pty(120, 40)
+    try:
+        assert first_frame.draw([_dev(0)], out)
+        written = os.read(master, 65536).decode()
+        assert written.startswith(first_frame.ENTER) and "reading processes" in written
+        assert "GPU 0  NVIDIA H200  util 35%" in written
+        assert not first_frame.draw((), out) and not first_frame.draw(None, out)  # nothing real to show
+    finally:
+        out.close()
+        os.close(master)
+    master, out = _pty(50, 12)  # too small: the app shows its too-small message instead
+    try:
+        assert not first_frame.draw([_dev(0)], out)
+    finally:
+        out.close()
+        os.close(master)
+
+
+def test_run_tui_takes_the_first_frame_down_when_the_app_never_starts(monkeypatch, scenario):
+    # If the app fails (or a signal stops it) before Textual takes the terminal over, the normal screen
+    # comes back: nothing is left on the alternate screen.
+    import argparse
+
+    import gputop.tui.app
+    from gputop.tui import first_frame, launch
+
+    calls = []
+    monkeypatch.setattr(launch, "require_terminal", lambda: None)
+    monkeypatch.setattr(first_frame, "draw", lambda devices, **kw: calls.append(("draw", len(devices))) or True)
+    monkeypatch.setattr(first_frame, "leave", lambda out=None: calls.append(("leave",)))
+
+    class Broken:
+        def __init__(self, *a, **kw):
+            raise RuntimeError("no app today")
+
+    monkeypatch.setattr(gputop.tui.app, "GputopApp", Broken)
+    args = argparse.Namespace(scenario=str(scenario([], gpus=2)), backend="simulated", interval=None,
+                              readonly=False, demo=False, config=None)
+    import pytest
+
+    with pytest.raises(RuntimeError, match="no app today"):
+        launch.run_tui(args)
+    assert calls == [("draw", 2), ("leave",)]
+
+
+def test_after_a_first_frame_textual_skips_only_its_first_switch_to_the_alternate_screen(monkeypatch):
+    # A second switch would save the cursor over the normal screen's (xterm saves on every switch): the
+    # shell's prompt would come back in the wrong place. A resume after ctrl+z switches again, as usual.
+    from textual.drivers.linux_driver import LinuxDriver
+
+    from gputop.tui.app import ALT_SCREEN_ON, GputopApp
+
+    written = []
+    monkeypatch.setattr(LinuxDriver, "write", lambda self, data: written.append(data))
+
+    class S:
+        statuses = ()
+
+    app = GputopApp(S(), first_frame=True)
+    assert issubclass(app.driver_class, LinuxDriver) and not app.took_screen
+    async def make():  # the driver wants the running loop
+        return app.driver_class(app)
+
+    import asyncio
+
+    driver = asyncio.run(make())
+    for data in (ALT_SCREEN_ON, "\x1b[?25l", "\x1b[?1049l", ALT_SCREEN_ON):
+        driver.write(data)
+    assert written == ["\x1b[?25l", "\x1b[?1049l", ALT_SCREEN_ON] and app.took_screen
+    assert GputopApp(S()).driver_class is LinuxDriver  # no first frame: Textual's own driver
