@@ -36,7 +36,7 @@ from gputop.tui.rows import GROUP_GPU, GROUP_JOB, GROUP_ROOT, SORT_ORDER, build,
 GROUP_NAMES = {GROUP_GPU: "GPU", GROUP_ROOT: "orphan root", GROUP_JOB: "Slurm job"}
 from gputop.tui.side_panel import PanelData, SidePanel
 
-MIN_WIDTH, MIN_HEIGHT = 60, 15
+from gputop.tui.first_frame import MIN_HEIGHT, MIN_WIDTH  # noqa: E402 - one limit for both frames
 _MAIN_ACTIONS = frozenset(k.action for k in keymap.KEYS)
 FILTER_PLACEHOLDER = "filter: pid, user, name or command (enter keeps, esc clears)"
 SIDE_PANEL_MIN_WIDTH = 120  # below this the side panel starts hidden (b shows it)

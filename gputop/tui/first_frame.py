@@ -57,9 +57,9 @@ def wanted() -> bool:
 
 
 def draw(devices, out=None, *, readonly: bool = False, demo: bool = False) -> bool:
-    """Draw the frame on ``out`` (the terminal) and return True; False (nothing written) when there is
-    nothing real to show or the terminal is too small for the app."""
-    out = out or sys.__stdout__
+    """Draw the frame on ``out`` (the terminal: standard error, where Textual draws too) and return True;
+    False (nothing written) when there is nothing real to show or the terminal is too small for the app."""
+    out = out or sys.__stderr__  # the stream Textual draws on
     if not devices or out is None or not wanted():
         return False
     try:
@@ -80,7 +80,7 @@ def draw(devices, out=None, *, readonly: bool = False, demo: bool = False) -> bo
 
 def leave(out=None) -> None:
     """Undo draw() when the app did not take the screen over (it failed or was stopped before it did)."""
-    out = out or sys.__stdout__
+    out = out or sys.__stderr__  # the stream Textual draws on
     try:
         out.write(LEAVE)
         out.flush()
