@@ -36,7 +36,7 @@ from gputop.tui.rows import GROUP_GPU, GROUP_JOB, GROUP_ROOT, SORT_ORDER, build,
 GROUP_NAMES = {GROUP_GPU: "GPU", GROUP_ROOT: "orphan root", GROUP_JOB: "Slurm job"}
 from gputop.tui.side_panel import PanelData, SidePanel
 
-MIN_WIDTH, MIN_HEIGHT = 60, 15
+from gputop.tui.first_frame import MIN_HEIGHT, MIN_WIDTH  # noqa: E402 - one limit for both frames
 _MAIN_ACTIONS = frozenset(k.action for k in keymap.KEYS)
 FILTER_PLACEHOLDER = "filter: pid, user, name or command (enter keeps, esc clears)"
 SIDE_PANEL_MIN_WIDTH = 120  # below this the side panel starts hidden (b shows it)
@@ -190,6 +190,32 @@ def demo_banner(demo) -> Text:
     return t
 
 
+ALT_SCREEN_ON = "\x1b[?1049h"
+
+
+def _driver_after_first_frame(app):
+    """Textual's terminal driver, for a terminal that first_frame already switched to the alternate screen.
+
+    Switching again would save the cursor a second time, over the one saved on the normal screen (xterm
+    saves on every switch), and the shell's prompt would come back at the wrong place after gputop exits;
+    some terminals also clear the screen. So the first switch is skipped; the rest of Textual's start, its
+    exit (back to the normal screen, cursor restored) and a later suspend and resume (ctrl+z) are its own.
+    ``app.took_screen`` says whether the driver took the screen over (launch undoes the frame if not).
+    """
+    from textual.drivers.linux_driver import LinuxDriver  # what Textual runs where first_frame.wanted()
+
+    class AfterFirstFrame(LinuxDriver):
+        _switched = False
+
+        def write(self, data: str) -> None:
+            if data == ALT_SCREEN_ON and not self._switched:
+                self._switched = app.took_screen = True
+                return
+            super().write(data)
+
+    return AfterFirstFrame
+
+
 @dataclass(frozen=True)
 class Selection:
     pid: int | None
@@ -207,8 +233,12 @@ class GputopApp(App):
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, sampler, *, config: Config | None = None, interval: float | None = None,
-                 readonly: bool = False, demo=None, panel_source=None):
-        super().__init__()
+                 readonly: bool = False, demo=None, panel_source=None, devices: tuple | None = None,
+                 first_frame: bool = False):
+        """``devices``: the devices alone, read before the app starts (launch.run_tui), shown in the first
+        frame; without them the sampling thread reads them first (see _sample_devices_first).
+        ``first_frame``: gputop.tui.first_frame already put the terminal on the alternate screen."""
+        super().__init__(driver_class=_driver_after_first_frame(self) if first_frame else None)
         use_palette(self.no_color)  # App reads NO_COLOR in __init__
         self.sampler = LockedSampler(sampler)
         self.config = config or Config()
@@ -230,6 +260,8 @@ class GputopApp(App):
         self._sample_error: str | None = None
         self._panel_user_choice: bool | None = None
         self._devices_only = False  # the device panes are up, the first full sample is not
+        self._first_devices = devices or None
+        self.took_screen = False  # see _driver_after_first_frame
 
     # ---- layout ---------------------------------------------------------------------------------
 
@@ -259,6 +291,8 @@ class GputopApp(App):
         self.query_one("#filter", Input).display = False
         self.query_one("#search", Input).display = False
         self._apply_size()
+        if self._first_devices:  # mounted now, they are in the first frame
+            self._show_devices_only(self._first_devices)
         self._update_topbar()
         self._update_header()
 
@@ -317,7 +351,8 @@ class GputopApp(App):
 
     @work(thread=True, exclusive=True, group="sampler", name="sampler")
     def _sample_loop(self) -> None:
-        self._sample_devices_first()
+        if not self._first_devices:
+            self._sample_devices_first()
         while not self._stop.is_set():
             started = time.monotonic()
             try:
@@ -342,8 +377,11 @@ class GputopApp(App):
     def on_devices_ready(self, message: "DevicesReady") -> None:
         if self.snapshot is not None:  # the full sample came first: it has the devices too
             return
+        self._show_devices_only(message.devices)
+
+    def _show_devices_only(self, devices: tuple) -> None:
         s = self.sampler.statuses
-        self._update_devices(Snapshot(at=time.time(), host="", devices=message.devices, holders=(), roots=(),
+        self._update_devices(Snapshot(at=time.time(), host="", devices=devices, holders=(), roots=(),
                                       backends=tuple(s), warnings=(), platform=""))
         self._devices_only = True
         self._update_topbar()

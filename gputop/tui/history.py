@@ -2,25 +2,64 @@
 
 from __future__ import annotations
 
-from collections import deque
+import math
+from array import array
 from dataclasses import dataclass
 
 from gputop.snapshot import Snapshot
 
 DEFAULT_LENGTH = 3600  # samples: an hour at the default 1 s refresh
+_NONE = math.nan  # how an unknown value is stored
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Point:
     at: float
     util: float | None  # percent; None: unknown
     mem: float | None  # percent of total; None: unknown
 
 
+def _value(v: float) -> float | None:
+    return None if v != v else v  # NaN: unknown
+
+
+class _Ring:
+    """One device's samples in three arrays of doubles (24 bytes a sample, against about 200 for a deque of
+    Point objects: an hour of 8 GPUs is 0.7 MiB, not 6), oldest first from ``start``."""
+
+    __slots__ = ("length", "start", "at", "util", "mem")
+
+    def __init__(self, length: int):
+        self.length, self.start = length, 0
+        self.at, self.util, self.mem = array("d"), array("d"), array("d")
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    def append(self, at: float, util: float | None, mem: float | None) -> None:
+        util = _NONE if util is None else util
+        mem = _NONE if mem is None else mem
+        if len(self.at) < self.length:
+            self.at.append(at), self.util.append(util), self.mem.append(mem)
+            return
+        i = self.start
+        self.at[i], self.util[i], self.mem[i] = at, util, mem
+        self.start = (i + 1) % self.length
+
+    def points(self, first: int = 0) -> list[Point]:
+        """Samples ``first`` (0: the oldest) to the newest."""
+        n, start = len(self.at), self.start
+        out = []
+        for k in range(max(0, first), n):
+            i = (start + k) % n
+            out.append(Point(self.at[i], _value(self.util[i]), _value(self.mem[i])))
+        return out
+
+
 class DeviceHistory:
     def __init__(self, length: int = DEFAULT_LENGTH):
         self.length = length
-        self._series: dict[int, deque[Point]] = {}
+        self._series: dict[int, _Ring] = {}
 
     def add(self, snapshot: Snapshot) -> None:
         for d in snapshot.devices:
@@ -30,18 +69,20 @@ class DeviceHistory:
             util = None if d.lost else d.util_gpu
             if d.lost:
                 mem = None
-            self._series.setdefault(d.index, deque(maxlen=self.length)).append(Point(snapshot.at, util, mem))
+            ring = self._series.get(d.index)
+            if ring is None:
+                ring = self._series[d.index] = _Ring(self.length)
+            ring.append(snapshot.at, util, mem)
 
     def series(self, index: int) -> list[Point]:
-        return list(self._series.get(index, ()))
+        s = self._series.get(index)
+        return s.points() if s else []
 
     def last(self, index: int, n: int) -> list[Point]:
         s = self._series.get(index)
         if not s:
             return []
-        if n >= len(s):
-            return list(s)
-        return [s[i] for i in range(len(s) - n, len(s))]
+        return s.points(len(s) - n)
 
 
 BLOCKS = " ▁▂▃▄▅▆▇█"

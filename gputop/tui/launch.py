@@ -11,6 +11,7 @@ import signal
 from gputop.config import load_config
 from gputop.errors import UsageError
 from gputop.snapshot import Sampler
+from gputop.tui import first_frame
 
 
 def require_terminal() -> None:
@@ -46,26 +47,47 @@ def run_tui(args) -> int:
             demo.write_env(os.environ["GPUTOP_STATE_DIR"])  # a second shell sources it (see the banner)
         sampler = Sampler.open(backend, scenario, config)
         stack.callback(sampler.close)
-        from gputop.tui.app import GputopApp  # imports Textual
+        devices = _first_devices(sampler)
+        app = None
+        drawn = first_frame.draw(devices, readonly=getattr(args, "readonly", False), demo=demo is not None)
+        try:
+            with _exit_on_signals(lambda: app):
+                from gputop.tui.app import GputopApp  # imports Textual
 
-        app = GputopApp(sampler, config=config, interval=interval, readonly=getattr(args, "readonly", False),
-                        demo=demo)
-        with _exit_on_signals(app):
-            app.run()
+                app = GputopApp(sampler, config=config, interval=interval,
+                                readonly=getattr(args, "readonly", False), demo=demo, devices=devices,
+                                first_frame=drawn)
+                app.run()
+        finally:
+            if drawn and not (app is not None and app.took_screen):
+                first_frame.leave()  # the app failed or was stopped before it took the screen over
         return int(app.return_code or 0)
 
 
+def _first_devices(sampler) -> tuple | None:
+    """The devices alone (a few ms), read before the app starts so that its first frame shows them; None
+    when they cannot be read (the app's first full sample then reports why)."""
+    try:
+        return sampler.sample_devices() or None
+    except Exception:
+        return None
+
+
 @contextlib.contextmanager
-def _exit_on_signals(app):
+def _exit_on_signals(get_app):
     """SIGTERM and SIGHUP leave through the app's normal exit, which restores the terminal (alternate
-    screen off, mouse tracking off, cursor shown). Exit status 128 + the signal's number."""
+    screen off, mouse tracking off, cursor shown). Exit status 128 + the signal's number. Before the app
+    runs (Textual still importing), SystemExit: run_tui then takes the first frame off the screen."""
     import asyncio
 
     def handler(signum, frame):
+        app = get_app()
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # not running yet (or any more): nothing on screen to restore
+        except RuntimeError:  # not running yet (or any more): the app has nothing on screen to restore
             raise SystemExit(128 + signum) from None
+        if app is None:
+            raise SystemExit(128 + signum)
         loop.call_soon_threadsafe(lambda: app.exit(return_code=128 + signum))
 
     saved = {}

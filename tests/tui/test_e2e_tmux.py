@@ -247,3 +247,41 @@ def test_too_small_message_wins_over_an_open_dialog(tmp_path):
         assert "GPUTOP-EXIT=0" in screen, screen
     finally:
         tmux("kill-server", check=False)
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
+@pytest.mark.slow
+def test_devices_come_first_and_the_shell_screen_comes_back(scenario, tmp_path):
+    # The first frame (header and devices, drawn before Textual is imported) is on screen before the
+    # app's own; after q the shell's screen and its cursor are back where they were.
+    exe = installed_gputop()
+    if exe is None:
+        pytest.skip("the gputop console script is not installed (pip install -e .)")
+    path = scenario([], gpus=2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
+    env.update(TERM="xterm-256color", GPUTOP_SCENARIO=str(path))
+    tmux = Tmux(tmp_path / "tmux.sock")
+    subprocess.run(tmux.base + ["-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "100", "-y", "30",
+                                "bash --norc --noprofile"], env=env, check=True, timeout=10)
+    try:
+        tmux.wait_for("bash" if os.geteuid() == 0 else "$")  # bash's own prompt: bash-5.2# or bash-5.2$
+        tmux.keys("PS1='$ '; clear; echo before-gputop", "Enter")
+        tmux.wait_for("before-gputop\n$")
+        tmux.keys(exe, "Enter")  # the scenario from $GPUTOP_SCENARIO: a short line that does not wrap
+        screens = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("PID" in s for s in screens[-1:]):
+            screens.append(tmux.screen())
+            time.sleep(0.01)
+        first = next((s for s in screens if "Simulated H100" in s), "")
+        assert "GPU 0  Simulated H100 80GB  util" in first and "reading processes" in first, first
+        assert "PID" not in first  # the app's frame (with the tree) came after it
+        tmux.wait_for("no orphans")
+        tmux.keys("q")
+        screen = tmux.wait_for(f"$ {exe}\n$")
+        assert "before-gputop" in screen and "Simulated" not in screen, screen
+        lines = screen.splitlines()
+        cursor_y = int(tmux("display", "-p", "-t", "e2e", "#{cursor_y}").strip())
+        assert lines[cursor_y].startswith("$") and lines[cursor_y - 1].startswith(f"$ {exe}"), (cursor_y, screen)
+    finally:
+        tmux("kill-server", check=False)

@@ -100,3 +100,38 @@ def test_sort_mark_for_pid_and_for_a_hidden_column():
     assert "HOST-MEM▼" in compact and "COMMAND" in compact
     assert "TIME▼" in header_text(0, (NARROW, "TIME"), "time", False).plain
     assert "COMMAND" in header_text(0, NARROW, "gpu-mem", False).plain
+
+
+def test_history_keeps_order_across_the_wrap_and_unknowns():
+    from types import SimpleNamespace
+
+    from gputop.backends.base import DeviceSample
+
+    h = DeviceHistory(length=4)
+    for t in range(10):
+        util = None if t == 8 else float(t)
+        h.add(SimpleNamespace(at=float(t), devices=(DeviceSample(0, util_gpu=util, memory_used=t,
+                                                                 memory_total=100),)))
+    assert [p.at for p in h.series(0)] == [6.0, 7.0, 8.0, 9.0]
+    assert [p.util for p in h.last(0, 3)] == [7.0, None, 9.0] and h.last(0, 3)[-1].mem == 9.0
+    assert [p.at for p in h.last(0, 99)] == [6.0, 7.0, 8.0, 9.0] and h.last(0, 0) == [] and h.last(5, 3) == []
+
+
+def test_history_of_an_hour_on_eight_gpus_is_small():
+    # The TUI keeps an hour of samples per GPU: stored as arrays of doubles, not one object per sample.
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from gputop.backends.base import DeviceSample
+
+    devices = tuple(DeviceSample(i, util_gpu=float(i), memory_used=i, memory_total=100) for i in range(8))
+    tracemalloc.start()
+    try:
+        h = DeviceHistory()
+        for t in range(3600):
+            h.add(SimpleNamespace(at=1e9 + t, devices=devices))
+        size, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(h.series(7)) == 3600
+    assert size < 1 << 20, f"{size / 2**20:.1f} MiB for 28,800 samples"
