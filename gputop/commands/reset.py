@@ -22,6 +22,9 @@ def add_arguments(p) -> None:
     p.add_argument("--gpu", type=int, required=True, metavar="N", help="the GPU to reset")
     p.add_argument("--force", action="store_true", help="kill the processes holding it first")
     p.add_argument("--timeout", metavar="S", help="--force: seconds to wait after SIGTERM (default kill_timeout)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="make every check the reset makes (holders, rights, signal permission) and say what it "
+                        "would do; kill and reset nothing")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -36,7 +39,7 @@ def run(args) -> int:
     sampler = open_sampler(args, config)
     try:
         r = actions.reset_gpu(args.gpu, face="cli", force=args.force, sampler=sampler, config=config,
-                              kill_timeout=timeout)
+                              kill_timeout=timeout, dry_run=args.dry_run)
     finally:
         sampler.close()
     if args.json:

@@ -856,7 +856,13 @@ class GputopApp(App):
             self.notify("No GPU to reset.", severity="warning")
             return
         dev = self.snapshot.device(idx)
-        self.push_screen(ResetDialog(idx, dev.name if dev else None, self.snapshot.holders_on(idx)),
+        from gputop.errors import GputopError
+
+        try:
+            backend = self.sampler.locate(idx)[0]
+        except GputopError:  # a GPU that went away: the reset itself will say so
+            backend = None
+        self.push_screen(ResetDialog(idx, dev.name if dev else None, self.snapshot.holders_on(idx), backend),
                          partial(self._reset_confirmed, idx))
 
     def _reset_confirmed(self, index: int, choice: str | None) -> None:

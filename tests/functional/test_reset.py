@@ -141,3 +141,16 @@ def test_reset_errors_map_to_clear_messages_and_exit_codes(scenario, cfg, kind, 
     assert hint in res.message and "\n" not in res.message
     [rec] = records(action="reset")
     assert rec["face"] == "api" and rec["details"]["kind"] == kind and rec["exit_code"] == code
+
+
+def test_cli_dry_run_says_what_the_reset_would_do_and_does_nothing(procs, scenario, cfg):
+    plain = procs.sleeper("gt-dry")
+    sc = scenario(holders=[{"pid": plain.pid, "gpu": 0, "memory": "1GiB"}], gpus=2)
+    held = run_gputop("reset", "--gpu", "0", "--force", "--dry-run")
+    assert held.returncode == 0 and f"would kill 1 process(es) holding GPU 0 ({plain.pid})" in held.stdout, held
+    free = run_gputop("reset", "--gpu", "1", "--dry-run", "--json")
+    assert free.returncode == 0 and json.loads(free.stdout)["outcome"] == "dry-run", free
+    busy = run_gputop("reset", "--gpu", "0", "--dry-run")  # without --force the real reset is refused: so is this
+    assert busy.returncode == EXIT_REFUSED and "in use" in busy.stderr, busy
+    time.sleep(0.2)
+    assert alive(plain.pid) and resets(sc) == [] and records(action="kill") == []

@@ -303,6 +303,33 @@ async def test_reset_dialog_offers_only_what_would_be_done(procs, scenario):
 
 
 @run_async
+async def test_reset_dialog_says_the_core_refusal_before_offering_a_reset(procs, scenario, monkeypatch):
+    # a vendor backend resets only as root: the dialog asks the core reset's own check and offers no button
+    from gputop.actions import reset as core_reset
+    from gputop.backends.simulated import SimulatedBackend
+    from gputop.config import Config
+    from gputop.snapshot import Sampler
+    from gputop.tui.app import GputopApp
+
+    class Vendor(SimulatedBackend):
+        name = "vendorx"
+
+    held = procs.sleeper("heldjob")
+    path = scenario([{"pid": held.pid, "gpu": 0, "memory": "1GiB"}], gpus=1)
+    monkeypatch.setattr(core_reset.os, "geteuid", lambda: 1000)  # what an ordinary user's TUI sees
+    app = GputopApp(Sampler([Vendor(str(path))], config=Config()), config=Config(), interval=0.2)
+    async with app.run_test(size=(100, 30)) as pilot:
+        assert await wait_row(pilot, f"gpu0/{held.pid}")
+        assert app.select_key("gpu0")
+        await pilot.press("R")
+        assert await wait_screen(pilot, "ResetDialog")
+        assert not app.screen.query("#reset") and not app.screen.query("#force")
+        assert "needs root" in screen_text(app) and app.screen.focused.id == "cancel"
+        await pilot.press("escape")
+    assert alive(held.pid)
+
+
+@run_async
 async def test_help_and_palette_list_every_binding(scenario):
     from gputop.tui.keymap import KEYS
 

@@ -25,18 +25,32 @@ def blockers(holders: list) -> list:
     return [h for h, _ in reset_blockers(holders)]
 
 
+def refusal(backend, holders: list) -> str | None:
+    """Why the reset itself would be refused before any holder is touched, or None: the core reset's own
+    checks (the right to reset on this backend, the kernel's permission to signal each holder), so the dialog
+    says what the action will say instead of offering a button that only leads to a refusal."""
+    from gputop.actions.reset import reset_rights, signal_blockers
+
+    rights = reset_rights(backend) if backend is not None else None
+    if rights is not None:
+        return rights[1]
+    why = signal_blockers(holders)
+    return "; ".join(why) if why else None
+
+
 class ResetDialog(ConfirmDialog):
     """Returns "reset", FORCE (kill the holders, then reset) or None. Only a matching typed index confirms."""
 
     BODY_FOCUSABLE = False
 
-    def __init__(self, index: int, name: str | None, holders: list):
+    def __init__(self, index: int, name: str | None, holders: list, backend=None):
         super().__init__()
         self.index = index
         self.gpu_name = name
         self.holders = holders
         self.blocked = blockers(holders)
-        self.choice = None if self.blocked else (FORCE if holders else "reset")
+        self.refused = None if self.blocked else refusal(backend, holders)
+        self.choice = None if self.blocked or self.refused else (FORCE if holders else "reset")
         self.AUTO_FOCUS = "#cancel" if self.choice is None else "#confirm-index"
         self.DIALOG_TITLE = f"Reset GPU {index} ({name or 'unknown'})?"
 
@@ -52,6 +66,9 @@ class ResetDialog(ConfirmDialog):
         else:
             text = Text("No process holds this GPU.")
         yield Static(text)
+        if self.refused:
+            yield Static(Text(f"The reset would be refused: {visible(self.refused)}."), classes="dialog-note")
+            return
         if self.choice is None:
             pids = ", ".join(str(h.pid) for h in self.blocked)
             yield Static(Text(f"The reset would be refused: gputop never kills pid(s) {pids} (protected, "
