@@ -197,3 +197,39 @@ def run_gputop(*args, env=None, timeout=60, input=None) -> subprocess.CompletedP
         e.update(env)
     return subprocess.run([sys.executable, "-m", "gputop", *args], capture_output=True, text=True,
                           env=e, timeout=timeout, input=input, preexec_fn=_default_sighup)
+
+
+def run_on_pty(argv, env=None, merge_stderr: bool = True, timeout: float = 60) -> tuple[int, str, str]:
+    """Run ``argv`` with stdout (and stderr, unless ``merge_stderr`` is False) on a pty, draining the terminal
+    while the child writes (a child blocked on a full pty never exits). (exit status, what the terminal got
+    with CRLF turned into LF, stderr when it was not on the terminal)."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    chunks = []
+    try:
+        p = subprocess.Popen(argv, stdout=slave, stderr=slave if merge_stderr else subprocess.PIPE,
+                             stdin=subprocess.DEVNULL, env=env)
+        os.close(slave)
+        slave = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 1)[0]:
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child has exited and its side is drained
+                break
+            if not data:
+                break
+            chunks.append(data)
+        else:
+            p.kill()
+        err = p.stderr.read().decode("utf-8", "replace") if p.stderr else ""
+        rc = p.wait(timeout=timeout)
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    return rc, b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n"), err

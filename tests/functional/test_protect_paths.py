@@ -21,7 +21,8 @@ def test_the_cli_refuses_a_protect_path_with_exit_2_and_one_line(tmp_path):
     assert len(lines) == 1 and "/opt/lab/bin/keep-me" in lines[0] and "protect_cmdline" in lines[0], r.stderr
 
 
-def test_a_running_guard_keeps_its_last_valid_config(scenario, tmp_path):
+def _guard_reloading(scenario, tmp_path, new_config: str):
+    """A guard started with ``protect: [keep-me]`` whose config file then says ``new_config``, reloaded."""
     from gputop.guard.daemon import GuardDaemon
     from tests.functional.guard_helpers import Clock, sampler_for
 
@@ -32,24 +33,18 @@ def test_a_running_guard_keeps_its_last_valid_config(scenario, tmp_path):
     path = scenario(holders=[], gpus=1)
     d = GuardDaemon(sampler_for(path, Clock()), str(policy), config=load_config(str(cfg)), interval=0.1,
                     out=io.StringIO(), config_loader=lambda: load_config(str(cfg)))
-    cfg.write_text("protect: [keep-me, /usr/local/bin/keep-me]\n")
+    cfg.write_text(new_config)
     d.reload()
+    return d
+
+
+def test_a_running_guard_keeps_its_last_valid_config(scenario, tmp_path):
+    d = _guard_reloading(scenario, tmp_path, "protect: [keep-me, /usr/local/bin/keep-me]\n")
     assert d.config.protect == ("keep-me",) and d.engine.config.protect == ("keep-me",)
     assert "protect_cmdline" in d.last_error and "keeping the last valid config" in d.last_error
 
 
 def test_a_good_config_reload_reaches_the_guards_sampler(scenario, tmp_path):
     # the snapshots the guard's rules see are classified with the reloaded protect patterns, not the start-up ones
-    from gputop.guard.daemon import GuardDaemon
-    from tests.functional.guard_helpers import Clock, sampler_for
-
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text("protect: [keep-me]\n")
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(KILL_VICTIMS)
-    path = scenario(holders=[], gpus=1)
-    d = GuardDaemon(sampler_for(path, Clock()), str(policy), config=load_config(str(cfg)), interval=0.1,
-                    out=io.StringIO(), config_loader=lambda: load_config(str(cfg)))
-    cfg.write_text("protect: [keep-me, keep-this-too]\n")
-    d.reload()
+    d = _guard_reloading(scenario, tmp_path, "protect: [keep-me, keep-this-too]\n")
     assert d.sampler.config is d.config and d.sampler.config.protect == ("keep-me", "keep-this-too")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tests.conftest import run_gputop
+from tests.conftest import run_gputop, run_on_pty
 
 ESC_TITLE = "\x1b]0;owned\x07"
 ESC_CLEAR = "\x1b[2J"
@@ -73,33 +73,8 @@ sys.exit(3)
 
 def _on_a_terminal(argv, env) -> tuple[int, str]:
     """Run ``argv`` with stdout and stderr on a pty; (exit status, what the terminal got)."""
-    import os
-    import pty
-    import select
-    import subprocess
-
-    master, slave = pty.openpty()
-    chunks = []
-    try:
-        p = subprocess.Popen(argv, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env)
-        os.close(slave)
-        slave = None
-        while True:
-            if not select.select([master], [], [], 30)[0]:
-                break
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child has exited and its side is drained
-                break
-            if not data:
-                break
-            chunks.append(data)
-        rc = p.wait(timeout=60)
-    finally:
-        if slave is not None:
-            os.close(slave)
-        os.close(master)
-    return rc, b"".join(chunks).decode("utf-8", "replace")
+    rc, out, _ = run_on_pty(argv, env)
+    return rc, out
 
 
 def test_remote_subcommand_output_at_a_terminal_is_made_visible(tmp_path):

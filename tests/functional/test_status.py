@@ -12,7 +12,7 @@ from gputop.config import Config
 from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED
 from gputop.procs import read_proc
 from gputop.snapshot import Sampler
-from tests.conftest import run_gputop, wait_gone
+from tests.conftest import run_gputop, run_on_pty, wait_gone
 
 
 def sample(path) -> "Sampler":
@@ -190,8 +190,6 @@ def test_kill_and_wait_gone_helper_sanity(procs):
 
 def test_status_json_is_compact_to_a_pipe_and_indented_at_a_terminal(procs, scenario):
     # A pipe gets one line (the C encoder; a third of the time at 1,024 holders), a person the indented form.
-    import pty
-    import subprocess
     import sys
 
     worker = procs.sleeper().pid
@@ -200,38 +198,9 @@ def test_status_json_is_compact_to_a_pipe_and_indented_at_a_terminal(procs, scen
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout.count("\n") == 1 and '"pid":' in piped.stdout
     doc = json.loads(piped.stdout)
-    master, slave = pty.openpty()
-    chunks = []
-    try:
-        # Drain the terminal while the child writes: the indented document is larger than a pty's buffer, and a
-        # child blocked on a full pty never exits.
-        p = subprocess.Popen([sys.executable, "-m", "gputop", "status", "--json", "--scenario", path],
-                             stdout=slave, stderr=subprocess.PIPE)
-        os.close(slave)
-        slave = None
-        import select
-        import time
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if not select.select([master], [], [], 1)[0]:
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child has exited and its side is drained
-                break
-            if not data:
-                break
-            chunks.append(data)
-        else:
-            p.kill()
-        stderr = p.stderr.read()
-        p.wait(timeout=60)
-    finally:
-        if slave is not None:
-            os.close(slave)
-        os.close(master)
-    assert p.returncode == 0, stderr
-    shown = b"".join(chunks).decode().replace("\r\n", "\n")
+    rc, shown, stderr = run_on_pty([sys.executable, "-m", "gputop", "status", "--json", "--scenario", path],
+                                   merge_stderr=False)
+    assert rc == 0, stderr
     assert '\n  "at": ' in shown
     assert json.loads(shown)["holders"][0]["pid"] == doc["holders"][0]["pid"] == worker
 
