@@ -858,8 +858,9 @@ class GputopApp(App):
         dev = self.snapshot.device(idx)
         from gputop.errors import GputopError
 
+        locate = getattr(self.sampler, "locate", None)  # the test doubles of the sampler have none
         try:
-            backend = self.sampler.locate(idx)[0]
+            backend = locate(idx)[0] if locate is not None else None
         except GputopError:  # a GPU that went away: the reset itself will say so
             backend = None
         self.push_screen(ResetDialog(idx, dev.name if dev else None, self.snapshot.holders_on(idx), backend),

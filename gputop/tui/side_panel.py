@@ -14,8 +14,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-GUARD_PENDING = "Guard rule hits (time, rule, pid, action) will appear here once the guard engine is installed."
-AUDIT_PENDING = "Audit findings (severity, pid, reason) will appear here once the rogue-process audit is installed."
+GUARD_PENDING = "reading the guard state…"
+AUDIT_PENDING = "auditing processes…"
 
 SEVERITY_STYLE = {"critical": "bold reverse red", "high": "bold red", "medium": "yellow", "low": "cyan",
                   "info": "dim"}
