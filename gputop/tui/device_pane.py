@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from gputop.backends.base import DeviceSample
-from gputop.tui.history import DeviceHistory, strip
+from gputop.tui.history import DeviceHistory
 from gputop.units import fmt_bytes
 
 
@@ -41,13 +41,13 @@ def line_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
     tail = f" {_na(d.temperature, '{:.0f}°C'):>5} {_na(d.power_w, '{:.0f}W'):>5}"
     fixed = head.cell_len + 1 + len(util_txt) + 1 + 1 + len(mem_txt) + len(tail) + 2
     strip_w = max(3, (width - fixed) // 2) if width else 10
-    pts = history.last(d.index, strip_w)
+    util_strip, mem_strip = history.strips(d.index, strip_w)
     out = head
     out.append(" ")
-    out.append(strip([p.util for p in pts], strip_w), style=_level_style(util))
+    out.append(util_strip, style=_level_style(util))
     out.append(util_txt, style=_level_style(util))
     out.append("  ")
-    out.append(strip([p.mem for p in pts], strip_w), style=_level_style(mem_pct))
+    out.append(mem_strip, style=_level_style(mem_pct))
     out.append(mem_txt, style=_level_style(mem_pct))
     out.append(tail)
     return out
@@ -92,14 +92,14 @@ def pane_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
     mem_txt = f"{fmt_bytes(d.memory_used)}/{fmt_bytes(d.memory_total)}".rjust(13)
     fixed = len("UTIL ") + 1 + len(util_txt) + 3 + len("MEM ") + 1 + len(mem_txt)
     strip_w = max(4, (width - fixed) // 2) if width else 20
-    pts = history.last(d.index, strip_w)
+    util_strip, mem_strip = history.strips(d.index, strip_w)
     line2 = Text()
     line2.append("UTIL ", style="bold")
-    line2.append(strip([p.util for p in pts], strip_w), style=_level_style(util))
+    line2.append(util_strip, style=_level_style(util))
     line2.append(" " + util_txt, style=_level_style(util))
     line2.append("   ")
     line2.append("MEM ", style="bold")
-    line2.append(strip([p.mem for p in pts], strip_w), style=_level_style(mem_pct))
+    line2.append(mem_strip, style=_level_style(mem_pct))
     line2.append(" " + mem_txt, style=_level_style(mem_pct))
     if d.errors:
         line1.append(f"  ({len(d.errors)} field(s) N/A)", style="dim")

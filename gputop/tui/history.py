@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 
 from gputop.snapshot import Snapshot
 
@@ -21,6 +22,9 @@ class DeviceHistory:
     def __init__(self, length: int = DEFAULT_LENGTH):
         self.length = length
         self._series: dict[int, deque[Point]] = {}
+        # index -> (util, mem) block characters of the same points, so that a pane's strips each second
+        # are a join of characters, not a pass over Point objects.
+        self._blocks: dict[int, tuple[deque[str], deque[str]]] = {}
 
     def add(self, snapshot: Snapshot) -> None:
         for d in snapshot.devices:
@@ -31,6 +35,17 @@ class DeviceHistory:
             if d.lost:
                 mem = None
             self._series.setdefault(d.index, deque(maxlen=self.length)).append(Point(snapshot.at, util, mem))
+            u, m = self._blocks.setdefault(d.index, (deque(maxlen=self.length), deque(maxlen=self.length)))
+            u.append(block(util))
+            m.append(block(mem))
+
+    def strips(self, index: int, width: int) -> tuple[str, str]:
+        """The utilisation and memory strips of the last ``width`` points (what ``strip`` draws)."""
+        if width <= 0:
+            return "", ""
+        u, m = self._blocks.get(index, ((), ()))
+        skip = max(0, len(u) - width)
+        return ("".join(islice(u, skip, None)).rjust(width, " "), "".join(islice(m, skip, None)).rjust(width, " "))
 
     def series(self, index: int) -> list[Point]:
         return list(self._series.get(index, ()))
@@ -47,13 +62,12 @@ class DeviceHistory:
 BLOCKS = " ▁▂▃▄▅▆▇█"
 
 
+def block(v: float | None) -> str:
+    """One point of a strip on the fixed 0-100 scale; '?' when unknown."""
+    return "?" if v is None else BLOCKS[max(0, min(8, round(v / 100 * 8)))]
+
+
 def strip(values: list[float | None], width: int) -> str:
     """A fixed 0-100 scale strip, newest on the right; unknown samples are '?'. Cheap: no plotting."""
     vals = values[-width:] if width > 0 else []
-    out = []
-    for v in vals:
-        if v is None:
-            out.append("?")
-        else:
-            out.append(BLOCKS[max(0, min(8, round(v / 100 * 8)))])
-    return "".join(out).rjust(width, " ") if width > 0 else ""
+    return "".join([block(v) for v in vals]).rjust(width, " ") if width > 0 else ""
