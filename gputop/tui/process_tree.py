@@ -227,6 +227,20 @@ class ProcessTree(Tree[Node]):
     # appends it for every such line; here the styles are worked out once per style change, and a line
     # is guide segments plus the label rendered once. The output is the same (the snapshot tests check).
 
+    def render_lines(self, crop):
+        # Tree.render_line reads self.rich_style (a walk over the ancestors' styles) for every line: here
+        # it is read once per frame.
+        self._frame_style = self.rich_style
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._frame_style = None
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        style = self.__dict__.get("_frame_style") or self.rich_style
+        return self._render_line(y + scroll_y, scroll_x, scroll_x + self.size.width, style)
+
     def _line_styles(self) -> dict:
         key = (self._updates, self._pseudo_class_state, self.has_focus)
         cached = self._line_styles_cache

@@ -191,9 +191,13 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
     holders = [h for h in snapshot.holders if matches(h, filter_text)]
     groups: list[Node] = []
     if grouping == GROUP_GPU:
+        by_gpu: dict[int, list[Holder]] = {}  # one pass over the holders, not one per GPU
+        for h in holders:
+            for gpu in h.gpus:
+                by_gpu.setdefault(gpu, []).append(h)
         for d in snapshot.devices:
             g = Node(f"gpu{d.index}", "group", gpu=d.index)
-            on = [h for h in holders if d.index in h.gpus]
+            on = by_gpu.get(d.index, [])
             index: dict = {}
             for h in on:
                 _insert(g, g.key, h, d.index, index)
