@@ -482,6 +482,24 @@ class ProcessTree(Tree[Node]):
         tnode._updates += 1
         return True
 
+    def _replace_children(self, parent: TreeNode[Node], wanted_list: list[str]) -> None:
+        """Remove the children that are no longer wanted; if the rest are out of order, remove them all
+        (they are added back in order, their expansion kept by key)."""
+        wanted_keys = set(wanted_list)
+        for child in list(parent.children):
+            if child.data is None or child.data.key not in wanted_keys:
+                self._forget(child)
+                child.remove()
+                self._structural = True
+        present = [c.data.key for c in parent.children]
+        present_set = set(present)
+        in_order = [k for k in wanted_list if k in present_set]
+        if present != in_order:  # the sort order changed: re-add (expansion is kept by key)
+            self._structural = True
+            for child in list(parent.children):
+                self._forget(child)
+                child.remove()
+
     def _forget(self, tnode: TreeNode[Node]) -> None:
         stack = [tnode]
         while stack:
@@ -494,21 +512,16 @@ class ProcessTree(Tree[Node]):
             stack.extend(n.children)
 
     def _reconcile_children(self, parent: TreeNode[Node], wanted: list[Node], depth: int) -> None:
-        wanted_keys = {w.key for w in wanted}
-        for child in list(parent.children):
-            if child.data is None or child.data.key not in wanted_keys:
-                self._forget(child)
-                child.remove()
-                self._structural = True
-        present = [c.data.key for c in parent.children]
-        present_set = set(present)
-        in_order = [w.key for w in wanted if w.key in present_set]
-        if present != in_order:  # the sort order changed: re-add (expansion is kept by key)
-            self._structural = True
-            for child in list(parent.children):
-                self._forget(child)
-                child.remove()
-        existing = {c.data.key: c for c in parent.children}
+        children = parent._children
+        if not wanted and not children:  # a leaf stays a leaf (most rows)
+            return
+        wanted_list = [w.key for w in wanted]
+        present = [c.data.key if c.data is not None else None for c in children]
+        if present == wanted_list:  # the same rows in the same order (most refreshes): update in place
+            existing = dict(zip(present, children))
+        else:
+            self._replace_children(parent, wanted_list)
+            existing = {c.data.key: c for c in parent._children}
         updated = self._updated
         for i, w in enumerate(wanted):
             tnode = existing.get(w.key)
