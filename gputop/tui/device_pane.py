@@ -6,11 +6,16 @@ well under a millisecond), never with an auto-scaling sparkline or a plotting li
 
 from __future__ import annotations
 
+from rich.segment import Segment
+from rich.style import Style as RichStyle
 from rich.text import Text
+from textual.strip import Strip
+from textual.style import Style as VisualStyle
+from textual.geometry import Region
 from textual.widget import Widget
 
 from gputop.backends.base import DeviceSample
-from gputop.tui.history import DeviceHistory, strip
+from gputop.tui.history import DeviceHistory
 from gputop.units import fmt_bytes
 
 
@@ -41,13 +46,13 @@ def line_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
     tail = f" {_na(d.temperature, '{:.0f}°C'):>5} {_na(d.power_w, '{:.0f}W'):>5}"
     fixed = head.cell_len + 1 + len(util_txt) + 1 + 1 + len(mem_txt) + len(tail) + 2
     strip_w = max(3, (width - fixed) // 2) if width else 10
-    pts = history.last(d.index, strip_w)
+    util_strip, mem_strip = history.strips(d.index, strip_w)
     out = head
     out.append(" ")
-    out.append(strip([p.util for p in pts], strip_w), style=_level_style(util))
+    out.append(util_strip, style=_level_style(util))
     out.append(util_txt, style=_level_style(util))
     out.append("  ")
-    out.append(strip([p.mem for p in pts], strip_w), style=_level_style(mem_pct))
+    out.append(mem_strip, style=_level_style(mem_pct))
     out.append(mem_txt, style=_level_style(mem_pct))
     out.append(tail)
     return out
@@ -92,14 +97,14 @@ def pane_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
     mem_txt = f"{fmt_bytes(d.memory_used)}/{fmt_bytes(d.memory_total)}".rjust(13)
     fixed = len("UTIL ") + 1 + len(util_txt) + 3 + len("MEM ") + 1 + len(mem_txt)
     strip_w = max(4, (width - fixed) // 2) if width else 20
-    pts = history.last(d.index, strip_w)
+    util_strip, mem_strip = history.strips(d.index, strip_w)
     line2 = Text()
     line2.append("UTIL ", style="bold")
-    line2.append(strip([p.util for p in pts], strip_w), style=_level_style(util))
+    line2.append(util_strip, style=_level_style(util))
     line2.append(" " + util_txt, style=_level_style(util))
     line2.append("   ")
     line2.append("MEM ", style="bold")
-    line2.append(strip([p.mem for p in pts], strip_w), style=_level_style(mem_pct))
+    line2.append(mem_strip, style=_level_style(mem_pct))
     line2.append(" " + mem_txt, style=_level_style(mem_pct))
     if d.errors:
         line1.append(f"  ({len(d.errors)} field(s) N/A)", style="dim")
@@ -107,7 +112,14 @@ def pane_text(d: DeviceSample, history: DeviceHistory, width: int) -> Text:
 
 
 class DevicePane(Widget):
-    """Renders one device from the latest snapshot and the shared history."""
+    """Renders one device from the latest snapshot and the shared history.
+
+    Its lines are drawn here (render_line), not by Textual's general text pipeline (parse, wrap, align)
+    on every change: a line that did not change keeps its Strip, and a changed one is Rich's segments of
+    its Text with each style converted once (as Textual converts it). A pane with a line that would not
+    fit, or that holds a character that is not printable, takes Textual's pipeline (the output is the
+    same; ``test_device_panes_draw_what_textual_would`` checks it).
+    """
 
     DEFAULT_CSS = "DevicePane { height: 2; }"
 
@@ -119,6 +131,11 @@ class DevicePane(Widget):
         self.lines = 2
         self._shown: Text | None = None  # what the pane shows, made by show() or render()
         self._shown_for: tuple[int, int] = (0, 0)  # the (width, lines) it was made for
+        self._strips: list[tuple[Text, Strip]] = []  # each line's Text and its Strip
+        self._strips_key: tuple | None = None  # the width and styles the strips were made with
+        self._styles: dict = {}  # Rich style of a segment -> the style Textual would draw it with
+        self._split_of: Text | None = None  # the Text last split into lines
+        self._split: list[Text] | None = None  # its lines; None: drawn by Textual's pipeline
 
     def set_lines(self, lines: int) -> None:
         if lines != self.lines:
@@ -131,8 +148,16 @@ class DevicePane(Widget):
         self.device = device
         text = self._text()
         if text != self._shown:
+            old = self._shown.split("\n") if self._shown is not None else []
             self._shown, self._shown_for = text, (self.size.width, self.lines)
-            self.refresh()
+            new = text.split("\n")
+            if len(old) != len(new):
+                self.refresh()
+                return
+            width = self.size.width
+            for y, (a, b) in enumerate(zip(old, new)):  # repaint only the lines that changed
+                if a != b:
+                    self.refresh(Region(0, y, width, 1))
 
     def _text(self) -> Text:
         if self.device is None:
@@ -145,3 +170,47 @@ class DevicePane(Widget):
         if self._shown is None or self._shown_for != (self.size.width, self.lines):  # resized, or re-laid out
             self._shown, self._shown_for = self._text(), (self.size.width, self.lines)
         return self._shown
+
+    def render_line(self, y: int) -> Strip:
+        text = self.render()
+        if text is not self._split_of:
+            lines = text.split("\n")
+            # A line that would wrap, or that holds a character that is not printable: Textual's pipeline
+            # for the whole pane (it wraps and sanitises), exactly as before.
+            fast = all(line.cell_len <= self.size.width and line.plain.isprintable() for line in lines)
+            self._split_of, self._split = text, (lines if fast else None)
+        lines = self._split
+        if lines is None:
+            return super().render_line(y)
+        width = self.size.width
+        base = self.visual_style
+        key = (width, base, self.app.ansi_theme)
+        if key != self._strips_key:
+            self._strips, self._strips_key, self._styles = [], key, {}
+        if y >= len(lines):
+            return Strip.blank(width, base.rich_style)
+        strips = self._strips
+        while len(strips) <= y:
+            strips.append((None, None))
+        line = lines[y]
+        cached_line, strip = strips[y]
+        if strip is None or cached_line != line:
+            strip = self._line_strip(line, y, base)
+            strips[y] = (line, strip)
+        return strip
+
+    def _line_strip(self, line: Text, y: int, base: VisualStyle) -> Strip:
+        """Line ``y`` as Textual draws a Text: each segment in the widget's style plus its own, marked with
+        its offset (Textual's text selection reads it); Textual pads it to the width."""
+        styles = self._styles
+        theme = self.app.ansi_theme
+        segments = []
+        x = 0
+        for seg in line.render(self.app.console, end=""):
+            style = styles.get(seg.style)
+            if style is None:
+                visual = VisualStyle.from_rich_style(seg.style, theme) if seg.style else VisualStyle()
+                style = styles[seg.style] = (base + visual).rich_style
+            segments.append(Segment(seg.text, style + RichStyle.from_meta({"offset": (x, y)})))
+            x += len(seg.text)
+        return Strip(segments)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 
 from gputop.snapshot import Snapshot
 
 DEFAULT_LENGTH = 3600  # samples: an hour at the default 1 s refresh
+MAX_STRIP = 1024  # the widest history strip drawn (a pane is narrower than the terminal)
 _NONE = math.nan  # how an unknown value is stored
 
 
@@ -60,6 +63,10 @@ class DeviceHistory:
     def __init__(self, length: int = DEFAULT_LENGTH):
         self.length = length
         self._series: dict[int, _Ring] = {}
+        # index -> (util, mem) block characters of the newest points (no strip is wider than a terminal), so
+        # that a pane's strips each second are a join of characters, not a pass over the samples.
+        self._blocks: dict[int, tuple[deque[str], deque[str]]] = {}
+        self._block_len = min(length, MAX_STRIP)
 
     def add(self, snapshot: Snapshot) -> None:
         for d in snapshot.devices:
@@ -73,6 +80,17 @@ class DeviceHistory:
             if ring is None:
                 ring = self._series[d.index] = _Ring(self.length)
             ring.append(snapshot.at, util, mem)
+            u, m = self._blocks.setdefault(d.index, (deque(maxlen=self._block_len), deque(maxlen=self._block_len)))
+            u.append(block(util))
+            m.append(block(mem))
+
+    def strips(self, index: int, width: int) -> tuple[str, str]:
+        """The utilisation and memory strips of the last ``width`` points (what ``strip`` draws)."""
+        if width <= 0:
+            return "", ""
+        u, m = self._blocks.get(index, ((), ()))
+        skip = max(0, len(u) - width)
+        return ("".join(islice(u, skip, None)).rjust(width, " "), "".join(islice(m, skip, None)).rjust(width, " "))
 
     def series(self, index: int) -> list[Point]:
         s = self._series.get(index)
@@ -88,13 +106,12 @@ class DeviceHistory:
 BLOCKS = " ▁▂▃▄▅▆▇█"
 
 
+def block(v: float | None) -> str:
+    """One point of a strip on the fixed 0-100 scale; '?' when unknown."""
+    return "?" if v is None else BLOCKS[max(0, min(8, round(v / 100 * 8)))]
+
+
 def strip(values: list[float | None], width: int) -> str:
     """A fixed 0-100 scale strip, newest on the right; unknown samples are '?'. Cheap: no plotting."""
     vals = values[-width:] if width > 0 else []
-    out = []
-    for v in vals:
-        if v is None:
-            out.append("?")
-        else:
-            out.append(BLOCKS[max(0, min(8, round(v / 100 * 8)))])
-    return "".join(out).rjust(width, " ") if width > 0 else ""
+    return "".join([block(v) for v in vals]).rjust(width, " ") if width > 0 else ""

@@ -203,8 +203,12 @@ class ProcessTree(Tree[Node]):
         self.compact = True
         self._max_depth = 1
         self._changed: list[TreeNode[Node]] = []  # nodes whose label changed in this reconcile
-        self._pending: dict[int, tuple] = {}
-        self._line_styles_cache: dict | None = None  # see _line_styles  # id(node) -> cells whose Text is built when the line is drawn
+        self._pending: dict[int, tuple] = {}  # id(node) -> cells whose Text is built when the line is drawn
+        # id(node) -> (node, depth): rows off screen whose data changed; their cells are worked out only
+        # when the line is drawn (scrolled into view), so a refresh costs per row in view, not per row.
+        self._stale: dict[int, tuple[TreeNode[Node], int]] = {}
+        self._updated: list[tuple[TreeNode[Node], int]] = []  # (node, depth) given new data in this reconcile
+        self._line_styles_cache: dict | None = None  # see _line_styles
         self._structural = False  # a node was added or removed: every line may have moved
 
     # Every label gets a 2-cell expander slot, blank on leaves, so that columns line up.
@@ -222,6 +226,20 @@ class ProcessTree(Tree[Node]):
     # own _render_line looks up six component styles, builds a guides Text, copies the label twice and
     # appends it for every such line; here the styles are worked out once per style change, and a line
     # is guide segments plus the label rendered once. The output is the same (the snapshot tests check).
+
+    def render_lines(self, crop):
+        # Tree.render_line reads self.rich_style (a walk over the ancestors' styles) for every line: here
+        # it is read once per frame.
+        self._frame_style = self.rich_style
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._frame_style = None
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        style = self.__dict__.get("_frame_style") or self.rich_style
+        return self._render_line(y + scroll_y, scroll_x, scroll_x + self.size.width, style)
 
     def _line_styles(self) -> dict:
         key = (self._updates, self._pseudo_class_state, self.has_focus)
@@ -265,6 +283,8 @@ class ProcessTree(Tree[Node]):
         if y >= len(tree_lines):
             return Strip.blank(width, base_style)
         line = tree_lines[y]
+        if self._stale and id(line.node) in self._stale:
+            self._label_of(line.node)  # format a stale row now, before its cache key is taken
         is_hover = self.hover_line >= 0 and any(node._hover for node in line.path)
         cache_key = (y, is_hover, width, self._updates, self._pseudo_class_state,
                      tuple(node._updates for node in line.path))
@@ -313,13 +333,23 @@ class ProcessTree(Tree[Node]):
         return Strip(segments)
 
     def _label_of(self, tnode: TreeNode[Node]) -> Text:
-        pending = self.__dict__.get("_pending")  # get_label_width runs inside Tree.__init__, before it is set
+        stale = self.__dict__.get("_stale")  # get_label_width runs inside Tree.__init__, before it is set
+        if stale:
+            entry = stale.pop(id(tnode), None)
+            if entry is not None:
+                self._cells(tnode, tnode.data, entry[1])
+        pending = self.__dict__.get("_pending")
         cells = pending.pop(id(tnode), None) if pending else None
         if cells is not None:
             tnode._label = text_from_cells(cells)
         return tnode._label
 
     def get_label_width(self, node: TreeNode[Node]) -> int:  # what render_label would draw, without drawing it
+        stale = self.__dict__.get("_stale")
+        if stale and id(node) in stale:
+            # An off-screen row whose values changed: its width is that of its columns and command, which
+            # do not change with the values; the width only sizes the (hidden) horizontal scroll range.
+            return EXPANDER + node._label.cell_len
         return EXPANDER + self._label_of(node).cell_len
 
     def process_label(self, label) -> Text:  # never parse markup; keep one line
@@ -365,18 +395,20 @@ class ProcessTree(Tree[Node]):
             self._collapsed.discard(event.node.data.key)
 
     # ---- reconcile ------------------------------------------------------------------------------
+    # A reconcile walks every node (cheap: keys and identity), but works out a row's cells (formatting of
+    # its values) only for rows in view; a row off screen is marked stale and formatted when it is drawn.
 
     def reconcile(self, groups: list[Node], max_depth: int, compact: bool) -> None:
         relabel = max_depth != self._max_depth or compact != self.compact
         self._max_depth, self.compact = max_depth, compact
         if relabel:
             self._labels.clear()
-        self._changed, self._structural = [], False
+        self._changed, self._structural, self._updated = [], False, []
         self._reconcile_children(self.root, groups, 0)
         structural = self._structural
-        self._repaint()
-        if structural:
-            self._tree_lines  # noqa: B018 -- lay the lines out now, so that node.line below is current
+        self._tree_lines  # noqa: B018 -- lay the lines out now, so that node.line below is current
+        self._label_updated()
+        self._repaint(structural)
         # Put the cursor back on the same row (by key) if inserts or removals above moved it.
         if self.cursor_key is not None:
             node = self.nodes_by_key.get(self.cursor_key)
@@ -389,17 +421,37 @@ class ProcessTree(Tree[Node]):
         """Re-render every label (tags or width changed)."""
         self._labels.clear()
         self._changed, self._structural = [], False
-        for key, node in self.nodes_by_key.items():
-            self._set_label(node, node.data, self._depth(node))
-        self._repaint()
+        self._updated = [(node, self._depth(node)) for node in self.nodes_by_key.values()]
+        self._tree_lines  # noqa: B018
+        self._label_updated()
+        self._repaint(False)
 
-    def _repaint(self) -> None:
+    def _in_view(self) -> range:
+        """The lines on screen: the rows formatted now (the others are formatted when they are drawn)."""
+        top = self.scroll_offset.y
+        return range(top, top + self.size.height)
+
+    def _label_updated(self) -> None:
+        """Format the rows in view that were given new data; mark the others stale (formatted when drawn)."""
+        view = self._in_view()
+        stale = self._stale
+        for tnode, depth in self._updated:
+            if tnode._line in view:
+                stale.pop(id(tnode), None)
+                if self._cells(tnode, tnode.data, depth):
+                    self._changed.append(tnode)
+            else:
+                stale[id(tnode)] = (tnode, depth)
+                tnode._updates += 1  # no cached line of it is drawn again
+        self._updated = []
+
+    def _repaint(self, structural: bool) -> None:
         """Repaint what changed: the whole tree after an insert or removal, else only the changed lines.
 
         Most refreshes change a few columns of some rows (TIME, CPU%); repainting only those lines keeps
         Textual's compositor from re-rendering every visible row every second.
         """
-        if self._structural:
+        if structural:
             self.refresh()
         elif self._changed:
             top, height = self.scroll_offset.y, self.size.height
@@ -417,17 +469,36 @@ class ProcessTree(Tree[Node]):
             node = node.parent
         return d
 
-    def _set_label(self, tnode: TreeNode[Node], node: Node, depth: int) -> None:
+    def _cells(self, tnode: TreeNode[Node], node: Node, depth: int) -> bool:
+        """Work out a row's cells; if they changed, queue its Text (built when drawn). True if changed."""
         cells = row_cells(node, depth, self._max_depth, node.pid in self.tagged and node.kind == "holder",
                           self.compact)
-        if self._labels.get(node.key) != cells:
-            self._labels[node.key] = cells
-            # Batched: TreeNode.set_label schedules one refresh per node; here the tree repaints once
-            # after the whole reconcile (the line cache is keyed on each node's _updates). The Text is
-            # built when the line is drawn: most rows are off screen, and their TIME changes every second.
-            self._pending[id(tnode)] = cells
-            tnode._updates += 1
-            self._changed.append(tnode)
+        if self._labels.get(node.key) == cells:
+            return False
+        self._labels[node.key] = cells
+        # Batched: TreeNode.set_label schedules one refresh per node; here the tree repaints once after
+        # the whole reconcile (the line cache is keyed on each node's _updates).
+        self._pending[id(tnode)] = cells
+        tnode._updates += 1
+        return True
+
+    def _replace_children(self, parent: TreeNode[Node], wanted_list: list[str]) -> None:
+        """Remove the children that are no longer wanted; if the rest are out of order, remove them all
+        (they are added back in order, their expansion kept by key)."""
+        wanted_keys = set(wanted_list)
+        for child in list(parent.children):
+            if child.data is None or child.data.key not in wanted_keys:
+                self._forget(child)
+                child.remove()
+                self._structural = True
+        present = [c.data.key for c in parent.children]
+        present_set = set(present)
+        in_order = [k for k in wanted_list if k in present_set]
+        if present != in_order:  # the sort order changed: re-add (expansion is kept by key)
+            self._structural = True
+            for child in list(parent.children):
+                self._forget(child)
+                child.remove()
 
     def _forget(self, tnode: TreeNode[Node]) -> None:
         stack = [tnode]
@@ -437,24 +508,21 @@ class ProcessTree(Tree[Node]):
                 self.nodes_by_key.pop(n.data.key, None)
                 self._labels.pop(n.data.key, None)
             self._pending.pop(id(n), None)
+            self._stale.pop(id(n), None)
             stack.extend(n.children)
 
     def _reconcile_children(self, parent: TreeNode[Node], wanted: list[Node], depth: int) -> None:
-        wanted_keys = {w.key for w in wanted}
-        for child in list(parent.children):
-            if child.data is None or child.data.key not in wanted_keys:
-                self._forget(child)
-                child.remove()
-                self._structural = True
-        present = [c.data.key for c in parent.children]
-        present_set = set(present)
-        in_order = [w.key for w in wanted if w.key in present_set]
-        if present != in_order:  # the sort order changed: re-add (expansion is kept by key)
-            self._structural = True
-            for child in list(parent.children):
-                self._forget(child)
-                child.remove()
-        existing = {c.data.key: c for c in parent.children}
+        children = parent._children
+        if not wanted and not children:  # a leaf stays a leaf (most rows)
+            return
+        wanted_list = [w.key for w in wanted]
+        present = [c.data.key if c.data is not None else None for c in children]
+        if present == wanted_list:  # the same rows in the same order (most refreshes): update in place
+            existing = dict(zip(present, children))
+        else:
+            self._replace_children(parent, wanted_list)
+            existing = {c.data.key: c for c in parent._children}
+        updated = self._updated
         for i, w in enumerate(wanted):
             tnode = existing.get(w.key)
             if tnode is None:
@@ -467,7 +535,7 @@ class ProcessTree(Tree[Node]):
                 self._structural = True
             else:
                 tnode.data = w
-                self._set_label(tnode, w, depth)
+                updated.append((tnode, depth))
                 if tnode.allow_expand != bool(w.children):
                     tnode.allow_expand = bool(w.children)
                     self._changed.append(tnode)

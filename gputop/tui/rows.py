@@ -111,22 +111,29 @@ def shown_chain(h: Holder) -> list[ProcInfo]:
     return list(reversed(out))
 
 
-def _insert(parent: Node, group: str, h: Holder, gpu: int | None) -> None:
+def _insert(parent: Node, group: str, h: Holder, gpu: int | None, index: dict | None = None) -> None:
+    """Put ``h`` under ``parent`` below its shown chain. ``index`` maps (id(node), child key) to that
+    child, so that finding a child is a lookup, not a scan of its siblings (hundreds under one launcher)."""
+    if index is None:
+        index = {}
     cur = parent
     root = h.verdict.root if h.verdict.kind == ORPHAN else None
     for p in shown_chain(h):
         key = f"{group}/{p.pid}"
-        child = next((c for c in cur.children if c.key == key), None)
+        child = index.get((id(cur), key))
         if child is None:
             child = Node(key, "ancestor", pid=p.pid, proc=p, gpu=gpu, root=root)
             cur.children.append(child)
+            index[(id(cur), key)] = child
         cur = child
     key = f"{group}/{h.pid}"
-    existing = next((c for c in cur.children if c.key == key), None)
+    existing = index.get((id(cur), key))
     if existing is not None:  # the holder is also an ancestor row of another holder: make it a holder row
         existing.kind, existing.holder = "holder", h
         return
-    cur.children.append(Node(key, "holder", pid=h.pid, holder=h, proc=h.proc, gpu=gpu, root=root))
+    node = Node(key, "holder", pid=h.pid, holder=h, proc=h.proc, gpu=gpu, root=root)
+    cur.children.append(node)
+    index[(id(cur), key)] = node
 
 
 def _rank(node: Node, sort: str, reverse: bool):
@@ -164,14 +171,16 @@ def _job_groups(holders: list[Holder]) -> list[Node]:
         on = by_job[jid]
         st = on[0].job_state
         g = Node(f"job{jid}", "group")
+        index: dict = {}
         for h in on:
-            _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
+            _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
         state = st.state if st is not None and st.state else "state unknown"
         g.title = _group_title(f"Slurm job {jid} ({'ended: ' if st is not None and st.ended else ''}{state})", on)
         groups.append(g)
     rest = Node("nojob", "group")
+    index = {}
     for h in by_job.get(None, []):
-        _insert(rest, rest.key, h, h.gpus[0] if h.gpus else None)
+        _insert(rest, rest.key, h, h.gpus[0] if h.gpus else None, index)
     rest.title = _group_title("not in a Slurm job", by_job.get(None, []))
     return groups + [rest]
 
@@ -182,11 +191,16 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
     holders = [h for h in snapshot.holders if matches(h, filter_text)]
     groups: list[Node] = []
     if grouping == GROUP_GPU:
+        by_gpu: dict[int, list[Holder]] = {}  # one pass over the holders, not one per GPU
+        for h in holders:
+            for gpu in h.gpus:
+                by_gpu.setdefault(gpu, []).append(h)
         for d in snapshot.devices:
             g = Node(f"gpu{d.index}", "group", gpu=d.index)
-            on = [h for h in holders if d.index in h.gpus]
+            on = by_gpu.get(d.index, [])
+            index: dict = {}
             for h in on:
-                _insert(g, g.key, h, d.index)
+                _insert(g, g.key, h, d.index, index)
             g.title = _group_title(f"GPU {d.index} {d.name or ''}".rstrip() + (" (lost)" if d.lost else ""), on)
             groups.append(g)
     elif grouping == GROUP_JOB:
@@ -197,8 +211,9 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
             g = Node(f"root{r.pid}", "group", pid=r.pid, proc=r.proc, root=r.pid)
             g.gpu = r.gpus[0] if r.gpus else None
             on = [h for h in holders if h.verdict.kind == ORPHAN and h.verdict.root == r.pid]
+            index = {}
             for h in on:
-                _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
+                _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
             g.title = _group_title(f"orphan tree {r.pid} ({visible(r.proc.name)})", on)
             groups.append(g)
         rest = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
@@ -209,8 +224,9 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
             if key == "unknown" and not on:
                 continue
             g = Node(key, "group")
+            index = {}
             for h in on:
-                _insert(g, g.key, h, h.gpus[0] if h.gpus else None)
+                _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
             g.title = _group_title(head, on)
             groups.append(g)
     for g in groups:

@@ -38,3 +38,29 @@ async def test_every_line_matches_what_tree_would_draw(size):
                 await pilot.press(k)
             await pilot.pause()
             assert _lines_differing(tree) == [], keys
+
+
+def _screen(app) -> list[str]:
+    return [repr(list(s)) for s in app.screen._compositor.render_strips()]
+
+
+@pytest.mark.parametrize("size", [(150, 40), (80, 24), (60, 15)])
+@run_async
+async def test_device_panes_draw_what_textual_would(size, monkeypatch):
+    """DevicePane draws its lines itself; every segment (text, colours, attributes, selection offsets)
+    must equal Textual's own rendering of the same Text, in the two-line and one-line layouts."""
+    from textual.widget import Widget
+
+    from gputop.tui.device_pane import DevicePane
+
+    screens = []
+    for theirs in (False, True):
+        if theirs:
+            monkeypatch.setattr(DevicePane, "render_line", Widget.render_line)
+        app = make_app()
+        async with app.run_test(size=size) as pilot:
+            assert await wait_until(pilot, lambda: app.snapshot is not None)
+            await pilot.pause()
+            assert app.query(DevicePane)
+            screens.append(_screen(app))
+    assert screens[0] == screens[1]
