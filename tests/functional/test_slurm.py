@@ -404,14 +404,14 @@ def test_job_leftovers_are_named_then_orphans_then_reaped_by_the_epilog(slurm_no
     for pid in [*a.values(), plain]:
         _wait(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
     assert alive(b) and alive(by)
-    # The leftover that holds no GPU went through the kill path, once.
-    assert [r["outcome"] for r in node.audit() if (r.get("target") or {}).get("pid") == plain] in (
-        ["terminated"], ["killed"])
-    recs = [r for r in node.audit()
-            if r.get("action") in ("reap", "kill") and (r.get("target") or {}).get("pid") in a.values()]
-    # Each holder's tree went through the reap planner and executor (action "reap"), and only them.
-    assert {r["target"]["pid"] for r in recs if r["ok"] and r["action"] == "reap"} == set(a.values())
-    assert all(f"job {job}" in r["reason"] for r in recs)
+    # Every leftover, GPU holder or not, went through the reap executor as one group (action "reap-group"),
+    # stopped and signalled together; nothing else was signalled.
+    group = [r for r in node.audit() if r.get("action") == "reap-group" and r["target"]["slurm_job"] == job]
+    assert len(group) == 1 and group[0]["ok"] and f"job {job}" in group[0]["reason"]
+    assert {m["pid"] for m in group[0]["details"]["members"]} >= {*a.values(), plain}
+    signalled = {p for r in node.audit() for s in r.get("signals") or [] for p in s["pids"]}
+    assert not signalled & {b, by}
+    assert not [r for r in node.audit() if r.get("action") == "kill"]
     summary = [r for r in node.audit() if r.get("action") == "slurm-epilog" and r["slurm"]["job_id"] == job]
     assert summary and summary[-1]["ok"] and summary[-1]["slurm"]["uid"] == 0
     # Job b ends too; its epilog removes its leftover, and the bystander still survives.
@@ -445,10 +445,11 @@ def test_epilog_of_another_users_job_reaps_only_that_users_leftovers(slurm_node)
     for pid in mine.values():
         _wait(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
     assert alive(forged)
-    recs = [r for r in node.audit() if (r.get("target") or {}).get("pid") in mine.values() and r["ok"]]
-    assert {r["target"]["pid"] for r in recs} == set(mine.values())
-    for r in recs:
-        assert r["target"]["uid"] == uid and f"job {job} (uid {uid})" in r["reason"]
+    group = [r for r in node.audit() if r.get("action") == "reap-group" and r["target"]["slurm_job"] == job]
+    assert len(group) == 1 and group[0]["ok"] and group[0]["target"]["uid"] == uid
+    assert f"job {job} (uid {uid})" in group[0]["reason"]
+    assert {m["pid"] for m in group[0]["details"]["members"]} >= set(mine.values())
+    assert forged not in {p for r in node.audit() for s in r.get("signals") or [] for p in s["pids"]}
     summary = [r for r in node.audit() if r.get("action") == "slurm-epilog" and r["slurm"]["job_id"] == job][-1]
     assert summary["slurm"]["uid"] == uid and summary["ok"]
     assert {m["pid"] for m in summary["members"]} >= set(mine.values())

@@ -150,8 +150,10 @@ def test_a_process_the_job_starts_during_the_grace_is_caught(procs, scenario, tm
     procs.spawn(["setsid", "sh", "-c", f"sh {script} {marker} & exit 0"], env=_job_env(job)).wait(10)
     spawner = procs.wait_for(f"sh {script} {marker}")
     _wait(lambda: len(_marked(f"{marker}-late")) >= 2, 10, "the spawner's first workers")
+    procs.spawn(["setsid", "sh", "-c", f"sh -c 'sleep 600; : {marker}-gpu' & exit 0"], env=_job_env(job)).wait(10)
+    holder = procs.wait_for(f"sh -c sleep 600; : {marker}-gpu")  # the job's GPU holder; the spawner holds none
     bystander = procs.orphan(f"sh -c 'sleep 600; : {marker}-nojob'", f"sh -c sleep 600; : {marker}-nojob")
-    scenario(holders=[{"pid": spawner, "gpu": 0, "memory": "1GiB"}, {"pid": bystander, "gpu": 0, "memory": "1GiB"}])
+    scenario(holders=[{"pid": holder, "gpu": 0, "memory": "1GiB"}, {"pid": bystander, "gpu": 0, "memory": "1GiB"}])
     rc, out, err, took = _epilog(job, "--grace", "2")
     assert rc == 0, err
     time.sleep(0.5)  # a worker the epilog missed would be running now
