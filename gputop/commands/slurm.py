@@ -215,22 +215,32 @@ def _prolog(args, apply: bool) -> int:
     sampler = open_sampler(args, config)
     try:
         snap = sampler.sample()
-        others = [h for h in snap.holders if set(h.gpus) & set(gpus) and (h.job is None or h.job.job_id != job)]
+        others = [h for h in snap.holders if set(h.gpus) & set(gpus) and _not_this_run(h, job)]
         results = []
         if apply:
             for root in sorted({h.verdict.root for h in others if h.verdict.kind == ORPHAN and h.verdict.root}):
                 results.append(_reap_stray(sampler, config, snap, root, job))
             if results:
                 snap = sampler.sample()
-                others = [h for h in snap.holders
-                          if set(h.gpus) & set(gpus) and (h.job is None or h.job.job_id != job)]
+                others = [h for h in snap.holders if set(h.gpus) & set(gpus) and _not_this_run(h, job)]
     finally:
         sampler.close()
     return _prolog_report(args, config, job, gpus, source, others, results, apply)
 
 
+def _not_this_run(h, job: int) -> bool:
+    """A holder that is not of this run of ``job``: of no job, of another job, or a leftover of an earlier
+    run of this job (requeued; gputop.slurm.JobState.for_ref)."""
+    return h.job is None or h.job.job_id != job or _state(h) is not None and _state(h).earlier_run
+
+
+def _state(h):
+    """The holder's job state as it concerns the holder (an earlier run of a requeued job has ended)."""
+    return h.job_state.for_ref(h.job) if h.job is not None and h.job_state is not None else h.job_state
+
+
 def _holder_line(h) -> str:
-    job = f"Slurm job {h.job.label()} ({h.job_state.describe() if h.job_state else 'state unknown'})" \
+    job = f"Slurm job {h.job.label()} ({_state(h).describe() if h.job_state else 'state unknown'})" \
         if h.job else "no Slurm job"
     return (f"pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) on GPU {','.join(map(str, h.gpus))}: "
             f"{job}; {h.verdict.kind}: {visible(h.verdict.reason)}")
@@ -277,7 +287,7 @@ def _node_check(args) -> int:
         snap = sampler.sample()
     finally:
         sampler.close()
-    strays = [h for h in snap.holders if h.job is not None and h.job_state is not None and h.job_state.ended]
+    strays = [h for h in snap.holders if h.job is not None and h.job_state is not None and _state(h).ended]
     unknown = [h for h in snap.holders if h.job is not None and (h.job_state is None or h.job_state.ended is None)]
     lines = [f"{socket.gethostname()}: {len(snap.holders)} GPU holder(s), "
              f"{sum(1 for h in snap.holders if h.job)} in Slurm jobs, {len(strays)} stray(s) of ended jobs"]

@@ -584,3 +584,41 @@ def test_epilog_by_hand_deadline_reports_survivors_then_reaps(procs, scenario, t
     again = run_gputop("slurm", "epilog", "--job", "4243", "--uid", uid)
     assert again.returncode == 0 and "left no process" in again.stdout
     assert run_gputop("slurm", "epilog").returncode == 2  # no SLURM_JOB_ID: bad usage
+
+
+def test_requeued_job_leftovers_of_the_earlier_run_are_orphans(slurm_node):
+    """A requeued job runs again under the same id. A leftover of the first run (no SLURM_RESTART_COUNT)
+    is an orphan while the second run (SLURM_RESTART_COUNT=1, scontrol Restarts=1) runs; the second run's
+    own process is not."""
+    node = slurm_node
+    d = node.dir
+    job = node.submit(f"r=${{SLURM_RESTART_COUNT:-0}}\n"
+                      f"( sh -c \"sleep 600; : {d} q-run$r\" </dev/null >/dev/null 2>&1 & )\n"
+                      f"n=0; while [ ! -e {d}/go.q$r ] && [ $n -lt 900 ]; do sleep 0.1; n=$((n+1)); done\n",
+                      skip_epilog=True)  # as if the first run's epilog had missed it
+    first = wait_marked(node, "q", ("run0",))["run0"]
+    node.run("scontrol", "requeue", str(job))
+    _wait(lambda: node.job_state(job) == "PENDING", 30, f"job {job} to be requeued")
+    node.run("scontrol", "update", f"jobid={job}", "StartTime=now")  # skip the requeue delay (about 120 s)
+    second = wait_marked(node, "q", ("run1",))["run1"]
+    _wait(lambda: node.job_state(job) == "RUNNING", 30, f"job {job} to run again")
+    try:
+        assert alive(first)
+        node.scenario([{"pid": first, "gpu": 0, "memory": "1GiB"}, {"pid": second, "gpu": 0, "memory": "1GiB"}])
+        hs = holders_by_pid(status_json(node))
+        assert hs[first]["slurm"]["job_id"] == hs[second]["slurm"]["job_id"] == job
+        assert hs[first]["slurm"]["run"] == 0 and hs[second]["slurm"]["run"] == 1
+        v = hs[first]["verdict"]
+        assert v["kind"] == "orphan" and f"Slurm job {job} was requeued" in v["reason"], v
+        assert hs[second]["verdict"]["kind"] == "not-orphan", hs[second]["verdict"]
+        # The job's own GPU check names the earlier run's leftover as a stray on its GPU.
+        chk = node.gputop("slurm", "check", "--job", str(job), "--gpus", "0")
+        assert chk.returncode == 1 and f"pid {first}" in chk.stderr and f"pid {second}" not in chk.stderr
+        # The reap takes the earlier run's leftover, and leaves the running job's process alone.
+        assert node.gputop("reap", "--apply").returncode == 0
+        _wait(lambda: not alive(first), 10, "the first run's leftover to be gone")
+        assert alive(second)
+    finally:
+        node.go("q1")
+        kill_tree(second)
+        kill_tree(first)
