@@ -162,6 +162,9 @@ def _why(results, pid: int) -> str:
     for r in results:
         if r.pid == pid or pid in (r.details.get("survivors") or []):
             return f"{r.outcome}: {visible(r.message)}"
+        for e in (r.details.get("left_alone") or []) + ((r.details.get("plan") or {}).get("left_alone") or []):
+            if pid == e.get("pid") or pid in (e.get("subtree") or []):
+                return f"left alone ({e.get('rule')}): {visible(str(e.get('reason')))}"
     failed = [r for r in results if not r.ok]
     if failed:
         return f"{failed[0].outcome}: {visible(failed[0].message)}"

@@ -176,6 +176,7 @@ def test_a_protected_leftover_is_left_alone_and_reported(procs, scenario, tmp_pa
     scenario(holders=[{"pid": keep, "gpu": 0, "memory": "1GiB"}])
     rc, out, err, _ = _epilog(job, "--grace", "1")
     assert rc == 1 and f"GPU holder pid {keep}" in err, err  # it survives, named: Slurm drains the node
+    assert "left alone (protected)" in err, err
     assert _alive(keep) and not _alive(go)
     left = out["results"][0]["details"]["left_alone"]
     assert [e["pid"] for e in left] == [keep] and left[0]["rule"] == "protected"
