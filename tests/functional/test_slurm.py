@@ -77,6 +77,7 @@ class SlurmNode:
     # -- bring-up
     def write(self, proctrack: str = "linuxproc") -> None:
         d = self.dir
+        self.proctrack = proctrack
         for sub in ("state", "spool", "run", "log", "gstate"):
             (d / sub).mkdir(exist_ok=True)
         for kind in ("epilog", "prolog"):
@@ -591,6 +592,8 @@ def test_requeued_job_leftovers_of_the_earlier_run_are_orphans(slurm_node):
     is an orphan while the second run (SLURM_RESTART_COUNT=1, scontrol Restarts=1) runs; the second run's
     own process is not."""
     node = slurm_node
+    if node.proctrack != "linuxproc":  # under proctrack/cgroup, Slurm kills a run's processes when it ends
+        node.restart("linuxproc")
     d = node.dir
     job = node.submit(f"r=${{SLURM_RESTART_COUNT:-0}}\n"
                       f"( sh -c \"sleep 600; : {d} q-run$r\" </dev/null >/dev/null 2>&1 & )\n"
