@@ -157,6 +157,8 @@ def classify(
     job = job_of(chain[0]) if job_of is not None and job_state is not None and chain else None
     if job is not None:
         state = job_state(job.job_id)  # type: ignore[attr-defined]
+        if state is not None and hasattr(state, "for_ref"):
+            state = state.for_ref(job)  # a leftover of an earlier run of a requeued job: ended (gputop.slurm)
         if state is not None:
             jid = job.job_id  # type: ignore[attr-defined]
             verdict = slurm_job_rule(verdict, chain, job, state,

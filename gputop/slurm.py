@@ -5,6 +5,12 @@ gputop.ownership), or else ``SLURM_JOB_ID``/``SLURM_JOB_UID`` in /proc/PID/envir
 by the process's own user). A job's state comes from ``scontrol show job -o N``, run with a timeout and
 cached for one refresh; "Invalid job id" means slurmctld has forgotten the job, which ended long ago.
 A missing ``scontrol``, a timeout or an unreachable slurmctld give an *unknown* state, never "ended".
+
+A requeued job runs again under the same id. Its runs are told apart by the restart count: slurmd puts
+``SLURM_RESTART_COUNT`` (the job's restart count, set only once it is above 0) in every process of a run,
+and ``scontrol show job`` says ``Restarts=N`` for the current run. A process whose environment names the
+job with a lower count (no ``SLURM_RESTART_COUNT`` at all: run 0) is a leftover of an earlier run, which
+has ended, whatever state the job is in now (``JobState.for_ref``). See docs/slurm.md "Requeued jobs".
 """
 
 from __future__ import annotations
@@ -38,12 +44,13 @@ class JobRef:
     step: str | None = None  # "0", "batch", "extern", ... when known
     uid: int | None = None  # the job's user, when known (SLURM_JOB_UID, or uid_U in a v1 cgroup path)
     source: str = "environ"  # "cgroup" or "environ"
+    run: int | None = None  # the run of a requeued job it was started in (SLURM_RESTART_COUNT); None: unknown
 
     def label(self) -> str:
         return f"{self.job_id}.{self.step}" if self.step else str(self.job_id)
 
     def to_dict(self) -> dict:
-        return {"job_id": self.job_id, "step": self.step, "uid": self.uid, "source": self.source}
+        return {"job_id": self.job_id, "step": self.step, "uid": self.uid, "source": self.source, "run": self.run}
 
 
 @dataclass(frozen=True)
@@ -53,14 +60,31 @@ class JobState:
     job_id: int
     state: str | None
     detail: str = ""
+    restarts: int | None = None  # the job's current run (``Restarts=`` of scontrol show job), when known
+    run: int | None = None  # set by for_ref: the earlier run a process was started in
+
+    @property
+    def earlier_run(self) -> bool:
+        """True when this is the state of a process started in an earlier run of a requeued job."""
+        return self.run is not None and self.restarts is not None and self.run < self.restarts
 
     @property
     def ended(self) -> bool | None:
         if self.state is None:
             return None
-        return self.state == FORGOTTEN or self.state in ENDED_STATES
+        return self.earlier_run or self.state == FORGOTTEN or self.state in ENDED_STATES
+
+    def for_ref(self, ref: JobRef) -> "JobState":
+        """The state of the job as it concerns a process of it (``ref``): ended, when the process was
+        started in an earlier run of the job (requeued since); else this state. Pure."""
+        if ref.run is None or self.restarts is None or ref.run >= self.restarts or self.state is None:
+            return self
+        return JobState(self.job_id, self.state, self.detail, self.restarts, ref.run)
 
     def describe(self) -> str:
+        if self.earlier_run:
+            return (f"Slurm job {self.job_id} was requeued: this process is from run {self.run}, which ended; "
+                    f"the job is {self.state} in run {self.restarts}")
         if self.state is None:
             return f"Slurm job {self.job_id}: state unknown ({self.detail})"
         if self.state == FORGOTTEN:
@@ -70,7 +94,8 @@ class JobState:
         return f"Slurm job {self.job_id} is {self.state}"
 
     def to_dict(self) -> dict:
-        return {"job_id": self.job_id, "state": self.state, "ended": self.ended, "detail": self.detail}
+        return {"job_id": self.job_id, "state": self.state, "ended": self.ended, "detail": self.detail,
+                "restarts": self.restarts, "earlier_run": self.earlier_run}
 
 
 # ---- attribution ---------------------------------------------------------------------------------
@@ -84,16 +109,35 @@ def process_job(pid: int, proc_root: str = "/proc", owner=None) -> JobRef | None
     if owner is None:
         owner = read_owner(pid, proc_root)
     if owner is not None and owner.kind == SLURM and owner.job is not None:
+        env = slurm_job_from_environ(pid, proc_root)
+        same = env is not None and env.job == owner.job
         uid = owner.uid
-        if uid is None:  # the v2 path has no uid: take it from the environment when that names the same job
-            env = slurm_job_from_environ(pid, proc_root)
-            if env is not None and env.job == owner.job:
-                uid = env.uid
-        return JobRef(owner.job, owner.step, uid, "cgroup")
+        if uid is None and same:  # the v2 path has no uid: take it from the environment when that names the same job
+            uid = env.uid  # type: ignore[union-attr]
+        return JobRef(owner.job, owner.step, uid, "cgroup", restart_count(pid, proc_root) if same else None)
     env = slurm_job_from_environ(pid, proc_root)
     if env is not None:
-        return JobRef(env.job, env.step, env.uid, "environ")
+        return JobRef(env.job, env.step, env.uid, "environ", restart_count(pid, proc_root))
     return None
+
+
+_MAX_ENVIRON = 1 << 20
+_RESTART = re.compile(rb"(?:^|\0)SLURM_RESTART_COUNT=([^\0]*)")
+
+
+def restart_count(pid: int, proc_root: str = "/proc") -> int | None:
+    """The run of its job a process was started in: ``SLURM_RESTART_COUNT`` in its environment (slurmd
+    sets it only from the first requeue on, so 0 when absent). Call it only for a process whose
+    environment names a job. None when the environment cannot be read or the value is not a number."""
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as f:
+            data = f.read(_MAX_ENVIRON)
+    except OSError:
+        return None
+    m = _RESTART.search(data)
+    if m is None:
+        return 0 if data else None
+    return int(m.group(1)) if re.fullmatch(rb"\d{1,9}", m.group(1)) else None
 
 
 # ---- job state -----------------------------------------------------------------------------------
@@ -113,8 +157,10 @@ def state_from_output(job_id: int, rc: int, out: str, err: str) -> JobState:
     if rc == 0:
         fields = parse_show_job(out)
         state = fields.get("JobState")
+        restarts = fields.get("Restarts", "")
         if state:
-            return JobState(job_id, state.split()[0].upper(), "scontrol show job")
+            return JobState(job_id, state.split()[0].upper(), "scontrol show job",
+                            int(restarts) if restarts.isdigit() and len(restarts) < 10 else None)
         return JobState(job_id, None, "scontrol printed no JobState")
     if "invalid job id" in (err + out).lower():
         return JobState(job_id, FORGOTTEN, "slurmctld: Invalid job id")

@@ -12,6 +12,11 @@ the reap began, in the tree's session and process group (gputop.actions.plan.joi
 like members, stopped, and killed with the rest; one the classifier does not call an orphan is reported
 and left alone.
 Every signal goes through a verified pidfd (gputop.actions.identity.Handle).
+
+The same executor carries out a plan that has no single root (a finished Slurm job's leftovers,
+gputop.actions.jobreap): ``planner`` re-plans from a fresh table instead of the tree planner, and
+``rescan`` adds, in every round, the processes that joined the group by membership (the job's cgroup or
+environment), wherever they sit in the process tree.
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ def scan_stats(proc_root: str = "/proc") -> dict[int, Stat]:
 
 
 class Executor:
-    def __init__(self, ctx: Ctx, run, plan: ReapPlan, snapshot):
+    def __init__(self, ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None):
         self.ctx, self.run, self.plan, self.snapshot = ctx, run, plan, snapshot
+        self.planner = planner  # () -> ReapPlan from a fresh table; None: the tree planner (current_plan)
+        self.rescan = rescan  # (table, rules, known pids) -> (members, left alone) that joined by membership
         self.handles: dict[int, Handle] = {}
         self.gone: set[int] = set()
         self.denied: list[int] = []
@@ -128,6 +135,10 @@ class Executor:
         members, left = walk(table, alive, set(self.handles) | self.gone, self.run.info, rules)
         ours = (set(self.handles) - set(self.released)) | self.gone | {m.pid for m in members}
         found, left_j = joiners(scan_stats(), table, self.lineage, ours, self.run.info, rules, self.foreign)
+        if self.rescan is not None:
+            more, left_r = self.rescan(table, rules, ours | {m.pid for m in found})
+            found += [m for m in more if m.pid not in {f.pid for f in found}]
+            left_j = left_j + left_r
         found = [m for m in found if m.pid not in self.plan_never and not _is_mine(m.pid, table)]
         self.joined.update(m.pid for m in found)
         for e in left + left_j:
@@ -167,7 +178,7 @@ class Executor:
         """Plan again from the frozen table. Returns a refusal result, or None and keeps only members."""
         from gputop.actions.reap import _refused, current_plan
 
-        plan = current_plan(self.ctx, self.run, self.snapshot)
+        plan = self.planner() if self.planner is not None else current_plan(self.ctx, self.run, self.snapshot)
         if plan.refusal is not None:
             self.cont_all()
             self.run.details["replanned"] = True
@@ -238,10 +249,11 @@ def _is_mine(pid: int, table: ProcTable) -> bool:
     return any(a.pid == me for a in table.ancestors(pid))
 
 
-def execute(ctx: Ctx, run, plan: ReapPlan, snapshot):
+def execute(ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None):
     """Carry out ``plan``. Returns a finished ActionResult on refusal or failure to start, else None with
-    ``run.details`` saying what happened (members, survivors, left alone, sigkill)."""
-    ex = Executor(ctx, run, plan, snapshot)
+    ``run.details`` saying what happened (members, survivors, left alone, sigkill). ``planner`` and
+    ``rescan``: see Executor (a plan without a single root)."""
+    ex = Executor(ctx, run, plan, snapshot, planner, rescan)
     try:
         refused = _freeze_and_replan(ex)
         if refused is not None:
@@ -282,7 +294,7 @@ def _freeze_and_replan(ex: Executor):
     refused = ex.replan()
     if refused is not None:
         return refused
-    if run.root_pid not in ex.handles or run.root_pid in ex.gone:
+    if run.root_pid is not None and (run.root_pid not in ex.handles or run.root_pid in ex.gone):
         ex.cont_all()
         return run.done(False, "identity-changed", f"pid {run.root_pid} could not be held while the tree was "
                         "frozen; nothing was killed; run 'gputop reap' again", EXIT_REFUSED)

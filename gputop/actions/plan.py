@@ -187,6 +187,35 @@ def plan_reap(table: TreeTable, root_pid: int, root_start: float | None, rules: 
                     _all_holders=frozenset(rules.holders))
 
 
+def plan_group(table: TreeTable, group: Iterable[int], owner: ProcInfo, rules: Rules) -> ReapPlan:
+    """The plan for stopping a whole group of processes known by membership, not by one root: a
+    finished Slurm job's leftovers (its cgroup or environment). Every member is a leftover by
+    definition, so no orphan root is required; each is still judged by ``leave_reason`` (gputop and its
+    ancestors, a protected process, another user's, an unknown verdict are left alone, with everything
+    under them, and reported). Nothing blocks the rest of the group. The processes under a member that
+    are not in the group are planned as a reap plans a tree (``walk``). Members are listed parents first.
+    ``root_pid`` is 0 and ``root`` None: the plan has no single root."""
+    pids = set(group)
+    infos = {p: table.get(p) for p in sorted(pids)}
+    live = {p: i for p, i in infos.items() if i is not None and not i.zombie}
+    tops = sorted(p for p, i in live.items() if i.ppid not in live)
+    members: list[ProcInfo] = []
+    left: list[LeftAlone] = []
+    for pid in tops:
+        info = live[pid]
+        why = leave_reason(info, owner, rules)
+        if why is not None:
+            left.append(LeftAlone(info, pid, why[0], why[1], _subtree(table, pid), why[2]))
+        else:
+            members.append(info)
+    known = {p for e in left for p in (e.pid, *e.subtree)} | {m.pid for m in members}
+    more, more_left = walk(table, [m.pid for m in members], known, owner, rules)
+    members += more
+    left += more_left
+    holders = tuple(m.pid for m in members if m.pid in rules.holders)
+    return ReapPlan(0, None, tuple(members), tuple(left), holders, None, _all_holders=frozenset(rules.holders))
+
+
 def _root_refusal(root: ProcInfo, rules: Rules) -> tuple[str, str] | None:
     refusal = safety_refusal(root, set(rules.never))
     if refusal is not None:

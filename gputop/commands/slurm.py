@@ -17,9 +17,10 @@ HELP = "Slurm node hooks: epilog reaps a finished job's leftovers, prolog frees 
 DESCRIPTION = """Slurm node hooks (run as root by slurmd; see README "Running under Slurm" and docs/slurm.md).
 
   gputop slurm epilog   as Epilog=: every process still alive that belongs to the job in SLURM_JOB_ID
-                        (by cgroup or by environment) and runs as SLURM_JOB_UID is reaped, GPU holders'
-                        trees first. Exit 0 when nothing is left; 1 (Slurm drains the node) only when a
-                        GPU holder of the job survives, named on stderr.
+                        (by cgroup or by environment) and runs as SLURM_JOB_UID is reaped, all together:
+                        stopped, SIGTERM, one grace, SIGKILL, and what the job starts meanwhile with them.
+                        Exit 0 when nothing is left; 1 (Slurm drains the node) only when a GPU holder of
+                        the job survives, named on stderr.
   gputop slurm prolog   as Prolog=: the job's GPUs (SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, or the GRES IDX
                         of 'scontrol show job -d') must hold no process of another job. A stray of an ended
                         job (an orphan) is reaped; a holder of a running job, or one gputop may not reap,
@@ -161,6 +162,9 @@ def _why(results, pid: int) -> str:
     for r in results:
         if r.pid == pid or pid in (r.details.get("survivors") or []):
             return f"{r.outcome}: {visible(r.message)}"
+        for e in (r.details.get("left_alone") or []) + ((r.details.get("plan") or {}).get("left_alone") or []):
+            if pid == e.get("pid") or pid in (e.get("subtree") or []):
+                return f"left alone ({e.get('rule')}): {visible(str(e.get('reason')))}"
     failed = [r for r in results if not r.ok]
     if failed:
         return f"{failed[0].outcome}: {visible(failed[0].message)}"
@@ -168,37 +172,26 @@ def _why(results, pid: int) -> str:
 
 
 def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float, deadline: float) -> list:
-    """GPU holders' orphan trees first, through the reap planner and executor (gputop.actions.reap_tree);
-    then every other process of the job still alive, one by one through the same kill path, parents first.
-    A holder that is not an orphan (a protect pattern) is not signalled, and so survives."""
-    from gputop import actions
+    """Every leftover of the job as one group, through the reap executor (gputop.actions.jobreap): all
+    stopped together, planned again, SIGTERM together, one grace, SIGKILL for the rest; the job's
+    membership (cgroup or environment, gputop.slurm.job_processes) is read again in every round, so what
+    the job starts meanwhile is taken too. A protected process is left alone and reported; a process of
+    another job or user, or one of the epilog's ancestors, is never a member."""
     from gputop import slurm as sl
-    from gputop.orphans import ORPHAN
-    from gputop.procs import ProcTable, self_and_ancestors
+    from gputop.actions.jobreap import reap_group
+    from gputop.procs import self_and_ancestors
+
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return []  # past the deadline: what is left is reported as surviving (Slurm drains the node)
+    never = set(self_and_ancestors())
+
+    def membership(table) -> list[int]:
+        return [m.proc.pid for m in sl.job_processes(job, uid, table, exclude=never)]
 
     why = f"slurm epilog: job {job} (uid {uid}) ended; its process was left behind"
-    pids = {m.proc.pid for m in members}
-    roots = sorted({h.verdict.root for h in snap.holders
-                    if h.pid in pids and h.verdict.kind == ORPHAN and h.verdict.root is not None})
-    results = []
-    for root in roots:
-        if time.monotonic() > deadline:
-            break  # what is left is reported as surviving: Slurm drains the node, nothing hangs
-        r = next(x for x in snap.roots if x.pid == root)
-        results.append(actions.reap_tree(root, expected_start=r.proc.start_time, face="cli", grace=grace,
-                                         sampler=sampler, config=config, reason=why))
-    holder_pids = {h.pid for h in snap.holders}
-    rest = sl.job_processes(job, uid, ProcTable(), exclude=self_and_ancestors())
-    order = {p: i for i, p in enumerate(sl.tree_roots(rest))}
-    for m in sorted(rest, key=lambda m: (order.get(m.proc.pid, len(order)), m.proc.pid)):
-        if time.monotonic() > deadline:
-            break
-        if m.proc.pid in holder_pids:
-            continue  # a holder the reap left alone (protected, not an orphan): reported, not killed here
-        results.append(actions.kill_process(m.proc.pid, expected_start=m.proc.start_time, face="cli", force=True,
-                                            timeout=grace, require_holder=False, sampler=sampler, config=config,
-                                            reason=why))
-    return results
+    return [reap_group(membership, members[0].proc, target={"slurm_job": job, "slurm_uid": uid, "uid": uid},
+                       face="cli", grace=max(0.0, min(grace, left)), sampler=sampler, config=config, reason=why)]
 
 
 # ---- prolog and check ----------------------------------------------------------------------------
@@ -225,22 +218,32 @@ def _prolog(args, apply: bool) -> int:
     sampler = open_sampler(args, config)
     try:
         snap = sampler.sample()
-        others = [h for h in snap.holders if set(h.gpus) & set(gpus) and (h.job is None or h.job.job_id != job)]
+        others = [h for h in snap.holders if set(h.gpus) & set(gpus) and _not_this_run(h, job)]
         results = []
         if apply:
             for root in sorted({h.verdict.root for h in others if h.verdict.kind == ORPHAN and h.verdict.root}):
                 results.append(_reap_stray(sampler, config, snap, root, job))
             if results:
                 snap = sampler.sample()
-                others = [h for h in snap.holders
-                          if set(h.gpus) & set(gpus) and (h.job is None or h.job.job_id != job)]
+                others = [h for h in snap.holders if set(h.gpus) & set(gpus) and _not_this_run(h, job)]
     finally:
         sampler.close()
     return _prolog_report(args, config, job, gpus, source, others, results, apply)
 
 
+def _not_this_run(h, job: int) -> bool:
+    """A holder that is not of this run of ``job``: of no job, of another job, or a leftover of an earlier
+    run of this job (requeued; gputop.slurm.JobState.for_ref)."""
+    return h.job is None or h.job.job_id != job or _state(h) is not None and _state(h).earlier_run
+
+
+def _state(h):
+    """The holder's job state as it concerns the holder (an earlier run of a requeued job has ended)."""
+    return h.job_state.for_ref(h.job) if h.job is not None and h.job_state is not None else h.job_state
+
+
 def _holder_line(h) -> str:
-    job = f"Slurm job {h.job.label()} ({h.job_state.describe() if h.job_state else 'state unknown'})" \
+    job = f"Slurm job {h.job.label()} ({_state(h).describe() if h.job_state else 'state unknown'})" \
         if h.job else "no Slurm job"
     return (f"pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) on GPU {','.join(map(str, h.gpus))}: "
             f"{job}; {h.verdict.kind}: {visible(h.verdict.reason)}")
@@ -287,7 +290,7 @@ def _node_check(args) -> int:
         snap = sampler.sample()
     finally:
         sampler.close()
-    strays = [h for h in snap.holders if h.job is not None and h.job_state is not None and h.job_state.ended]
+    strays = [h for h in snap.holders if h.job is not None and h.job_state is not None and _state(h).ended]
     unknown = [h for h in snap.holders if h.job is not None and (h.job_state is None or h.job_state.ended is None)]
     lines = [f"{socket.gethostname()}: {len(snap.holders)} GPU holder(s), "
              f"{sum(1 for h in snap.holders if h.job)} in Slurm jobs, {len(strays)} stray(s) of ended jobs"]

@@ -77,6 +77,7 @@ class SlurmNode:
     # -- bring-up
     def write(self, proctrack: str = "linuxproc") -> None:
         d = self.dir
+        self.proctrack = proctrack
         for sub in ("state", "spool", "run", "log", "gstate"):
             (d / sub).mkdir(exist_ok=True)
         for kind in ("epilog", "prolog"):
@@ -404,14 +405,14 @@ def test_job_leftovers_are_named_then_orphans_then_reaped_by_the_epilog(slurm_no
     for pid in [*a.values(), plain]:
         _wait(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
     assert alive(b) and alive(by)
-    # The leftover that holds no GPU went through the kill path, once.
-    assert [r["outcome"] for r in node.audit() if (r.get("target") or {}).get("pid") == plain] in (
-        ["terminated"], ["killed"])
-    recs = [r for r in node.audit()
-            if r.get("action") in ("reap", "kill") and (r.get("target") or {}).get("pid") in a.values()]
-    # Each holder's tree went through the reap planner and executor (action "reap"), and only them.
-    assert {r["target"]["pid"] for r in recs if r["ok"] and r["action"] == "reap"} == set(a.values())
-    assert all(f"job {job}" in r["reason"] for r in recs)
+    # Every leftover, GPU holder or not, went through the reap executor as one group (action "reap-group"),
+    # stopped and signalled together; nothing else was signalled.
+    group = [r for r in node.audit() if r.get("action") == "reap-group" and r["target"]["slurm_job"] == job]
+    assert len(group) == 1 and group[0]["ok"] and f"job {job}" in group[0]["reason"]
+    assert {m["pid"] for m in group[0]["details"]["members"]} >= {*a.values(), plain}
+    signalled = {p for r in node.audit() for s in r.get("signals") or [] for p in s["pids"]}
+    assert not signalled & {b, by}
+    assert not [r for r in node.audit() if r.get("action") == "kill"]
     summary = [r for r in node.audit() if r.get("action") == "slurm-epilog" and r["slurm"]["job_id"] == job]
     assert summary and summary[-1]["ok"] and summary[-1]["slurm"]["uid"] == 0
     # Job b ends too; its epilog removes its leftover, and the bystander still survives.
@@ -445,10 +446,11 @@ def test_epilog_of_another_users_job_reaps_only_that_users_leftovers(slurm_node)
     for pid in mine.values():
         _wait(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
     assert alive(forged)
-    recs = [r for r in node.audit() if (r.get("target") or {}).get("pid") in mine.values() and r["ok"]]
-    assert {r["target"]["pid"] for r in recs} == set(mine.values())
-    for r in recs:
-        assert r["target"]["uid"] == uid and f"job {job} (uid {uid})" in r["reason"]
+    group = [r for r in node.audit() if r.get("action") == "reap-group" and r["target"]["slurm_job"] == job]
+    assert len(group) == 1 and group[0]["ok"] and group[0]["target"]["uid"] == uid
+    assert f"job {job} (uid {uid})" in group[0]["reason"]
+    assert {m["pid"] for m in group[0]["details"]["members"]} >= set(mine.values())
+    assert forged not in {p for r in node.audit() for s in r.get("signals") or [] for p in s["pids"]}
     summary = [r for r in node.audit() if r.get("action") == "slurm-epilog" and r["slurm"]["job_id"] == job][-1]
     assert summary["slurm"]["uid"] == uid and summary["ok"]
     assert {m["pid"] for m in summary["members"]} >= set(mine.values())
@@ -583,3 +585,43 @@ def test_epilog_by_hand_deadline_reports_survivors_then_reaps(procs, scenario, t
     again = run_gputop("slurm", "epilog", "--job", "4243", "--uid", uid)
     assert again.returncode == 0 and "left no process" in again.stdout
     assert run_gputop("slurm", "epilog").returncode == 2  # no SLURM_JOB_ID: bad usage
+
+
+def test_requeued_job_leftovers_of_the_earlier_run_are_orphans(slurm_node):
+    """A requeued job runs again under the same id. A leftover of the first run (no SLURM_RESTART_COUNT)
+    is an orphan while the second run (SLURM_RESTART_COUNT=1, scontrol Restarts=1) runs; the second run's
+    own process is not."""
+    node = slurm_node
+    if node.proctrack != "linuxproc":  # under proctrack/cgroup, Slurm kills a run's processes when it ends
+        node.restart("linuxproc")
+    d = node.dir
+    job = node.submit(f"r=${{SLURM_RESTART_COUNT:-0}}\n"
+                      f"( sh -c \"sleep 600; : {d} q-run$r\" </dev/null >/dev/null 2>&1 & )\n"
+                      f"n=0; while [ ! -e {d}/go.q$r ] && [ $n -lt 900 ]; do sleep 0.1; n=$((n+1)); done\n",
+                      skip_epilog=True)  # as if the first run's epilog had missed it
+    first = wait_marked(node, "q", ("run0",))["run0"]
+    node.run("scontrol", "requeue", str(job))
+    _wait(lambda: node.job_state(job) == "PENDING", 30, f"job {job} to be requeued")
+    node.run("scontrol", "update", f"jobid={job}", "StartTime=now")  # skip the requeue delay (about 120 s)
+    second = wait_marked(node, "q", ("run1",))["run1"]
+    _wait(lambda: node.job_state(job) == "RUNNING", 30, f"job {job} to run again")
+    try:
+        assert alive(first)
+        node.scenario([{"pid": first, "gpu": 0, "memory": "1GiB"}, {"pid": second, "gpu": 0, "memory": "1GiB"}])
+        hs = holders_by_pid(status_json(node))
+        assert hs[first]["slurm"]["job_id"] == hs[second]["slurm"]["job_id"] == job
+        assert hs[first]["slurm"]["run"] == 0 and hs[second]["slurm"]["run"] == 1
+        v = hs[first]["verdict"]
+        assert v["kind"] == "orphan" and f"Slurm job {job} was requeued" in v["reason"], v
+        assert hs[second]["verdict"]["kind"] == "not-orphan", hs[second]["verdict"]
+        # The job's own GPU check names the earlier run's leftover as a stray on its GPU.
+        chk = node.gputop("slurm", "check", "--job", str(job), "--gpus", "0")
+        assert chk.returncode == 1 and f"pid {first}" in chk.stderr and f"pid {second}" not in chk.stderr
+        # The reap takes the earlier run's leftover, and leaves the running job's process alone.
+        assert node.gputop("reap", "--apply").returncode == 0
+        _wait(lambda: not alive(first), 10, "the first run's leftover to be gone")
+        assert alive(second)
+    finally:
+        node.go("q1")
+        kill_tree(second)
+        kill_tree(first)

@@ -186,3 +186,47 @@ def test_tui_groups_by_slurm_job_and_shows_a_job_column():
     cells = row_cells(node, 1, 3, False, layout)[4]
     assert cells[-1].strip() == "42.0"  # the JOB column, just before COMMAND
     assert len(row_cells(node, 1, 3, False, False)[4]) == len(cells) - 1  # no Slurm: no JOB column
+
+
+# ---- requeued jobs: runs told apart by the restart count ----------------------------------------
+
+def test_restarts_parsed_and_an_earlier_run_has_ended():
+    st = slurm.state_from_output(42, 0, SHOW.replace("JobState=RUNNING", "JobState=RUNNING Restarts=2"), "")
+    assert st.restarts == 2 and st.ended is False
+    assert slurm.state_from_output(42, 0, SHOW, "").restarts is None  # not printed: unknown
+    old = st.for_ref(JobRef(42, run=0))
+    assert old.earlier_run and old.ended is True and "was requeued: this process is from run 0" in old.describe()
+    assert old.to_dict()["earlier_run"] is True
+    assert st.for_ref(JobRef(42, run=2)) is st and st.for_ref(JobRef(42, run=3)) is st  # this run (or later)
+    assert st.for_ref(JobRef(42, run=None)) is st  # the process's run unknown: the job's state stands
+    assert JobState(42, "RUNNING").for_ref(JobRef(42, run=0)).ended is False  # the job's restarts unknown
+    assert JobState(42, None, "down", restarts=1).for_ref(JobRef(42, run=0)).ended is None  # unknown stays
+
+
+def test_restart_count_from_the_environment(tmp_path):
+    def env(pid, data: bytes):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "environ").write_bytes(data)
+
+    env(10, b"PATH=/bin\0SLURM_JOB_ID=42\0SLURM_RESTART_COUNT=3\0")
+    env(11, b"SLURM_JOB_ID=42\0")  # the first run: slurmd sets no SLURM_RESTART_COUNT
+    env(12, b"SLURM_JOB_ID=42\0SLURM_RESTART_COUNT=x\0")
+    env(13, b"")  # unreadable in effect (a zombie, a kernel thread)
+    env(14, b"XSLURM_RESTART_COUNT=5\0SLURM_JOB_ID=42\0")
+    assert slurm.restart_count(10, str(tmp_path)) == 3
+    assert slurm.restart_count(11, str(tmp_path)) == 0
+    assert slurm.restart_count(12, str(tmp_path)) is None
+    assert slurm.restart_count(13, str(tmp_path)) is None
+    assert slurm.restart_count(14, str(tmp_path)) == 0
+    assert slurm.restart_count(99, str(tmp_path)) is None  # gone
+    ref = slurm.process_job(10, str(tmp_path))
+    assert ref is not None and ref.job_id == 42 and ref.run == 3
+
+
+def test_classify_a_leftover_of_an_earlier_run_of_a_running_job_is_an_orphan():
+    t = _table(_p(1, 0, 1, uid=0, name="init"), _p(200, 1, 50), _p(201, 1, 60))
+    jobs = {200: JobRef(42, run=0), 201: JobRef(42, run=1)}
+    running = dict(job_of=lambda m: jobs.get(m.pid), job_state=lambda j: JobState(j, "RUNNING", restarts=1))
+    old = classify(200, t, **running)
+    assert old.kind == ORPHAN and "Slurm job 42 was requeued" in old.reason and old.root == 200
+    assert classify(201, t, **running).kind == NOT_ORPHAN

@@ -1,0 +1,109 @@
+"""Reap a group of processes known by membership (a finished Slurm job's leftovers) as one unit.
+
+The group goes through the reap executor (gputop.actions.executor) like a tree: every member is stopped
+together (SIGSTOP through verified pidfds), the group is planned again from a fresh table
+(gputop.actions.plan.plan_group over the membership read again), then SIGTERM and SIGCONT for all, one
+grace for all, SIGKILL for what is left. In every round the membership is read again, so a process the
+group starts meanwhile (a supervisor's new child, a double fork into a new session) is stopped and killed
+with the rest. Protected processes, another user's and gputop's own ancestors are left alone and reported.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from gputop.actions.common import ActionResult, Ctx, log_record, proc_dict, record
+from gputop.actions.plan import LeftAlone, ReapPlan, leave_reason, plan_group
+from gputop.actions.reap import ReapRun, make_rules
+from gputop.config import Config
+from gputop.errors import EXIT_FAILURE, EXIT_OK, GputopError
+from gputop.procs import ProcInfo, ProcTable
+
+
+class GroupRun(ReapRun):
+    """A reap of a group: no root; its audit record names the group (``target``)."""
+
+    def __init__(self, target: dict, face: str, grace: float, reason: str | None, cfg: Config | None):
+        super().__init__(None, None, face, grace, False, reason, cfg)  # type: ignore[arg-type]
+        self.target = target
+
+    def done(self, ok: bool, outcome: str, message: str, code: int, mem: bool | None = None) -> ActionResult:
+        rec = record("reap-group", self.face, outcome, ok, message, {**self.target, "gpus": self.gpus},
+                     self.signals, self.reason, grace=self.grace, exit_code=code, details=dict(self.details))
+        log_record(rec, self.cfg, self.details)
+        return ActionResult("reap-group", ok, outcome, message, exit_code=code, details=self.details)
+
+
+def reap_group(membership: Callable[[ProcTable], list[int]], owner: ProcInfo, *, target: dict, face: str,
+               grace: float, sampler, config: Config | None = None, reason: str | None = None) -> ActionResult:
+    """Stop, plan, SIGTERM, wait one ``grace``, SIGKILL every process ``membership(table)`` names (and
+    what they start meanwhile). ``owner``: a member, whose user every signalled process must have.
+    Success means every planned member is gone; the survivors are named otherwise."""
+    from gputop.actions.executor import execute
+
+    run = GroupRun(target, face, grace, reason, config)
+    try:
+        ctx = Ctx(sampler, config)
+    except GputopError as e:
+        return run.done(False, "failed", str(e), e.exit_code)
+    run.cfg = ctx.config
+    run.info = owner
+    try:
+        snap = ctx.sample()
+
+        def planner() -> ReapPlan:
+            table = ProcTable()
+            table.scan_all()
+            rules = make_rules(ctx.config, ctx.platform, table, snap)
+            return plan_group(table, membership(table), owner, rules)
+
+        def rescan(table, rules, known: set[int]) -> tuple[list[ProcInfo], list[LeftAlone]]:
+            members, left = [], []
+            for pid in membership(table):
+                info = table.get(pid)
+                if pid in known or info is None or info.zombie:
+                    continue
+                why = leave_reason(info, owner, rules)
+                if why is None:
+                    members.append(info)
+                else:
+                    left.append(LeftAlone(info, pid, why[0], why[1], (), why[2]))
+            return members, left
+
+        plan = planner()
+        run.details["plan"] = plan.to_dict()
+        run.gpus = sorted({g for h in snap.holders if h.pid in set(plan.pids) for g in h.gpus})
+        if not plan.members:
+            return run.done(True, "nothing", _left_text("no process to signal", plan), EXIT_OK)
+        result = execute(ctx, run, plan, snap, planner=planner, rescan=rescan)
+        if result is not None:
+            return result
+        return _finish(run, plan)
+    finally:
+        ctx.close()
+
+
+def _left_text(msg: str, plan: ReapPlan) -> str:
+    if plan.left_alone:
+        msg += "; left alone: " + "; ".join(e.reason for e in plan.left_alone[:5])
+    return msg
+
+
+def _finish(run: GroupRun, plan: ReapPlan) -> ActionResult:
+    d = run.details
+    survivors = d.get("survivors") or []
+    n = len(d.get("members") or ())
+    late = sorted(set(d.get("started_during_reap") or ()) | set(d.get("joined_by_session") or ()))
+    if survivors:
+        return run.done(False, "still-alive", f"pid(s) {', '.join(map(str, survivors))} still alive after SIGKILL "
+                        "(uninterruptible I/O?)", EXIT_FAILURE)
+    msg = (f"{n} process(es) stopped together and reaped"
+           + (f" ({len(late)} joined during the reap, stopped at once: {late})" if late else "")
+           + (", SIGKILL needed" if d.get("sigkill") else ", all exited after SIGTERM"))
+    left = (d.get("left_alone") or []) + (d.get("left_alone_new") or [])
+    if left:
+        msg += "; left alone: " + "; ".join(str(e.get("reason")) for e in left[:5])
+    return run.done(True, "reaped", msg, EXIT_OK)
+
+
+__all__ = ["reap_group", "GroupRun", "proc_dict"]

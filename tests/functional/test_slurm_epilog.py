@@ -1,0 +1,182 @@
+"""The epilog clears a finished job's leftovers as one group (no Slurm needed: `slurm epilog --job N --uid U`,
+job membership faked through SLURM_JOB_ID / SLURM_JOB_UID in the real processes' environment).
+
+All of the job's processes are stopped together, signalled together, waited on within one grace, killed
+together; what the job starts meanwhile (a supervisor's new child, a detached spawn) is caught; a process of
+another job of the same user survives. Real processes throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import run_gputop
+from tests.functional.actions_helpers import write_config
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and pidfds")
+
+SUPERVISOR = """
+import signal, subprocess, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a supervisor that outlives SIGTERM and restarts its worker
+dfl = lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+while True:
+    subprocess.Popen(["sh", "-c", "sleep 600; : " + sys.argv[1] + "-child"], preexec_fn=dfl).wait()
+"""
+
+# Ignores SIGTERM and keeps starting detached workers (a double fork into a new session: reparented to
+# init, out of reach of a walk down the tree; only the job's environment says whose they are).
+SPAWNER = """trap '' TERM
+while :; do
+  ( setsid sh -c "sleep 600; : $1-late" </dev/null >/dev/null 2>&1 & )
+  sleep 0.2
+done
+"""
+
+
+def _marked(marker: str) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["status"] != psutil.STATUS_ZOMBIE and marker in cmd and p.pid != os.getpid():
+            out.append(p.pid)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@pytest.fixture
+def marker():
+    m = f"gti-epilog-{os.getpid()}-{time.monotonic_ns()}"
+    yield m
+    for pid in _marked(m):  # detached leftovers the procs fixture does not know
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+
+
+def _job_env(job: int) -> dict:
+    return {**os.environ, "SLURM_JOB_ID": str(job), "SLURM_JOB_UID": str(os.getuid())}
+
+
+def _ignorers(procs, job: int, marker: str, n: int) -> list[int]:
+    """``n`` leftovers of ``job`` that ignore SIGTERM, left behind in a dead session."""
+    loops = " ".join(f"sh -c \"trap '' TERM; while :; do sleep 1; done; : {marker}-ign{i}\" &" for i in range(n))
+    procs.spawn(["setsid", "sh", "-c", f"{loops} exit 0"], env=_job_env(job)).wait(10)
+    return [procs.wait_for(f"sh -c trap '' TERM; while :; do sleep 1; done; : {marker}-ign{i}") for i in range(n)]
+
+
+def _epilog(job: int, *extra) -> tuple[int, dict, str, float]:
+    t = time.monotonic()
+    p = run_gputop("slurm", "epilog", "--job", str(job), "--uid", str(os.getuid()), "--json", *extra)
+    took = time.monotonic() - t
+    return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr, took
+
+
+def _signalled(audit_path) -> set[int]:
+    out = set()
+    for line in audit_path.read_text().splitlines():
+        for s in json.loads(line).get("signals") or []:
+            out.update(s.get("pids") or [])
+    return out
+
+
+def test_ten_term_ignoring_leftovers_and_a_supervisor_are_cleared_in_one_grace(procs, scenario, tmp_path,
+                                                                                 monkeypatch, marker):
+    write_config(tmp_path / "config.yaml", monkeypatch)
+    audit = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("GPUTOP_AUDIT_LOG", str(audit))
+    job, other_job = 4261, 4262
+    ign = _ignorers(procs, job, marker, 10)
+    procs.spawn(["setsid", "sh", "-c", f"{sys.executable} -c '{SUPERVISOR}' {marker} & exit 0"],
+                env=_job_env(job)).wait(10)
+    child = procs.wait_for(f"sh -c sleep 600; : {marker}-child")
+    sup = psutil.Process(child).ppid()
+    # The same user's process in another job, which ignores SIGTERM too: never touched.
+    by = _ignorers(procs, other_job, marker + "-by", 1)[0]
+    scenario(holders=[{"pid": ign[0], "gpu": 0, "memory": "1GiB"}, {"pid": child, "gpu": 1, "memory": "1GiB"},
+                      {"pid": by, "gpu": 1, "memory": "1GiB"}])
+    grace = 1.5
+    rc, out, err, took = _epilog(job, "--grace", str(grace))
+    assert rc == 0, err
+    assert {m["pid"] for m in out["members"]} >= {*ign, sup, child}
+    for pid in [*ign, sup, child]:
+        assert not _alive(pid), pid
+    left = [p for p in _marked(marker) if p not in _marked(f"{marker}-by")]
+    assert not left, f"leftovers of the job survived: {left}"
+    assert _alive(by) and by not in _signalled(audit)
+    # One grace for all of them (the old one-by-one kill took 11 x grace here), plus start-up and SIGKILL.
+    print(f"epilog cleared {len(out['members'])} leftovers in {took:.2f}s (grace {grace}s)")
+    assert took < 4 * grace + 4, took
+    rec = [json.loads(x) for x in audit.read_text().splitlines()]
+    group = [r for r in rec if r["action"] == "reap-group"]
+    assert len(group) == 1 and group[0]["ok"] and group[0]["target"]["slurm_job"] == job
+    sigs = [s["signal"] for s in group[0]["signals"]]
+    assert sigs.index("SIGSTOP") < sigs.index("SIGTERM") < sigs.index("SIGKILL")
+    term = next(s for s in group[0]["signals"] if s["signal"] == "SIGTERM")
+    assert set(term["pids"]) >= {*ign, sup}  # signalled together, in one event
+    assert not [r for r in rec if r["action"] == "kill"]
+    summary = [r for r in rec if r["action"] == "slurm-epilog"][-1]
+    assert summary["ok"] and summary["survivors"] == []
+
+
+def test_a_process_the_job_starts_during_the_grace_is_caught(procs, scenario, tmp_path, monkeypatch, marker):
+    write_config(tmp_path / "config.yaml", monkeypatch)
+    audit = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("GPUTOP_AUDIT_LOG", str(audit))
+    job = 4263
+    script = tmp_path / "spawner.sh"
+    script.write_text(SPAWNER)
+    procs.spawn(["setsid", "sh", "-c", f"sh {script} {marker} & exit 0"], env=_job_env(job)).wait(10)
+    spawner = procs.wait_for(f"sh {script} {marker}")
+    _wait(lambda: len(_marked(f"{marker}-late")) >= 2, 10, "the spawner's first workers")
+    procs.spawn(["setsid", "sh", "-c", f"sh -c 'sleep 600; : {marker}-gpu' & exit 0"], env=_job_env(job)).wait(10)
+    holder = procs.wait_for(f"sh -c sleep 600; : {marker}-gpu")  # the job's GPU holder; the spawner holds none
+    bystander = procs.orphan(f"sh -c 'sleep 600; : {marker}-nojob'", f"sh -c sleep 600; : {marker}-nojob")
+    scenario(holders=[{"pid": holder, "gpu": 0, "memory": "1GiB"}, {"pid": bystander, "gpu": 0, "memory": "1GiB"}])
+    rc, out, err, took = _epilog(job, "--grace", "2")
+    assert rc == 0, err
+    time.sleep(0.5)  # a worker the epilog missed would be running now
+    left = [p for p in _marked(marker) if p != bystander]
+    assert not left, f"leftovers of the job survived the epilog: {left}; {err}"
+    assert _alive(bystander) and bystander not in _signalled(audit)
+    group = [json.loads(x) for x in audit.read_text().splitlines() if '"reap-group"' in x][-1]
+    late = set(group["details"]["started_during_reap"]) | set(group["details"]["joined_by_session"])
+    assert late, "the spawner's workers started during the grace were not stopped and killed with the rest"
+
+
+def test_a_protected_leftover_is_left_alone_and_reported(procs, scenario, tmp_path, monkeypatch, marker):
+    write_config(tmp_path / "config.yaml", monkeypatch, protect_cmdline=[f"{marker}-keep"])
+    job = 4264
+    env = _job_env(job)
+    for kind in ("keep", "go"):
+        procs.spawn(["setsid", "sh", "-c", f"sh -c 'sleep 600; : {marker}-{kind}' & exit 0"], env=env).wait(10)
+    keep = procs.wait_for(f"sh -c sleep 600; : {marker}-keep")
+    go = procs.wait_for(f"sh -c sleep 600; : {marker}-go")
+    scenario(holders=[{"pid": keep, "gpu": 0, "memory": "1GiB"}])
+    rc, out, err, _ = _epilog(job, "--grace", "1")
+    assert rc == 1 and f"GPU holder pid {keep}" in err, err  # it survives, named: Slurm drains the node
+    assert "left alone (protected)" in err, err
+    assert _alive(keep) and not _alive(go)
+    left = out["results"][0]["details"]["left_alone"]
+    assert [e["pid"] for e in left] == [keep] and left[0]["rule"] == "protected"
