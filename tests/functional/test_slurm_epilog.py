@@ -125,9 +125,9 @@ def test_ten_term_ignoring_leftovers_and_a_supervisor_are_cleared_in_one_grace(p
     left = [p for p in _marked(marker) if p not in _marked(f"{marker}-by")]
     assert not left, f"leftovers of the job survived: {left}"
     assert _alive(by) and by not in _signalled(audit)
-    # One grace for all of them (the old one-by-one kill took 11 x grace here), plus start-up and SIGKILL.
+    # One grace for all of them (the old one-by-one kill took 11 x grace here): shown by the audit below (one
+    # SIGTERM event naming them all, no per-process kill), not by the wall time, which a loaded machine stretches.
     print(f"epilog cleared {len(out['members'])} leftovers in {took:.2f}s (grace {grace}s)")
-    assert took < 4 * grace + 4, took
     rec = [json.loads(x) for x in audit.read_text().splitlines()]
     group = [r for r in rec if r["action"] == "reap-group"]
     assert len(group) == 1 and group[0]["ok"] and group[0]["target"]["slurm_job"] == job
