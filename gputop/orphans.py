@@ -89,19 +89,41 @@ def compile_protect(patterns: Sequence[str]) -> re.Pattern[str] | None:
     return saferegex.compile(joined, ignore_case=True)
 
 
-@lru_cache(maxsize=8192)
+# The matches below are memoised: holders share most of their ancestors, and the same processes come back
+# every refresh. A memo keeps its keys alive after the process exits, and command lines are other users'
+# text of up to 2 MiB each: only keys up to MEMO_MAX_CHARS are kept (at most 8,192 x ~1 KiB each);
+# a longer one is matched every time (linear-time, and rare).
+MEMO_MAX_CHARS = 1024
+
+
 def _protect_match(protect: re.Pattern[str], name: str, argv0: str) -> str | None:
     # A protect pattern says what a program is: it matches the process name and argv[0]'s basename, never
     # a word inside an argument or a path ("--out=/data/screenshots" is not "screen").
-    # Memoised: holders share most of their ancestors, and the same processes come back every refresh.
+    if len(argv0) + len(name) > MEMO_MAX_CHARS:
+        return _protect_search(protect, name, argv0)
+    return _protect_memo(protect, name, argv0)
+
+
+def _protect_search(protect: re.Pattern[str], name: str, argv0: str) -> str | None:
     hit = protect.search(name) or (protect.search(os.path.basename(argv0)) if argv0 else None)
     return hit.group(0) if hit else None
 
 
-@lru_cache(maxsize=8192)
+_protect_memo = lru_cache(maxsize=8192)(_protect_search)
+
+
 def _cmdline_match(protect: re.Pattern[str], cmdline: tuple[str, ...]) -> str | None:
+    if sum(map(len, cmdline)) + len(cmdline) > MEMO_MAX_CHARS:
+        return _cmdline_search(protect, cmdline)
+    return _cmdline_memo(protect, cmdline)
+
+
+def _cmdline_search(protect: re.Pattern[str], cmdline: tuple[str, ...]) -> str | None:
     hit = protect.search(" ".join(cmdline)) if cmdline else None
     return hit.group(0) if hit else None
+
+
+_cmdline_memo = lru_cache(maxsize=8192)(_cmdline_search)
 
 
 def _protect_hit(

@@ -1,4 +1,4 @@
-"""NVIDIA GPUs through NVML (the `pynvml` module of nvidia-ml-py).
+"""NVIDIA GPUs through NVML: libnvidia-ml.so.1 called straight through ctypes (no nvidia-ml-py).
 
 Every field is read on its own: NotSupported, FunctionNotFound or any other NVML error on one field makes
 that field None (unknown, never 0) and adds a short entry to ``DeviceSample.errors``. GPU_IS_LOST, or a
@@ -24,7 +24,7 @@ from gputop.backends.base import (
     ResetError,
 )
 
-# NVML return codes (nvml.h); kept here so the pure helpers below need no pynvml.
+# NVML return codes (nvml.h).
 ERR_UNINITIALIZED = 1
 ERR_NOT_SUPPORTED = 3
 ERR_NO_PERMISSION = 4
@@ -61,7 +61,7 @@ def unavailable_reason(code: int | None, detail: str = "") -> str:
     """Why NVML cannot be used, in words a user can act on."""
     if code == ERR_LIBRARY_NOT_FOUND:
         broken = library_load_problem()
-        if broken:  # pynvml says "not found" for any OSError from dlopen: a garbage file is something else
+        if broken:  # _load() says "not found" for any OSError from dlopen: a garbage file is something else
             return f"nvml: libnvidia-ml.so.1 failed to load: {broken}"
         return "nvml: libnvidia-ml.so.1 not found (no NVIDIA driver installed)"
     if code == ERR_DRIVER_NOT_LOADED:
@@ -182,6 +182,77 @@ TEMPERATURE_V1 = ctypes.sizeof(_TemperatureV1) | (1 << 24)  # nvmlTemperature_v1
 TEMPERATURE_GPU, CLOCK_SM, CLOCK_MEM = 0, 1, 2  # nvmlTemperatureSensors_t, nvmlClockType_t
 
 
+# ---- the library ----------------------------------------------------------------------------------
+# nvidia-ml-py (pynvml) is not used: importing it costs ~2.7 MiB and its wrappers allocate a struct and take
+# a lock per call. The calls below are the few the backend makes; the layouts are nvml.h's.
+
+class NvmlError(Exception):
+    """An NVML call returned ``value`` (an nvmlReturn_t other than SUCCESS)."""
+
+    def __init__(self, value: int, text: str | None = None):
+        super().__init__(text or error_name(value))
+        self.value = value
+
+
+class _PciInfo(ctypes.Structure):  # nvmlPciInfo_t (nvmlDeviceGetPciInfo_v3)
+    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+                ("busId", ctypes.c_char * 32)]
+
+
+NAME_BUFFER_SIZE = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE
+FEATURE_ENABLED = 1  # nvmlEnableState_t
+_LIB: Any = None
+_LIB_LOCK = threading.Lock()
+
+
+def _load():
+    """libnvidia-ml.so.1 (nvml.dll on Windows), loaded once per process; NvmlError(LIBRARY_NOT_FOUND)
+    when it cannot be loaded (library_load_problem() says why, for a file that exists)."""
+    global _LIB
+    with _LIB_LOCK:
+        if _LIB is None:
+            if os.name == "nt":
+                names = [os.path.join(os.getenv("WINDIR", "C:/Windows"), "System32/nvml.dll"),
+                         os.path.join(os.getenv("ProgramFiles", "C:/Program Files"),
+                                      "NVIDIA Corporation/NVSMI/nvml.dll")]
+            else:
+                names = ["libnvidia-ml.so.1"]
+            for name in names:
+                try:
+                    _LIB = ctypes.CDLL(name)
+                    break
+                except OSError:
+                    continue
+            else:
+                raise NvmlError(ERR_LIBRARY_NOT_FOUND)
+        return _LIB
+
+
+def _symbol(lib, name: str):
+    """The C function ``name``; NvmlError(FUNCTION_NOT_FOUND) when this driver's library lacks it."""
+    try:
+        return getattr(lib, name)
+    except AttributeError:
+        raise NvmlError(ERR_FUNCTION_NOT_FOUND) from None
+
+
+def _check(ret: int) -> None:
+    if ret != NVML_SUCCESS:
+        raise NvmlError(ret, _error_string(ret))
+
+
+def _error_string(ret: int) -> str | None:
+    """The library's own words for a return code (nvmlErrorString), if it has them."""
+    try:
+        fn = getattr(_LIB, "nvmlErrorString")
+        fn.restype = ctypes.c_char_p
+        text = fn(ret)
+    except Exception:
+        return None
+    return text.decode(errors="replace") if text else None
+
+
 class _Lost(Exception):
     pass
 
@@ -191,11 +262,7 @@ class NvmlBackend(Backend):
     vendor = "nvidia"
 
     def __init__(self):
-        try:
-            import pynvml
-        except ImportError:
-            raise BackendUnavailable("nvml: nvidia-ml-py is not installed (pip install nvidia-ml-py)") from None
-        self._nv = pynvml
+        self._lib: Any = None
         self._lock = threading.RLock()
         self._handles: dict[int, Any] = {}
         self._static: dict[int, dict[str, Any]] = {}  # name, uuid, pci bus id: they do not change
@@ -214,19 +281,18 @@ class NvmlBackend(Backend):
         self._initialised = False
         self._init()
         try:
-            self._count = int(self._nv.nvmlDeviceGetCount())
-        except self._nv.NVMLError as e:
+            self._count = self._device_count()
+        except NvmlError as e:
             self.close()
             raise BackendUnavailable(f"nvml: cannot count devices: {e}") from None
 
     # ---- library lifetime ----
     def _init(self) -> None:
         try:
-            self._nv.nvmlInit()
-        except self._nv.NVMLError as e:
-            raise BackendUnavailable(unavailable_reason(getattr(e, "value", None), str(e))) from None
-        except OSError as e:  # a broken library file
-            raise BackendUnavailable(f"nvml: cannot load libnvidia-ml.so.1: {e}") from None
+            self._lib = _load()
+            _check(self._first_fn("nvmlInit_v2", "nvmlInit")())
+        except NvmlError as e:
+            raise BackendUnavailable(unavailable_reason(e.value, str(e))) from None
         self._initialised = True
         self._handles.clear()
 
@@ -237,19 +303,26 @@ class NvmlBackend(Backend):
             self._initialised = False
             self._handles.clear()
             try:
-                self._nv.nvmlShutdown()
-            except self._nv.NVMLError:
+                _check(self._fn("nvmlShutdown")())
+            except NvmlError:
                 pass
 
     def device_count(self) -> int:
         return self._count
+
+    def _device_count(self) -> int:
+        n = ctypes.c_uint()
+        _check(self._first_fn("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount")(ctypes.byref(n)))
+        return int(n.value)
 
     def _handle(self, index: int):
         h = self._handles.get(index)
         if h is None:
             if not self._initialised:
                 raise _Lost("NVML is not initialised")
-            h = self._nv.nvmlDeviceGetHandleByIndex(index)
+            h = ctypes.c_void_p()  # nvmlDevice_t
+            _check(self._first_fn("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex")(
+                index, ctypes.byref(h)))
             self._handles[index] = h
         return h
 
@@ -257,8 +330,8 @@ class NvmlBackend(Backend):
     def _field(self, errors: list[str], label: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
-        except self._nv.NVMLError as e:
-            code = getattr(e, "value", None)
+        except NvmlError as e:
+            code = e.value
             if code == ERR_GPU_IS_LOST:
                 raise _Lost(label) from None
             errors.append(f"{label}: {error_name(code)}")
@@ -268,10 +341,9 @@ class NvmlBackend(Backend):
         info = self._static.get(index)
         if info is not None:
             return info
-        nv = self._nv
-        info = {"name": self._field(errors, "name", lambda: nv.nvmlDeviceGetName(h)),
-                "uuid": self._field(errors, "uuid", lambda: nv.nvmlDeviceGetUUID(h))}
-        pci = self._field(errors, "pci", lambda: nv.nvmlDeviceGetPciInfo(h))
+        info = {"name": self._field(errors, "name", lambda: self._string("nvmlDeviceGetName", h)),
+                "uuid": self._field(errors, "uuid", lambda: self._string("nvmlDeviceGetUUID", h))}
+        pci = self._field(errors, "pci", lambda: self._pci(h))
         info["pci_bus_id"] = _text(pci.busId) if pci is not None else None
         for k in ("name", "uuid", "pci_bus_id"):
             if isinstance(info[k], bytes):
@@ -280,13 +352,24 @@ class NvmlBackend(Backend):
             self._static[index] = info
         return info
 
+    def _string(self, name: str, h) -> bytes:
+        """A call that fills a text buffer (name, UUID)."""
+        buf = ctypes.create_string_buffer(NAME_BUFFER_SIZE)
+        _check(self._fn(name)(h, buf, ctypes.c_uint(NAME_BUFFER_SIZE)))
+        return buf.value
+
+    def _pci(self, h) -> _PciInfo:
+        pci = _PciInfo()
+        _check(self._fn("nvmlDeviceGetPciInfo_v3")(h, ctypes.byref(pci)))
+        return pci
+
     def _ret(self, name: str, *args) -> int | None:
         """One NVML call through its C function: the status it returns (FUNCTION_NOT_FOUND when the
         driver lacks the function)."""
         try:
             return self._fn(name)(*args)
-        except self._nv.NVMLError as e:
-            return getattr(e, "value", None)
+        except NvmlError as e:
+            return e.value
 
     def _c(self, errors: list[str], label: str, name: str, *args) -> bool:
         """``_ret``, with _field's outcomes: True on success; GPU_IS_LOST raises _Lost; any other error
@@ -350,10 +433,9 @@ class NvmlBackend(Backend):
                 return self._read(index, h, info, errors)
             except _Lost as e:
                 return DeviceSample(index=index, lost=True, errors=(f"{e}: GPU is lost",), **info)
-            except self._nv.NVMLError as e:  # the handle itself
+            except NvmlError as e:  # the handle itself
                 self._handles.pop(index, None)
-                return DeviceSample(index=index, lost=True,
-                                    errors=(f"handle: {error_name(getattr(e, 'value', None))}",), **info)
+                return DeviceSample(index=index, lost=True, errors=(f"handle: {error_name(e.value)}",), **info)
 
     def _read(self, index: int, h, info: dict, errors: list[str]) -> DeviceSample:
         f = self._uint_field
@@ -387,9 +469,20 @@ class NvmlBackend(Backend):
     # ---- processes ----
     def _fn(self, name: str):
         fn = self._fns.get(name)
-        if fn is None:  # raises NVMLError(FUNCTION_NOT_FOUND) when the driver lacks it
-            fn = self._fns[name] = self._nv._nvmlGetFunctionPointer(name)
+        if fn is None:  # raises NvmlError(FUNCTION_NOT_FOUND) when the driver lacks it
+            if self._lib is None:
+                raise NvmlError(ERR_UNINITIALIZED)
+            fn = self._fns[name] = _symbol(self._lib, name)
         return fn
+
+    def _first_fn(self, *names: str):
+        """The first of ``names`` (newest version first) that the library has."""
+        for name in names[:-1]:
+            try:
+                return self._fn(name)
+            except NvmlError:
+                continue
+        return self._fn(names[-1])
 
     def _fill(self, key: tuple[str, int], struct, call: Callable[[Any, Any], int]) -> tuple[Any, int]:
         """Run an NVML list call into this key's buffer, growing it on INSUFFICIENT_SIZE.
@@ -405,13 +498,12 @@ class NvmlBackend(Backend):
             if ret == NVML_SUCCESS:
                 return buf, (count.value if buf is not None else 0)
             if ret != ERR_INSUFFICIENT_SIZE:
-                raise self._nv.NVMLError(ret)
+                raise NvmlError(ret)
             buf = self._bufs[key] = (struct * (count.value * 2 + 8))()  # room for processes that start meanwhile
-        raise self._nv.NVMLError(ERR_INSUFFICIENT_SIZE)
+        raise NvmlError(ERR_INSUFFICIENT_SIZE)
 
     def _list(self, kind: str, h, index: int) -> list[tuple[int, int | None]]:
         """One process list ("Compute" or "Graphics"), trying _v3, _v2, then v1 on FunctionNotFound."""
-        nv = self._nv
         while True:
             suffix = PROC_VERSIONS[self._proc_version[kind]]
             name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
@@ -420,23 +512,22 @@ class NvmlBackend(Backend):
                 buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
                 # One struct view per entry (buf[i] makes a new one per field read); no buffer yet when n is 0.
                 return [(e.pid, _mem(e.usedGpuMemory)) for e in buf[:n]] if n else []
-            except nv.NVMLError as e:
-                if getattr(e, "value", None) == ERR_FUNCTION_NOT_FOUND and \
+            except NvmlError as e:
+                if e.value == ERR_FUNCTION_NOT_FOUND and \
                         self._proc_version[kind] + 1 < len(PROC_VERSIONS):
                     self._proc_version[kind] += 1  # remembered: later calls go straight to it
                     continue
                 raise
 
     def _sm_utils(self, index: int, h) -> dict[int, float]:
-        nv = self._nv
         since = ctypes.c_ulonglong(self._last_seen.get(index, 0))
         try:
             fn = self._fn("nvmlDeviceGetProcessUtilization")
             buf, n = self._fill(("nvmlDeviceGetProcessUtilization", index), _ProcessUtilizationSample,
                                 lambda b, c: fn(h, b, c, since))
             samples = buf[:n] if n else []
-        except nv.NVMLError as e:
-            code = getattr(e, "value", None)
+        except NvmlError as e:
+            code = e.value
             if code == ERR_GPU_IS_LOST:
                 raise _Lost("process utilization") from None
             if code not in (ERR_NOT_FOUND, ERR_NOT_SUPPORTED, ERR_FUNCTION_NOT_FOUND):
@@ -461,8 +552,8 @@ class NvmlBackend(Backend):
                 for kind in ("Compute", "Graphics"):
                     try:
                         lists[kind] = self._list(kind, h, index)
-                    except self._nv.NVMLError as e:
-                        code = getattr(e, "value", None)
+                    except NvmlError as e:
+                        code = e.value
                         if code == ERR_GPU_IS_LOST:
                             raise _Lost(kind) from None
                         lists[kind] = []
@@ -471,7 +562,7 @@ class NvmlBackend(Backend):
                                                   f"{error_name(code)}")
                 merged = merge_process_lists(lists["Compute"], lists["Graphics"])
                 sm = self._sm_utils(index, h) if merged else {}
-            except (_Lost, self._nv.NVMLError):
+            except (_Lost, NvmlError):
                 return []
         # Whether this PID namespace can see the PID is decided by the sampler, which reads every
         # holder's /proc entry anyway (NVML reports host PIDs, even inside a container).
@@ -494,7 +585,7 @@ class NvmlBackend(Backend):
         with self._lock:
             try:
                 h = self._handle(index)
-            except (_Lost, self._nv.NVMLError) as e:
+            except (_Lost, NvmlError) as e:
                 h = None  # a lost GPU is what a reset is for: name it as last seen
                 info = self._static.get(index) or {}
                 target = info.get("pci_bus_id") or info.get("uuid") or str(index)
@@ -530,13 +621,11 @@ class NvmlBackend(Backend):
         return f"GPU {index} ({target}) reset with nvidia-smi: {out or 'done'}"
 
     def _check_display(self, index: int, h) -> None:
-        nv = self._nv
-        for what, fn in (("active", nv.nvmlDeviceGetDisplayActive), ("mode", nv.nvmlDeviceGetDisplayMode)):
-            try:
-                on = fn(h)
-            except nv.NVMLError:
+        for what, name in (("active", "nvmlDeviceGetDisplayActive"), ("mode", "nvmlDeviceGetDisplayMode")):
+            state = ctypes.c_int()  # nvmlEnableState_t
+            if self._ret(name, h, ctypes.byref(state)) != NVML_SUCCESS:
                 continue  # unknown: nvidia-smi will refuse if it must
-            if on == nv.NVML_FEATURE_ENABLED:
+            if state.value == FEATURE_ENABLED:
                 raise ResetError(f"nvml: GPU {index} drives a display (display {what})", kind="display")
 
     def _reset_target(self, index: int, h) -> str:
@@ -548,8 +637,8 @@ class NvmlBackend(Backend):
     def _reinit(self) -> None:
         try:
             self._init()
-            self._count = int(self._nv.nvmlDeviceGetCount())
-        except (BackendUnavailable, self._nv.NVMLError) as e:
+            self._count = self._device_count()
+        except (BackendUnavailable, NvmlError) as e:
             self._warnings.append(f"nvml: could not re-initialise NVML after the reset: {e}")
 
 
@@ -557,4 +646,4 @@ def _text(v) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
-__all__ = ["NvmlBackend", "merge_process_lists", "unavailable_reason", "reset_error_kind", "error_name"]
+__all__ = ["NvmlBackend", "NvmlError", "merge_process_lists", "unavailable_reason", "reset_error_kind", "error_name"]

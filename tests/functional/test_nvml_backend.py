@@ -1,4 +1,4 @@
-"""The NVML backend through the real pynvml ctypes layer, against the fake libnvidia-ml.so.1.
+"""The NVML backend (ctypes straight into libnvidia-ml.so.1), against the fake libnvidia-ml.so.1.
 
 The fake library (tests/fakenvml) is the only fake: it is loaded through LD_LIBRARY_PATH, which the
 dynamic loader reads at process start, so gputop runs in a subprocess. The holders are real processes.
@@ -190,15 +190,12 @@ def test_versioned_process_calls_fall_back(nvml, procs, variant):
     env = nvml(1, [{"pid": a.pid, "memory": 5 * GiB, "type": "C", "sm": 33},
                    {"pid": g.pid, "memory": None, "type": "C+G"}], variant=variant)
     out = run_py("""
-        import ctypes, json, pynvml
+        import ctypes, json
         from gputop.backends.nvml import NvmlBackend
         b = NvmlBackend()
-        # the symbol really is absent: pynvml's own _v3 wrapper says FunctionNotFound
-        try:
-            pynvml.nvmlDeviceGetComputeRunningProcesses_v3(pynvml.nvmlDeviceGetHandleByIndex(0))
-            v3 = "present"
-        except pynvml.NVMLError_FunctionNotFound:
-            v3 = "FunctionNotFound"
+        # the symbol really is absent from the library (dlsym fails)
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        v3 = "present" if hasattr(lib, "nvmlDeviceGetComputeRunningProcesses_v3") else "FunctionNotFound"
         first = {p.pid: [p.ctx, p.used_memory, p.sm_util] for p in b.processes(0)}
         second = {p.pid: [p.ctx, p.used_memory, p.sm_util] for p in b.processes(0)}
         d = b.sample(0)
