@@ -18,6 +18,7 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
@@ -262,6 +263,7 @@ class GputopApp(App):
         self._devices_only = False  # the device panes are up, the first full sample is not
         self._first_devices = devices or None
         self.took_screen = False  # see _driver_after_first_frame
+        self._main: dict | None = None  # the main screen's widgets that every refresh updates (see _parts)
 
     # ---- layout ---------------------------------------------------------------------------------
 
@@ -298,6 +300,26 @@ class GputopApp(App):
 
     def on_ready(self) -> None:
         self._sample_loop()
+
+    def _parts(self) -> dict:
+        """The main screen's widgets that every refresh updates, found once: a query walks the DOM, and
+        the top bar, panes box, tree, header and side panel are composed once and never replaced."""
+        if self._main is None:
+            screen = self.default_screen
+            self._main = {"topbar": screen.query_one("#topbar", Static),
+                          "devices": screen.query_one("#devices", VerticalScroll),
+                          "tree": screen.query_one(ProcessTree), "header": screen.query_one(ColumnHeader),
+                          "side": screen.query_one("#side", SidePanel)}
+        return self._main
+
+    def _gone(self) -> bool:
+        """The app is shutting down (its widgets already gone): a late sample is dropped."""
+        if self._stop.is_set():
+            return True
+        try:
+            return not self._parts()["topbar"].is_attached
+        except NoMatches:
+            return True
 
     def on_resize(self, event) -> None:
         # This runs before App._on_resize records the new size: take it from the event.
@@ -390,7 +412,7 @@ class GputopApp(App):
         self._wake.set()
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
-        if self._stop.is_set() or not self.default_screen.query("#topbar"):
+        if self._gone():
             return  # a sample that arrives while the app shuts down (its widgets already gone)
         snap = message.snapshot
         self.snapshot = snap
@@ -401,14 +423,14 @@ class GputopApp(App):
         self._refresh_tree()
         if message.panel != self.panel_shown:  # its height can change: lay out only when it does
             self.panel_shown = message.panel
-            self.query_one(SidePanel).show(message.panel)
+            self._parts()["side"].show(message.panel)
         self._update_topbar()
         redraw = getattr(self.screen, "redraw", None)  # the plot screen follows the history
         if callable(redraw):
             redraw()
 
     def on_sample_failed(self, message: SampleFailed) -> None:
-        if self._stop.is_set() or not self.default_screen.query("#topbar"):
+        if self._gone():
             return
         if self._sample_error != message.error:
             self.notify(f"sampling failed: {message.error}", severity="error", timeout=8)
@@ -422,8 +444,8 @@ class GputopApp(App):
     # ---- rendering --------------------------------------------------------------------------------
 
     def _update_devices(self, snap: Snapshot) -> None:
-        box = self.query_one("#devices", VerticalScroll)
-        panes = {p.index: p for p in box.query(DevicePane)}
+        box = self._parts()["devices"]
+        panes = {p.index: p for p in box.children if isinstance(p, DevicePane)}
         wanted = [d.index for d in snap.devices]
         for idx, pane in panes.items():
             if idx not in wanted:
@@ -452,22 +474,23 @@ class GputopApp(App):
     def _refresh_tree(self) -> None:
         if self.snapshot is None:
             return
-        tree = self.query_one(ProcessTree)
+        parts = self._parts()
+        tree = parts["tree"]
         groups = build(self.snapshot, grouping=self.grouping, sort=self.sort_key, reverse=self.sort_reverse,
                        filter_text=self.filter_text)
-        compact = column_level(self.size.width, self.query_one("#side").display, self.sort_key, self._jobs())
+        compact = column_level(self.size.width, parts["side"].display, self.sort_key, self._jobs())
         live = {h.pid for h in self.snapshot.holders}
         tree.tagged &= live
         tree.reconcile(groups, max(1, max_depth(groups) - 1), compact)
         self._update_header()
 
     def _update_header(self) -> None:
-        tree = self.query_one(ProcessTree)
+        tree = self._parts()["tree"]
         from gputop.tui.process_tree import GUIDE
 
         pad = max(0, (tree._max_depth - 1) * GUIDE)
         text = header_text(pad, tree.compact, self.sort_key, self.sort_reverse)
-        header = self.query_one(ColumnHeader)
+        header = self._parts()["header"]
         if text != getattr(header, "shown", None):
             header.shown = text
             header.update(text, layout=False)
@@ -493,7 +516,7 @@ class GputopApp(App):
         if self.filter_text:
             t.append("  filter ")
             t.append(Text(repr(self.filter_text), style="bold"))
-        tagged = self.query_one(ProcessTree).tagged
+        tagged = self._parts()["tree"].tagged
         if tagged:
             t.append(f"  {len(tagged)} tagged", style="bold")
         if self.panel.guard_available:
@@ -505,7 +528,7 @@ class GputopApp(App):
             t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
         if self._sample_error:
             t.append("  sampling failed", style="bold red")
-        bar = self.query_one("#topbar", Static)
+        bar = self._parts()["topbar"]
         if t != getattr(bar, "shown", None):
             bar.shown = t
             bar.update(t, layout=False)

@@ -134,6 +134,7 @@ class DevicePane(Widget):
         self._strips: list[tuple[Text, Strip]] = []  # each line's Text and its Strip
         self._strips_key: tuple | None = None  # the width and styles the strips were made with
         self._styles: dict = {}  # Rich style of a segment -> the style Textual would draw it with
+        self._placed: dict = {}  # (Rich style of a segment, x, y) -> that style plus its offset
         self._split_of: Text | None = None  # the Text last split into lines
         self._split: list[Text] | None = None  # its lines; None: drawn by Textual's pipeline
 
@@ -186,7 +187,7 @@ class DevicePane(Widget):
         base = self.visual_style
         key = (width, base, self.app.ansi_theme)
         if key != self._strips_key:
-            self._strips, self._strips_key, self._styles = [], key, {}
+            self._strips, self._strips_key, self._styles, self._placed = [], key, {}, {}
         if y >= len(lines):
             return Strip.blank(width, base.rich_style)
         strips = self._strips
@@ -206,11 +207,18 @@ class DevicePane(Widget):
         theme = self.app.ansi_theme
         segments = []
         x = 0
+        placed = self._placed  # (segment style, x, y) -> the style drawn: mostly the same every second
+        if len(placed) > 4096:
+            placed.clear()
         for seg in line.render(self.app.console, end=""):
-            style = styles.get(seg.style)
-            if style is None:
-                visual = VisualStyle.from_rich_style(seg.style, theme) if seg.style else VisualStyle()
-                style = styles[seg.style] = (base + visual).rich_style
-            segments.append(Segment(seg.text, style + RichStyle.from_meta({"offset": (x, y)})))
+            key = (seg.style, x, y)
+            drawn = placed.get(key)
+            if drawn is None:
+                style = styles.get(seg.style)
+                if style is None:
+                    visual = VisualStyle.from_rich_style(seg.style, theme) if seg.style else VisualStyle()
+                    style = styles[seg.style] = (base + visual).rich_style
+                drawn = placed[key] = style + RichStyle.from_meta({"offset": (x, y)})
+            segments.append(Segment(seg.text, drawn))
             x += len(seg.text)
         return Strip(segments)

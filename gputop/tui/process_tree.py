@@ -176,6 +176,20 @@ def row_text(node: Node, depth: int, max_depth: int, tagged: bool, compact: bool
     return text_from_cells(row_cells(node, depth, max_depth, tagged, compact))
 
 
+def _splice(strip: Strip, at: int, text: str) -> Strip:
+    """``strip`` with the characters from offset ``at`` replaced by ``text`` (same length and cells)."""
+    out, pos, end = [], 0, at + len(text)
+    for seg in strip:
+        seg_text = seg.text
+        seg_end = pos + len(seg_text)
+        if seg_end > at and pos < end and not seg.control:
+            a, b = max(at, pos), min(end, seg_end)
+            seg = Segment(seg_text[: a - pos] + text[a - at: b - at] + seg_text[b - pos:], seg.style, seg.control)
+        out.append(seg)
+        pos = seg_end
+    return Strip(out, strip.cell_length)
+
+
 class ColumnHeader(Static):
     """The header over the tree (kept separate so the tree can scroll under it)."""
 
@@ -210,6 +224,8 @@ class ProcessTree(Tree[Node]):
         self._updated: list[tuple[TreeNode[Node], int]] = []  # (node, depth) given new data in this reconcile
         self._line_styles_cache: dict | None = None  # see _line_styles
         self._structural = False  # a node was added or removed: every line may have moved
+        # id(node) -> (cells, shape, strip, offset of TIME in the strip's text, index of TIME in the cells)
+        self._drawn: dict[int, tuple] = {}
 
     # Every label gets a 2-cell expander slot, blank on leaves, so that columns line up.
     def render_label(self, node: TreeNode[Node], base_style: Style, style: Style) -> Text:
@@ -290,8 +306,47 @@ class ProcessTree(Tree[Node]):
                      tuple(node._updates for node in line.path))
         strip = self._line_cache.get(cache_key)
         if strip is None:
-            strip = self._line_cache[cache_key] = self._build_line(y, line, is_hover, width, base_style)
+            strip = self._respliced(y, line, is_hover, width)
+            if strip is None:
+                strip = self._build_line(y, line, is_hover, width, base_style)
+            self._line_cache[cache_key] = strip
         return strip.crop(x1, x2)
+
+    # ---- a row whose only change is its TIME ------------------------------------------------------
+    # Every second each visible holder's TIME advances, and nothing else in the row changes most of the
+    # time. Such a row is not rendered again: the characters of its TIME cell are replaced in the strip
+    # drawn last time (same styles, same cell widths), which costs a walk over a dozen segments instead
+    # of Rich's render of the whole row.
+
+    def _shape(self, y: int, line, is_hover: bool, width: int) -> tuple:
+        """Everything a drawn row depends on but its own cells (compared before reusing its strip)."""
+        node = line.node
+        return (y, is_hover, width, self._updates, self._pseudo_class_state, self.has_focus, line.last,
+                self.cursor_line == y, self.hover_line == y, node._allow_expand, node._expanded,
+                tuple((n._updates, n._hover, n._selected, n.is_last) for n in line.path[:-1]),
+                node._hover, node._selected, self.__dict__.get("_frame_style"), self.compact)
+
+    def _respliced(self, y: int, line, is_hover: bool, width: int) -> Strip | None:
+        """The row's last strip with only its TIME cell rewritten, when that is all that changed."""
+        node = line.node
+        drawn = self._drawn.get(id(node))
+        if drawn is None or node.data is None:
+            return None
+        cells = self._labels.get(node.data.key)
+        old_cells, shape, strip, at, ti = drawn
+        if cells is None or cells[0] != "row" or ti is None or len(cells[4]) != len(old_cells[4]):
+            return None
+        old_values, values = old_cells[4], cells[4]
+        if cells[:4] != old_cells[:4] or cells[5:] != old_cells[5:] or \
+                values[:ti] != old_values[:ti] or values[ti + 1:] != old_values[ti + 1:]:
+            return None
+        new, old = values[ti], old_values[ti]
+        if len(new) != len(old) or not (new.isascii() and old.isascii()) or \
+                shape != self._shape(y, line, is_hover, width):
+            return None
+        strip = _splice(strip, at, new)
+        self._drawn[id(node)] = (cells, shape, strip, at, ti)
+        return strip
 
     def _build_line(self, y: int, line, is_hover: bool, width: int, base_style: Style) -> Strip:
         st = self._line_styles()
@@ -325,12 +380,30 @@ class ProcessTree(Tree[Node]):
         label = self.render_label(line.node, line_style, label_style)
         label.style = line_style  # what Tree's guides Text gives the label it appends
         label.stylize(Style(meta={"node": line.node._id}))  # a click on the row (expander included) selects it
+        label_at = sum(len(seg.text) for seg in segments) + len(label.plain) - len(line.node._label.plain)
         segments.extend(label.render(self.app.console))
         pad_width = max(self.virtual_size.width, width)
         used = sum(seg.cell_length for seg in segments)
         if pad_width > used:
             segments.append(Segment(" " * (pad_width - used), line_style))
-        return Strip(segments)
+        strip = Strip(segments)
+        self._remember(y, line, is_hover, width, strip, label_at)
+        return strip
+
+    def _remember(self, y: int, line, is_hover: bool, width: int, strip: Strip, label_at: int) -> None:
+        """Keep a holder row's strip, its cells and where its TIME cell starts (see _respliced)."""
+        node = line.node
+        cells = self._labels.get(node.data.key) if node.data is not None else None
+        if cells is None or cells[0] != "row":
+            self._drawn.pop(id(node), None)
+            return
+        titles = [c[0] for c in _COLS[self.compact][:-1]]
+        if "TIME" not in titles:
+            self._drawn.pop(id(node), None)
+            return
+        ti = titles.index("TIME")
+        at = label_at + len(cells[3]) + 1 + sum(len(v) + 1 for v in cells[4][:ti])
+        self._drawn[id(node)] = (cells, self._shape(y, line, is_hover, width), strip, at, ti)
 
     def _label_of(self, tnode: TreeNode[Node]) -> Text:
         stale = self.__dict__.get("_stale")  # get_label_width runs inside Tree.__init__, before it is set
@@ -509,6 +582,7 @@ class ProcessTree(Tree[Node]):
                 self._labels.pop(n.data.key, None)
             self._pending.pop(id(n), None)
             self._stale.pop(id(n), None)
+            self._drawn.pop(id(n), None)
             stack.extend(n.children)
 
     def _reconcile_children(self, parent: TreeNode[Node], wanted: list[Node], depth: int) -> None:

@@ -1,0 +1,102 @@
+"""A row whose only change is its TIME is not rendered again: the TIME characters are rewritten in the
+strip drawn last time (ProcessTree._respliced). These tests check that what is on screen after such
+refreshes is exactly what a full render draws (text and styles), that a row that changed more than its
+TIME (a tag, the cursor) is drawn in full, and that the top bar's clock advances."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from gputop.backends.base import BackendStatus, DeviceSample
+from gputop.orphans import NOT_ORPHAN, Verdict
+from gputop.snapshot import GpuUse, Holder, Snapshot
+from gputop.tui.app import GputopApp
+from gputop.tui.process_tree import ProcessTree
+from gputop.units import fmt_duration
+
+from .helpers import AT, GiB, _p, frozen_panel, run_async, screen_text, wait_until
+from .test_offscreen_rows import SwitchSampler, _switch, row_line
+
+N = 16
+MiB = 1024**2
+
+
+def snapshot(shift: float = 0.0) -> Snapshot:
+    """N holders on 8 GPUs; ``shift`` seconds later (their TIME and the clock advance, nothing else)."""
+    init = _p(1, 0, "systemd", "/sbin/init", 1, AT - 86400, user="root")
+    holders = []
+    for i in range(N):
+        pid = 20000 + i
+        proc = _p(pid, 1, "python", f"python job{i}.py", pid, AT - 1000 - i)
+        holders.append(Holder(pid, (GpuUse(i % 8, "C" if i % 3 else "G", (4096 - i) * MiB, 10.0),), proc,
+                              (init,), Verdict(NOT_ORPHAN, "session leader itself"), 5.0, 50.0 + i + shift))
+    devices = tuple(DeviceSample(g, "NVIDIA H200", memory_total=140 * GiB, memory_used=20 * GiB, util_gpu=50,
+                                 temperature=40, power_w=200, power_limit_w=700, backend="simulated",
+                                 backend_index=g) for g in range(8))
+    return Snapshot(at=AT + shift, host="node01", devices=devices, holders=tuple(holders), roots=(),
+                    backends=(BackendStatus("simulated", True, "", 8),))
+
+
+def drawn_strips(tree: ProcessTree) -> list:
+    """The tree's lines as drawn now: (text, segments with their styles)."""
+    return [(s.text, list(s)) for s in tree.render_lines(tree.size.region)]
+
+
+def full_render(tree: ProcessTree) -> list:
+    """The tree's lines rendered from scratch (no cached or spliced strip)."""
+    tree._line_cache.clear()
+    tree._drawn.clear()
+    return drawn_strips(tree)
+
+
+@run_async
+async def test_rows_whose_time_advances_show_what_a_full_render_shows():
+    sampler = SwitchSampler(snapshot())
+    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
+    async with app.run_test(size=(120, 40)) as pilot:
+        tree = app.query_one(ProcessTree)
+        assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
+        spliced = 0
+        real = ProcessTree._respliced
+
+        def counting(self, *a):
+            nonlocal spliced
+            out = real(self, *a)
+            spliced += out is not None
+            return out
+
+        ProcessTree._respliced = counting
+        try:
+            for shift in (1, 2, 61, 3600):  # seconds, a minute, an hour: TIME's text changes each time
+                await _switch(pilot, app, sampler, snapshot(shift))
+                for i in range(N):
+                    line = row_line(app, 20000 + i)
+                    if line is not None:
+                        assert f" {fmt_duration(50.0 + i + shift)} " in line, (shift, line)
+                shown = drawn_strips(tree)
+                assert shown == full_render(tree), shift
+        finally:
+            ProcessTree._respliced = real
+        assert spliced >= N  # the rows were spliced, not rendered again (else this test checks nothing)
+        # The top bar's clock follows the snapshot's time.
+        clock = time.strftime("%H:%M:%S", time.localtime(AT + 3600))
+        assert clock in screen_text(app).splitlines()[0]
+
+
+@run_async
+async def test_a_row_that_changes_more_than_its_time_is_drawn_in_full():
+    sampler = SwitchSampler(snapshot())
+    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
+    async with app.run_test(size=(120, 40)) as pilot:
+        tree = app.query_one(ProcessTree)
+        assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
+        tree.focus()
+        await pilot.pause(0.1)
+        for shift, key in ((1, "down"), (2, "space"), (3, "down"), (4, "space")):  # move, tag, move, tag
+            await pilot.press(key)
+            await _switch(pilot, app, sampler, snapshot(shift))
+            assert drawn_strips(tree) == full_render(tree), (shift, key)
+        assert tree.tagged
+        for pid in tree.tagged:  # a tag shows at once, though the row's TIME changed too
+            assert re.search(rf"\*. *{pid} ", row_line(app, pid) or ""), screen_text(app)
