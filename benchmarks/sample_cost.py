@@ -66,12 +66,11 @@ def floor_read(pids: list[int]) -> None:
 
 
 class _LibClock:
-    """Accumulates the time spent inside the vendor library: pynvml's C function pointers for NVML, the
+    """Accumulates the time spent inside the vendor library: NVML's C functions (through ctypes), the
     backend's sample()/processes() for the simulated backend (which plays the vendor library there)."""
 
-    def __init__(self, nested: bool = False):
+    def __init__(self):
         self.total = 0.0
-        self.bindings = None if nested else _LibClock(nested=True)
 
     def wrap(self, fn):
         clock = self
@@ -98,35 +97,23 @@ class _LibClock:
         nvml_done = False
         for b in backends:
             if b.name == "nvml":
-                if nvml_done:  # pynvml is one module: wrap its function pointers once
+                if nvml_done:  # one module: wrap its symbol lookup once
                     continue
                 nvml_done = True
-                import pynvml
+                from gputop.backends import nvml as nvml_mod
 
-                cache = pynvml._nvmlGetFunctionPointer_cache
-                for name in list(cache):
-                    cache[name] = self.wrap(cache[name])
-                orig = pynvml._nvmlGetFunctionPointer
+                # gputop calls NVML through ctypes; every C function comes from nvml._symbol and is kept in
+                # the backend's _fns: wrap the lookup, and fetch the kept ones again through it (or the fake
+                # library's /proc reads in those calls count as gputop's time).
+                orig = nvml_mod._symbol
 
-                def lookup(name, _orig=orig, _cache=cache):
-                    fn = _orig(name)
-                    if not isinstance(type(fn).__dict__.get("__slots__"), tuple):
-                        fn = _cache[name] = self.wrap(fn)
-                    return fn
+                def symbol(lib, name, _orig=orig):
+                    return self.wrap(_orig(lib, name))
 
-                pynvml._nvmlGetFunctionPointer = lookup
-                # The backend keeps the function pointers of its list calls (process lists, process
-                # utilisation) itself, fetched before this clock was installed: fetch them again through
-                # it, or the fake library's /proc reads in those calls count as gputop's time.
+                nvml_mod._symbol = symbol
                 for nb in backends:
                     if nb.name == "nvml":
                         getattr(nb, "_fns", {}).clear()
-                # The Python bindings' own functions (nvmlDeviceGet...): their time includes the C time.
-                for name in dir(pynvml):
-                    fn = getattr(pynvml, name)
-                    if name.startswith("nvml") and callable(fn) and not isinstance(fn, type) \
-                            and name[4:5].isupper():
-                        setattr(pynvml, name, self.bindings.wrap(fn))
             else:
                 b.sample = self.wrap(b.sample)
                 b.processes = self.wrap(b.processes)
@@ -156,16 +143,15 @@ def worker(rounds: int, holders: list[int], backend: str) -> dict:
     for _ in range(2):
         sampler.sample()
         cold.sample()
-    floors, samples, colds, libs, cold_libs, bindings = [], [], [], [], [], []
+    floors, samples, colds, libs, cold_libs = [], [], [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         floor_read(need)
         t1 = time.perf_counter()
-        lib.total = lib.bindings.total = 0.0
+        lib.total = 0.0
         snap = sampler.sample()
         t2 = time.perf_counter()
         libs.append(lib.total)
-        bindings.append(lib.bindings.total - lib.total if lib.bindings.total else 0.0)
         lib.total = 0.0
         cold.sample()
         t3 = time.perf_counter()
@@ -190,8 +176,6 @@ def worker(rounds: int, holders: list[int], backend: str) -> dict:
         "own": median([s - x for s, x in zip(samples, libs)]),
         "ratio": median([(s - x) / f for s, x, f in zip(samples, libs, floors)]),
         "ratios": [(s - x) / f for s, x, f in zip(samples, libs, floors)],
-        "bindings": median(bindings),
-        "ratio_excl_bindings": median([(s - x - b) / f for s, x, b, f in zip(samples, libs, bindings, floors)]),
         "ratio_incl_lib": median([s / f for s, f in zip(samples, floors)]),
         "cold": median([s - x for s, x in zip(colds, cold_libs)]),
         "cold_ratio": median([(s - x) / f for s, x, f in zip(colds, cold_libs, floors)]),
@@ -239,7 +223,7 @@ def report(results: list[dict], rounds: int) -> str:
         rows.append([
             f"{r['holders']:,}", f"{r['host']:,}", r["backend"], f"{r['needed']:,}", ms(r["floor"]),
             ms(r["sample"]), ms(r["lib"]), ms(r["own"]), ratio.cell(), ratio.verdict(BUDGET),
-            f"{r['ratio_excl_bindings']:.2f}x" if r["bindings"] else "-", f"{r['ratio_incl_lib']:.2f}x",
+            f"{r['ratio_incl_lib']:.2f}x",
             ms(r["cold"]), f"{r['cold_ratio']:.2f}x", ms(r["scan_all"]),
             f"{v.get('orphan', 0)} / {v.get('not-orphan', 0)}",
         ])
@@ -255,15 +239,15 @@ def report(results: list[dict], rounds: int) -> str:
     notes.append("in vendor lib: time inside the C library's functions (NVML: the fake libnvidia-ml, which "
                  "checks each holder's /proc/<pid>/stat on every call, work a real driver does in the "
                  "kernel), or inside the simulated backend. gputop = sample - in vendor lib; the budget "
-                 "applies to it. sample/floor includes the library. pynvml (Python): time in nvidia-ml-py's own Python "
-                 "code around the C calls (struct conversion, size-query protocol), inside 'gputop'.")
+                 "applies to it. sample/floor includes the library. gputop calls NVML through ctypes, so the "
+                 "conversion of C structs is in 'gputop'.")
     notes.append("sample: a long-lived Sampler (TUI, guard), which re-reads command lines and uids of known "
                  "processes every 5 s; cold sample: static_ttl=0, all three /proc files of every process "
                  "read every time (what one 'gputop status' does).")
     return print_table(
         "1. In-process sample cost vs the /proc floor (budget: <= 3x floor, flat in host processes)",
         ["holders", "host procs", "backend", "needed", "floor", "sample", "in vendor lib", "gputop",
-         "gputop/floor (spread)", "budget", "excl. pynvml's Python", "sample/floor", "cold gputop", "cold/floor",
+         "gputop/floor (spread)", "budget", "sample/floor", "cold gputop", "cold/floor",
          "scan_all (reap path)", "orphan / not"], rows, notes)
 
 
