@@ -7,11 +7,14 @@ import math
 import os
 import sys
 import signal
+import threading
 
 from gputop.config import load_config
 from gputop.errors import UsageError
 from gputop.snapshot import Sampler
 from gputop.tui import first_frame
+
+EXIT_GRACE_S = 10.0  # after SIGTERM/SIGHUP, how long the normal exit may take before the process just ends
 
 
 def require_terminal() -> None:
@@ -89,6 +92,11 @@ def _exit_on_signals(get_app):
         if app is None:
             raise SystemExit(128 + signum)
         loop.call_soon_threadsafe(lambda: app.exit(return_code=128 + signum))
+        # A closed terminal (SIGHUP) can leave Textual's shutdown waiting for ever on its output queue (seen when
+        # a tmux window was killed during start-up): if the normal exit has not ended the process soon, end it.
+        stuck = threading.Timer(EXIT_GRACE_S, os._exit, (128 + signum,))
+        stuck.daemon = True
+        stuck.start()
 
     saved = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
