@@ -17,6 +17,11 @@ import psutil
 import pytest
 import yaml
 
+# gputop calls a process whose chain ignores SIGHUP "protected: detached with nohup". A test session started
+# under nohup (or from any parent that ignores SIGHUP) would hand that to every process it spawns and every
+# orphan and kill test would see protected processes: the session starts from the default disposition.
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
