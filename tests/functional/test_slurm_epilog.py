@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from tests.conftest import run_gputop
-from tests.functional.actions_helpers import write_config
+from tests.functional.actions_helpers import alive as _alive, write_config
+from tests.functional.test_guard_daemon import poll as _wait
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and pidfds")
 
@@ -45,23 +46,6 @@ def _marked(marker: str) -> list[int]:
         if p.info["status"] != psutil.STATUS_ZOMBIE and marker in cmd and p.pid != os.getpid():
             out.append(p.pid)
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 @pytest.fixture
