@@ -19,8 +19,8 @@ DESCRIPTION = """Slurm node hooks (run as root by slurmd; see README "Running un
   gputop slurm epilog   as Epilog=: every process still alive that belongs to the job in SLURM_JOB_ID
                         (by cgroup or by environment) and runs as SLURM_JOB_UID is reaped, all together:
                         stopped, SIGTERM, one grace, SIGKILL, and what the job starts meanwhile with them.
-                        Exit 0 when nothing is left; 1 (Slurm drains the node) only when a GPU holder of
-                        the job survives, named on stderr.
+                        Exit 0 when nothing it targeted is left; 1 (Slurm drains the node) when a GPU
+                        holder of the job, or a process it signalled, survives, named on stderr.
   gputop slurm prolog   as Prolog=: the job's GPUs (SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, or the GRES IDX
                         of 'scontrol show job -d') must hold no process of another job. A stray of an ended
                         job (an orphan) is reaped; a holder of a running job, or one gputop may not reap,
@@ -135,13 +135,9 @@ def _epilog(args) -> int:
     survivors = [m for m in sl.job_processes(job, uid, ProcTable(), exclude=self_and_ancestors())]
     gpu_survivors = [h for h in after.holders if h.pid in {m.proc.pid for m in survivors}]
     took = time.monotonic() - started
-    ok = not gpu_survivors
+    ok, errors = epilog_verdict(job, [m.proc for m in survivors], gpu_survivors, results)
     msg = (f"Slurm job {job} (uid {uid}): {len(members)} leftover process(es), GPU holders {holders}; "
            f"{len(members) - len(survivors)} gone, {len(survivors)} left ({took:.1f}s)")
-    errors = [f"Slurm job {job}: GPU holder pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) survived the "
-              f"epilog: {_why(results, h.pid)}; the node should be drained and checked" for h in gpu_survivors]
-    errors += [f"warning: pid {m.proc.pid} ({visible(m.proc.name)}) of job {job} is still alive (it holds no GPU)"
-               for m in survivors if m.proc.pid not in {h.pid for h in gpu_survivors}]
     _audit(config, "slurm-epilog", job, uid, ok, msg + ("" if ok else "; " + "; ".join(errors[:3])),
            {"members": [_pdict(m.proc) for m in members], "holders": holders,
             "survivors": [m.proc.pid for m in survivors], "gpu_survivors": [h.pid for h in gpu_survivors],
@@ -151,6 +147,31 @@ def _epilog(args) -> int:
                  "survivors": [m.proc.pid for m in survivors], "gpu_survivors": [h.pid for h in gpu_survivors]},
           [msg] + [f"  {r.outcome}: {visible(r.message)}" for r in results], errors)
     return EXIT_OK if ok else EXIT_FAILURE
+
+
+def epilog_verdict(job: int, survivors: list, gpu_survivors: list, results: list) -> tuple[bool, list[str]]:
+    """Whether the epilog succeeded, and its stderr lines (pure). It fails (exit 1: Slurm drains the node)
+    when a GPU holder of the job survives, or when a process the reap took as a target survives it (SIGKILL
+    did not end it, or it could not be signalled), as Slurm drains a node whose job step cannot be killed.
+    A survivor the reap left alone on purpose (protected, or past the deadline) and that holds no GPU is a
+    warning: it was not a target."""
+    gpu = {h.pid for h in gpu_survivors}
+    failed = [r for r in results if not r.ok]
+    targeted = {p for r in results for p in (r.details.get("survivors") or [])}
+    errors = [f"Slurm job {job}: GPU holder pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) survived the "
+              f"epilog: {_why(results, h.pid)}; the node should be drained and checked" for h in gpu_survivors]
+    bad = bool(gpu)
+    for p in survivors:
+        if p.pid in gpu:
+            continue
+        if p.pid in targeted or failed:
+            bad = True
+            errors.append(f"Slurm job {job}: pid {p.pid} ({visible(p.name)}) survived the epilog: "
+                          f"{_why(results, p.pid)}; the node should be drained and checked")
+        else:
+            errors.append(f"warning: pid {p.pid} ({visible(p.name)}) of job {job} is still alive (it holds no "
+                          f"GPU): {_why(results, p.pid)}")
+    return not bad, errors
 
 
 def _pdict(p) -> dict:

@@ -230,3 +230,56 @@ def test_classify_a_leftover_of_an_earlier_run_of_a_running_job_is_an_orphan():
     old = classify(200, t, **running)
     assert old.kind == ORPHAN and "Slurm job 42 was requeued" in old.reason and old.root == 200
     assert classify(201, t, **running).kind == NOT_ORPHAN
+
+
+# ---- the epilog's verdict (pure) -------------------------------------------------------------------
+
+def _left(pid, name="w"):
+    from gputop.procs import ProcInfo
+
+    return ProcInfo(pid=pid, ppid=1, name=name, cmdline=(name,), start_time=1.0, uid=1000, user="u")
+
+
+def _result(ok, survivors=(), left_alone=()):
+    from gputop.actions.common import ActionResult
+
+    return ActionResult("reap-group", ok, "reaped" if ok else "still-alive", "m",
+                        details={"survivors": list(survivors), "left_alone": list(left_alone)})
+
+
+def test_epilog_fails_when_a_signalled_process_that_holds_no_gpu_survives():
+    from gputop.commands.slurm import epilog_verdict
+
+    ok, errors = epilog_verdict(7, [_left(10, "stuck")], [], [_result(False, survivors=[10])])
+    assert not ok
+    assert errors and "pid 10 (stuck) survived the epilog" in errors[0] and not errors[0].startswith("warning")
+
+
+def test_epilog_fails_when_the_reap_itself_failed_and_the_leftovers_are_still_there():
+    from gputop.actions.common import ActionResult
+    from gputop.commands.slurm import epilog_verdict
+
+    failed = ActionResult("reap-group", False, "failed", "no permission to signal", details={})
+    ok, errors = epilog_verdict(7, [_left(11)], [], [failed])
+    assert not ok and "no permission" in errors[0]
+
+
+def test_epilog_warns_only_for_a_survivor_left_alone_on_purpose_that_holds_no_gpu():
+    from gputop.commands.slurm import epilog_verdict
+
+    left = {"pid": 12, "subtree": [12], "rule": "protect", "reason": "protected by pattern 'sshd'"}
+    ok, errors = epilog_verdict(7, [_left(12, "sshd")], [], [_result(True, left_alone=[left])])
+    assert ok and errors == [
+        "warning: pid 12 (sshd) of job 7 is still alive (it holds no GPU): left alone (protect): protected by "
+        "pattern 'sshd'"]
+    # Past the deadline nothing was targeted: a CPU-only leftover is a warning, a GPU holder a failure.
+    assert epilog_verdict(7, [_left(13)], [], [])[0]
+    holder = type("H", (), {"pid": 14, "name": "python", "user": "u"})()
+    ok, errors = epilog_verdict(7, [_left(14, "python")], [holder], [])
+    assert not ok and "GPU holder pid 14" in errors[0]
+
+
+def test_epilog_succeeds_when_nothing_is_left():
+    from gputop.commands.slurm import epilog_verdict
+
+    assert epilog_verdict(7, [], [], [_result(True)]) == (True, [])
