@@ -15,6 +15,7 @@ import math
 import os
 import secrets
 import stat
+from functools import partial
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -151,20 +152,99 @@ def _reason(data: dict) -> str | None:
     return r
 
 
-def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | None = None) -> Starlette:
-    """``token_path`` None: read-only service. Otherwise writes need ``Authorization: Bearer <token>``.
-    ``hosts``: the Host header values accepted (see allowed_hosts); None accepts any."""
-    findings = FindingCounter()
-    live.add_listener(findings)
-    # The snapshot taken before the listener was added counts too.
-    if live._latest is not None:
-        findings(live._latest, live._findings)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(live, findings, GuardHitCounter()))
+def _authorize(token_path: Path | None, request: Request, action: str) -> JSONResponse | None:
+    """None when the request may write; else the refusal (recorded in the audit log) to send."""
+    if token_path is None:
+        msg = ("this gputop serve is read-only: start it with a token file (gputop serve --create-token) "
+               "to allow writes")
+        faces.refusal_record(action, FACE, msg, rule="read-only")
+        return _error(403, msg)
+    try:
+        token = read_token(token_path)
+    except GputopError as e:
+        faces.refusal_record(action, FACE, str(e), rule="token-file")
+        return _error(403, f"writes are disabled: {e}")
+    if token is None:
+        msg = f"writes are disabled: the token file {token_path} is gone"
+        faces.refusal_record(action, FACE, msg, rule="token-file")
+        return _error(403, msg)
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        msg = f"missing or wrong bearer token: send 'Authorization: Bearer <contents of {token_path}>'"
+        faces.refusal_record(action, FACE, msg, rule="token", client=request.client.host if request.client else None)
+        return JSONResponse({"ok": False, "error": msg}, status_code=401,
+                            headers={"WWW-Authenticate": 'Bearer realm="gputop"'})
+    return None
 
+
+def _write_endpoint(live: LiveSnapshot, token_path: Path | None, action: str, fn):
+    """A POST endpoint: the requester's uid is known first (every record names it), then the token is
+    checked, then ``fn(live, body)`` runs in a thread."""
+    async def endpoint(request: Request):
+        server = request.scope.get("server")
+        actor = requester.http_actor(request.client and (request.client.host, request.client.port),
+                                     server and (server[0], server[1]), via="api")
+        with requester.acting_for(actor):  # every record names the uid that asked
+            denied = _authorize(token_path, request, action)
+            if denied is not None:
+                return denied
+            try:
+                data = await _body(request)
+                return await run_in_threadpool(_acting, actor, partial(fn, live), data)
+            except GputopError as e:
+                faces.refusal_record(action, FACE, str(e)[:300], rule="bad-request")
+                code = 413 if isinstance(e, _TooLarge) else HTTP_STATUS.get(e.exit_code, 400)
+                return _error(code, str(e))
+    return endpoint
+
+
+def _kill(live: LiveSnapshot, data: dict):
+    _only(data, {"pid", "start_time", "force", "signal", "dry_run", "reason"})
+    res = faces.do_kill(live, FACE, pid=_want(data, "pid", (int,), "an integer"),
+                        start_time=_want(data, "start_time", (int, float), "a number"),
+                        force=_want(data, "force", (bool,), "true or false", False),
+                        signal_name=_want(data, "signal", (str, int), "a signal name or number", "TERM"),
+                        dry_run=_want(data, "dry_run", (bool,), "true or false", False), reason=_reason(data))
+    return JSONResponse(res.to_dict(), status_code=HTTP_STATUS.get(res.exit_code, 500))
+
+
+def _reap(live: LiveSnapshot, data: dict):
+    _only(data, {"roots", "dry_run", "grace", "reason"})
+    grace = _want(data, "grace", (int, float), "a number of seconds", live.config.kill_timeout)
+    if grace < 0:
+        raise UsageError("grace must be a number of seconds")
+    roots = _want(data, "roots", (list, int), "a list of root PIDs")
+    if isinstance(roots, list) and not all(isinstance(r, int) and not isinstance(r, bool) for r in roots):
+        raise UsageError("roots must be a list of integers (root PIDs)")
+    results = faces.do_reap(live, FACE, roots=roots, dry_run=_want(data, "dry_run", (bool,), "true or false", False),
+                            grace=float(grace), reason=_reason(data))
+    ok = all(r["ok"] for r in results)
+    code = 200 if ok else max((HTTP_STATUS.get(r["exit_code"], 500) for r in results if not r["ok"]))
+    return JSONResponse({"ok": ok, "results": results, "count": len(results)}, status_code=code)
+
+
+def _reset(live: LiveSnapshot, data: dict):
+    _only(data, {"index", "gpu", "force", "reason"})
+    index = _want(data, "index", (int,), "an integer (the GPU index)")
+    if index is None:
+        index = _want(data, "gpu", (int,), "an integer")
+    res = faces.do_reset(live, FACE, index=index, force=_want(data, "force", (bool,), "true or false", False),
+                         reason=_reason(data))
+    return JSONResponse(res.to_dict(), status_code=HTTP_STATUS.get(res.exit_code, 500))
+
+
+def _guard_mode(live: LiveSnapshot, data: dict):
+    _only(data, {"mode"})
+    return JSONResponse(faces.do_guard_mode(FACE, _want(data, "mode", (str,), "a string")))
+
+
+ENDPOINTS = ["/v1/status", "/v1/processes", "/v1/audit/rogue", "/v1/guard/status", "/metrics", "POST /v1/kill",
+             "POST /v1/reap", "POST /v1/reset", "POST /v1/guard/mode"]
+
+
+def _read_routes(live: LiveSnapshot, token_path: Path | None, registry: CollectorRegistry) -> list[Route]:
     async def status(request: Request):
-        snap = live.latest()
-        return JSONResponse(snap.to_dict())
+        return JSONResponse(live.latest().to_dict())
 
     async def processes(request: Request):
         q = request.query_params
@@ -187,101 +267,27 @@ def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | No
 
     async def root(request: Request):
         return JSONResponse({"service": "gputop", "version": __version__, "read_only": token_path is None,
-                             "endpoints": ["/v1/status", "/v1/processes", "/v1/audit/rogue", "/v1/guard/status",
-                                           "/metrics", "POST /v1/kill", "POST /v1/reap", "POST /v1/reset",
-                                           "POST /v1/guard/mode"]})
+                             "endpoints": ENDPOINTS})
 
-    def authorize(request: Request, action: str) -> JSONResponse | None:
-        if token_path is None:
-            msg = ("this gputop serve is read-only: start it with a token file (gputop serve --create-token) "
-                   "to allow writes")
-            faces.refusal_record(action, FACE, msg, rule="read-only")
-            return _error(403, msg)
-        try:
-            token = read_token(token_path)
-        except GputopError as e:
-            faces.refusal_record(action, FACE, str(e), rule="token-file")
-            return _error(403, f"writes are disabled: {e}")
-        if token is None:
-            msg = f"writes are disabled: the token file {token_path} is gone"
-            faces.refusal_record(action, FACE, msg, rule="token-file")
-            return _error(403, msg)
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            msg = f"missing or wrong bearer token: send 'Authorization: Bearer <contents of {token_path}>'"
-            faces.refusal_record(action, FACE, msg, rule="token", client=request.client.host if request.client else None)
-            return JSONResponse({"ok": False, "error": msg}, status_code=401,
-                                headers={"WWW-Authenticate": 'Bearer realm="gputop"'})
-        return None
+    return [Route("/", root), Route("/v1/status", status), Route("/v1/processes", processes),
+            Route("/v1/audit/rogue", rogue), Route("/v1/guard/status", guard), Route("/metrics", metrics)]
 
-    def write(action: str, fn):
-        async def endpoint(request: Request):
-            server = request.scope.get("server")
-            actor = requester.http_actor(request.client and (request.client.host, request.client.port),
-                                         server and (server[0], server[1]), via="api")
-            with requester.acting_for(actor):  # every record names the uid that asked
-                denied = authorize(request, action)
-                if denied is not None:
-                    return denied
-                try:
-                    data = await _body(request)
-                    return await run_in_threadpool(_acting, actor, fn, data)
-                except GputopError as e:
-                    faces.refusal_record(action, FACE, str(e)[:300], rule="bad-request")
-                    code = 413 if isinstance(e, _TooLarge) else HTTP_STATUS.get(e.exit_code, 400)
-                    return _error(code, str(e))
-        return endpoint
 
-    def kill(data: dict):
-        _only(data, {"pid", "start_time", "force", "signal", "dry_run", "reason"})
-        res = faces.do_kill(live, FACE, pid=_want(data, "pid", (int,), "an integer"),
-                            start_time=_want(data, "start_time", (int, float), "a number"),
-                            force=_want(data, "force", (bool,), "true or false", False),
-                            signal_name=_want(data, "signal", (str, int), "a signal name or number", "TERM"),
-                            dry_run=_want(data, "dry_run", (bool,), "true or false", False), reason=_reason(data))
-        return JSONResponse(res.to_dict(), status_code=HTTP_STATUS.get(res.exit_code, 500))
-
-    def reap(data: dict):
-        _only(data, {"roots", "dry_run", "grace", "reason"})
-        grace = _want(data, "grace", (int, float), "a number of seconds", live.config.kill_timeout)
-        if grace < 0:
-            raise UsageError("grace must be a number of seconds")
-        roots = _want(data, "roots", (list, int), "a list of root PIDs")
-        if isinstance(roots, list) and not all(isinstance(r, int) and not isinstance(r, bool) for r in roots):
-            raise UsageError("roots must be a list of integers (root PIDs)")
-        results = faces.do_reap(live, FACE, roots=roots, dry_run=_want(data, "dry_run", (bool,), "true or false",
-                                                                       False),
-                                grace=float(grace), reason=_reason(data))
-        ok = all(r["ok"] for r in results)
-        code = 200 if ok else max((HTTP_STATUS.get(r["exit_code"], 500) for r in results if not r["ok"]))
-        return JSONResponse({"ok": ok, "results": results, "count": len(results)}, status_code=code)
-
-    def reset(data: dict):
-        _only(data, {"index", "gpu", "force", "reason"})
-        index = _want(data, "index", (int,), "an integer (the GPU index)")
-        res = faces.do_reset(live, FACE, index=index if index is not None else _want(data, "gpu", (int,),
-                                                                                     "an integer"),
-                             force=_want(data, "force", (bool,), "true or false", False), reason=_reason(data))
-        return JSONResponse(res.to_dict(), status_code=HTTP_STATUS.get(res.exit_code, 500))
-
-    def guard_mode(data: dict):
-        _only(data, {"mode"})
-        return JSONResponse(faces.do_guard_mode(FACE, _want(data, "mode", (str,), "a string")))
-
-    routes = [
-        Route("/", root),
-        Route("/v1/status", status),
-        Route("/v1/processes", processes),
-        Route("/v1/audit/rogue", rogue),
-        Route("/v1/guard/status", guard),
-        Route("/metrics", metrics),
-        Route("/v1/kill", write("kill", kill), methods=["POST"]),
-        Route("/v1/reap", write("reap", reap), methods=["POST"]),
-        Route("/v1/reset", write("reset", reset), methods=["POST"]),
-        Route("/v1/guard/mode", write("guard-mode", guard_mode), methods=["POST"]),
-    ]
-    app = Starlette(routes=routes, exception_handlers={404: _http_error, 405: _http_error},
-                    lifespan=flush_refusals_on_shutdown)
+def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | None = None) -> Starlette:
+    """``token_path`` None: read-only service. Otherwise writes need ``Authorization: Bearer <token>``.
+    ``hosts``: the Host header values accepted (see allowed_hosts); None accepts any."""
+    findings = FindingCounter()
+    live.add_listener(findings)
+    # The snapshot taken before the listener was added counts too.
+    if live._latest is not None:
+        findings(live._latest, live._findings)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(live, findings, GuardHitCounter()))
+    writes = [Route(path, _write_endpoint(live, token_path, action, fn), methods=["POST"])
+              for path, action, fn in (("/v1/kill", "kill", _kill), ("/v1/reap", "reap", _reap),
+                                       ("/v1/reset", "reset", _reset), ("/v1/guard/mode", "guard-mode", _guard_mode))]
+    app = Starlette(routes=_read_routes(live, token_path, registry) + writes,
+                    exception_handlers={404: _http_error, 405: _http_error}, lifespan=flush_refusals_on_shutdown)
     app.state.live = live
     app.add_middleware(HostCheck, hosts=hosts)
     return app
