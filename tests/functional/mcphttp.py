@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import re
 import subprocess
-import sys
-import threading
-import time
 
-from tests.conftest import _default_sighup
+from tests.functional.servehelp import Service
 
 # Run by /usr/bin/python3 (stdlib only), possibly as another user: argv = url, token ('' for none),
 # then JSON lines of [tool, arguments] on stdin. Prints one JSON line per call: the JSON-RPC response.
@@ -45,36 +40,14 @@ for n, line in enumerate(sys.stdin, 1):
 '''
 
 
-class McpHttp:
+class McpHttp(Service):
     """A running `gputop mcp --http --port 0`; ``url`` is its /mcp endpoint."""
 
-    def __init__(self, *args: str, timeout: float = 30.0):
-        self.proc = subprocess.Popen([sys.executable, "-m", "gputop", "mcp", "--http", "--port", "0", *args],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, preexec_fn=_default_sighup)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.stderr: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.url = None
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                line = self.lines.get(timeout=0.2)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            m = re.search(r"streamable HTTP on (http://\S+/mcp)", line)
-            if m:
-                self.url = m.group(1)
-                return
-        self.stop()
-        raise RuntimeError(f"gputop mcp --http did not start (rc={self.proc.returncode}): {''.join(self.stderr)}")
+    what = "gputop mcp --http"
 
-    def _pump(self):
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-            self.lines.put(line)
+    def __init__(self, *args: str, timeout: float = 30.0):
+        super().__init__(["mcp", "--http", "--port", "0", *args], r"streamable HTTP on (http://\S+/mcp)",
+                         timeout=timeout)
 
     def call(self, calls: list[tuple[str, dict]], token: str = "", user: tuple[int, int] | None = None,
              timeout: float = 90) -> list[dict]:
@@ -86,12 +59,3 @@ class McpHttp:
                            text=True, timeout=timeout, cwd="/", env={"PATH": os.environ.get("PATH", "")})
         assert r.returncode == 0, r.stderr
         return [json.loads(line)["result"] for line in r.stdout.splitlines()]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()

@@ -13,13 +13,16 @@ import time
 from tests.conftest import _default_sighup
 
 
-class Served:
-    """A running `gputop serve` on a free port; ``url`` is its base URL."""
+class Service:
+    """A real `gputop ARGS...` service started on a free port: waits for the stderr line that ``ready``
+    matches and takes ``url`` from its first group."""
 
-    def __init__(self, *args: str, env: dict | None = None, timeout: float = 20.0):
+    what = "gputop"
+
+    def __init__(self, argv: list[str], ready: str, env: dict | None = None, timeout: float = 20.0):
         e = dict(os.environ)
         e.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, "-m", "gputop", "serve", "--port", "0", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "gputop", *argv],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=e, preexec_fn=_default_sighup)
         self.lines: queue.Queue[str] = queue.Queue()
@@ -34,12 +37,12 @@ class Served:
                 if self.proc.poll() is not None:
                     break
                 continue
-            m = re.search(r"listening on (http://\S+)", line)
+            m = re.search(ready, line)
             if m:
                 self.url = m.group(1)
                 return
         self.stop()
-        raise RuntimeError(f"gputop serve did not start (rc={self.proc.returncode}): {''.join(self.stderr)}")
+        raise RuntimeError(f"{self.what} did not start (rc={self.proc.returncode}): {''.join(self.stderr)}")
 
     def _pump(self):
         for line in self.proc.stderr:
@@ -54,3 +57,12 @@ class Served:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class Served(Service):
+    """A running `gputop serve` on a free port; ``url`` is its base URL."""
+
+    what = "gputop serve"
+
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 20.0):
+        super().__init__(["serve", "--port", "0", *args], r"listening on (http://\S+)", env=env, timeout=timeout)
