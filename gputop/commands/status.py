@@ -76,10 +76,14 @@ def _pct(v) -> str:
 
 
 def job_cell(h) -> str:
-    """The JOB column: Slurm job id (.step) and its state, e.g. ``42.batch RUNNING``; ``-``: no job."""
+    """The JOB column: Slurm job id (.step) and its state, e.g. ``42.batch RUNNING``; ``-``: no job.
+    A process of an earlier run of a requeued job shows ``REQUEUED``: its run ended, whatever the job's
+    current state is."""
     if h.job is None:
         return "-"
-    st = h.job_state
+    st = h.job_state.for_ref(h.job) if h.job_state is not None else None
+    if st is not None and st.earlier_run:  # a leftover of a run that ended; the job itself runs again
+        return f"{h.job.label()} REQUEUED"
     return f"{h.job.label()} {st.state if st is not None and st.state else 'state?'}"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import pwd
 import shutil
 import signal
@@ -614,6 +615,10 @@ def test_requeued_job_leftovers_of_the_earlier_run_are_orphans(slurm_node):
         v = hs[first]["verdict"]
         assert v["kind"] == "orphan" and f"Slurm job {job} was requeued" in v["reason"], v
         assert hs[second]["verdict"]["kind"] == "not-orphan", hs[second]["verdict"]
+        # The JOB column says which run ended: the job is RUNNING again, its earlier run's leftover is not.
+        table = {ln.split()[0]: ln for ln in node.gputop("status").stdout.splitlines() if ln.split()[:1]}
+        assert re.search(rf"\b{job}(\.\S+)? REQUEUED", table[str(first)]), table
+        assert re.search(rf"\b{job}(\.\S+)? RUNNING", table[str(second)]), table
         # The job's own GPU check names the earlier run's leftover as a stray on its GPU.
         chk = node.gputop("slurm", "check", "--job", str(job), "--gpus", "0")
         assert chk.returncode == 1 and f"pid {first}" in chk.stderr and f"pid {second}" not in chk.stderr
