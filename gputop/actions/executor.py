@@ -33,7 +33,10 @@ from gputop.procs import IS_LINUX, ProcInfo, ProcTable, read_proc
 
 
 def scan_stats(proc_root: str = "/proc") -> dict[int, Stat]:
-    """(ppid, process group, session, start) of every process, from /proc/PID/stat; empty off Linux."""
+    """(ppid, process group, session, start) of every process, from a stat scan of its own; empty off Linux.
+
+    The executor does not use it: it takes the same fields from its table's scan (``ProcTable.stat_fields``),
+    so that a round reads /proc once. Kept as the independent reader the tests check the table against."""
     if not IS_LINUX:
         return {}
     out: dict[int, Stat] = {}
@@ -64,7 +67,7 @@ class Executor:
         self.late: set[int] = set()
         self.pre_stopped: set[int] = set()  # stopped before gputop came (a paused job): never continued
         # Taken before any signal: what was there when the reap began, and the tree's session and groups.
-        self.lineage: Lineage = lineage(scan_stats(), plan.pids)
+        self.lineage: Lineage = lineage(_scanned().stat_fields(), plan.pids)
         self.foreign: set[tuple[int, int]] = set()  # new, but another tree's: never taken
         self.joined: set[int] = set()  # found by session and group, not under a live member
 
@@ -128,13 +131,12 @@ class Executor:
         by session and process group after their parent exited (``plan.joiners``)."""
         from gputop.actions.reap import make_rules
 
-        table = ProcTable()
-        table.scan_all()
+        table = _scanned()
         rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
         alive = self.alive()
         members, left = walk(table, alive, set(self.handles) | self.gone, self.run.info, rules)
         ours = (set(self.handles) - set(self.released)) | self.gone | {m.pid for m in members}
-        found, left_j = joiners(scan_stats(), table, self.lineage, ours, self.run.info, rules, self.foreign)
+        found, left_j = joiners(table.stat_fields(), table, self.lineage, ours, self.run.info, rules, self.foreign)
         if self.rescan is not None:
             more, left_r = self.rescan(table, rules, ours | {m.pid for m in found})
             found += [m for m in more if m.pid not in {f.pid for f in found}]
@@ -241,6 +243,14 @@ class Executor:
     def close(self) -> None:
         for h in self.handles.values():
             h.close()
+
+
+def _scanned() -> ProcTable:
+    """A fresh table of every process: one stat read each, which serves both the walk down the tree and
+    the lineage check (``ProcTable.stat_fields``)."""
+    table = ProcTable()
+    table.scan_all()
+    return table
 
 
 def _is_mine(pid: int, table: ProcTable) -> bool:
