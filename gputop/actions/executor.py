@@ -56,7 +56,8 @@ def scan_stats(proc_root: str = "/proc") -> dict[int, Stat]:
 
 
 class Executor:
-    def __init__(self, ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None):
+    def __init__(self, ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
+                 stats: dict[int, Stat] | None = None):
         self.ctx, self.run, self.plan, self.snapshot = ctx, run, plan, snapshot
         self.planner = planner  # () -> ReapPlan from a fresh table; None: the tree planner (current_plan)
         self.rescan = rescan  # (table, rules, known pids) -> (members, left alone) that joined by membership
@@ -66,8 +67,9 @@ class Executor:
         self.released: list[int] = []  # frozen, then found not to be members: continued, left alone
         self.late: set[int] = set()
         self.pre_stopped: set[int] = set()  # stopped before gputop came (a paused job): never continued
-        # Taken before any signal: what was there when the reap began, and the tree's session and groups.
-        self.lineage: Lineage = lineage(_scanned().stat_fields(), plan.pids)
+        # Taken before any signal: what was there when the reap began, and the tree's session and groups
+        # (``stats``: from the scan the plan was made from, when the caller has it; else scanned now).
+        self.lineage: Lineage = lineage(_scanned().stat_fields() if stats is None else stats, plan.pids)
         self.foreign: set[tuple[int, int]] = set()  # new, but another tree's: never taken
         self.joined: set[int] = set()  # found by session and group, not under a live member
 
@@ -84,7 +86,7 @@ class Executor:
                 self.gone.add(m.pid)
                 continue
             new.append(m.pid)
-            now = read_proc(m.pid)
+            now = self.handles[m.pid].seen or read_proc(m.pid)  # read when its handle was verified
             if now is not None and now.state in ("T", "t"):
                 self.pre_stopped.add(m.pid)
             for s in sigs:
@@ -214,6 +216,8 @@ class Executor:
         # supervisor): it is stopped at once and killed with the rest, so no new worker ever runs. (No
         # SIGTERM for it: a pending SIGTERM is delivered before a pending SIGSTOP, and its death would let
         # the loop go round.)
+        # Between two scans the wait wakes as soon as every running member is gone (wait_gone), and the
+        # grace ends on time: the scan that kill_rest's freeze takes first serves as the last one.
         deadline = time.monotonic() + max(0.0, grace)
         while True:
             new = self.adopt(self.new_members(), [signal.SIGSTOP])
@@ -221,9 +225,12 @@ class Executor:
                 self.late.update(new)
                 self.run.signals.append(self._stop_event(new, "started after SIGTERM: kept stopped"))
             running = [p for p in self.alive() if p not in self.late]
-            if (not running and not new) or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if (not running and not new) or left <= 0:
                 break
-            time.sleep(0.05)
+            wait_gone([self.handles[p] for p in running], min(left, 0.05))
+            if time.monotonic() >= deadline:
+                break
 
     def kill_rest(self) -> bool:
         """SIGKILL every member still alive, after a freeze that takes in whatever joined the tree; until
@@ -259,11 +266,13 @@ def _is_mine(pid: int, table: ProcTable) -> bool:
     return any(a.pid == me for a in table.ancestors(pid))
 
 
-def execute(ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None):
+def execute(ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
+            stats: dict[int, Stat] | None = None):
     """Carry out ``plan``. Returns a finished ActionResult on refusal or failure to start, else None with
     ``run.details`` saying what happened (members, survivors, left alone, sigkill). ``planner`` and
-    ``rescan``: see Executor (a plan without a single root)."""
-    ex = Executor(ctx, run, plan, snapshot, planner, rescan)
+    ``rescan``: see Executor (a plan without a single root). ``stats``: the lineage fields of the table
+    ``plan`` was made from (``ProcTable.stat_fields``), read before any signal; None: scan now."""
+    ex = Executor(ctx, run, plan, snapshot, planner, rescan, stats)
     try:
         refused = _freeze_and_replan(ex)
         if refused is not None:
