@@ -388,20 +388,31 @@ def start_time(pid: int, proc_root: str = "/proc") -> float | None:
     """The start time that forms half of a process's identity; None if it is gone."""
     if IS_LINUX:
         # Only /proc/<pid>/stat is needed: same result as read_proc(), a third of the reads.
-        if pid <= 0:
-            return None
-        stat = _read(f"{proc_root}/{pid}/stat")
-        if not stat:
-            return None
-        try:
-            f = stat[stat.rindex(b")") + 2:].split()
-            if f[0] in (b"Z", b"X") and not live_threads(f"{proc_root}/{pid}"):
-                return None
-            return round(_boot_time(proc_root) + int(f[19]) / _CLK_TCK, 2)
-        except (ValueError, IndexError):
-            return None
+        now = stat_state(pid, proc_root)
+        return None if now is None else now[1]
     info = read_proc(pid, proc_root)
     return None if info is None or info.zombie else info.start_time
+
+
+def stat_state(pid: int, proc_root: str = "/proc") -> tuple[str, float] | None:
+    """(state, start time) of a live process from /proc/<pid>/stat alone (Linux); None if it is gone, cannot
+    be read, or has exited (a zombie all of whose threads have exited: read_proc's ``zombie``). A
+    half-exited process is alive and reports its main thread's state, Z."""
+    if pid <= 0:
+        return None
+    if not IS_LINUX:
+        info = read_proc(pid, proc_root)
+        return None if info is None or info.zombie else (info.state, info.start_time)
+    stat = _read(f"{proc_root}/{pid}/stat")
+    if not stat:
+        return None
+    try:
+        f = stat[stat.rindex(b")") + 2:].split(None, 20)
+        if f[0] in (b"Z", b"X") and not live_threads(f"{proc_root}/{pid}"):
+            return None
+        return f[0].decode(), round(_boot_time(proc_root) + int(f[19]) / _CLK_TCK, 2)
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
 
 
 def live_threads(base: str) -> bool:

@@ -25,11 +25,11 @@ import os
 import signal
 import time
 
-from gputop.actions.common import Ctx, proc_dict, sig_event
+from gputop.actions.common import Ctx, proc_dict, same_start, sig_event
 from gputop.actions.identity import Handle, wait_gone
-from gputop.actions.plan import Lineage, ReapPlan, Stat, joiners, lineage, walk
+from gputop.actions.plan import Lineage, ReapPlan, Stat, joiners, lineage, plan_reap, walk
 from gputop.errors import EXIT_FAILURE, EXIT_PERMISSION, EXIT_REFUSED
-from gputop.procs import IS_LINUX, ProcInfo, ProcTable, read_proc
+from gputop.procs import IS_LINUX, ProcInfo, ProcTable, read_proc, stat_state
 
 
 def scan_stats(proc_root: str = "/proc") -> dict[int, Stat]:
@@ -59,7 +59,7 @@ class Executor:
     def __init__(self, ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
                  stats: dict[int, Stat] | None = None):
         self.ctx, self.run, self.plan, self.snapshot = ctx, run, plan, snapshot
-        self.planner = planner  # () -> ReapPlan from a fresh table; None: the tree planner (current_plan)
+        self.planner = planner  # (table) -> ReapPlan over that scanned table; None: the tree planner
         self.rescan = rescan  # (table, rules, known pids) -> (members, left alone) that joined by membership
         self.handles: dict[int, Handle] = {}
         self.gone: set[int] = set()
@@ -72,6 +72,7 @@ class Executor:
         self.lineage: Lineage = lineage(_scanned().stat_fields() if stats is None else stats, plan.pids)
         self.foreign: set[tuple[int, int]] = set()  # new, but another tree's: never taken
         self.joined: set[int] = set()  # found by session and group, not under a live member
+        self.last_scan: tuple[ProcTable, object] | None = None  # (table, rules) of the last new_members()
 
     # ---- signals ----
     def adopt(self, procs: list[ProcInfo], sigs: list[int]) -> list[int]:
@@ -119,8 +120,8 @@ class Executor:
         while left and time.monotonic() < deadline:
             nxt = []
             for pid in left:
-                now = read_proc(pid)
-                if now is None or now.zombie or now.state in ("T", "t") or not self.handles[pid].alive():
+                now = stat_state(pid)  # None: gone or exited
+                if now is None or now[0] in ("T", "t") or not same_start(now[1], self.handles[pid].info.start_time):
                     continue
                 nxt.append(pid)
             left = nxt
@@ -135,6 +136,7 @@ class Executor:
 
         table = _scanned()
         rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
+        self.last_scan = (table, rules)
         alive = self.alive()
         members, left = walk(table, alive, set(self.handles) | self.gone, self.run.info, rules)
         ours = (set(self.handles) - set(self.released)) | self.gone | {m.pid for m in members}
@@ -166,9 +168,10 @@ class Executor:
         for _ in range(50):
             new = self.adopt(self.new_members(), [signal.SIGSTOP])
             if not new:
-                return
+                return  # self.last_scan: a table read while the tree was stopped
             self.run.signals.append(self._stop_event(new))
             self.wait_stopped(new)
+        self.last_scan = None  # it never settled: replan reads a fresh table
 
     def _stop_event(self, new: list[int], note: str | None = None) -> dict:
         joined = [p for p in new if p in self.joined]
@@ -179,10 +182,21 @@ class Executor:
         return {**ev, "note": note} if note else ev
 
     def replan(self):
-        """Plan again from the frozen table. Returns a refusal result, or None and keeps only members."""
-        from gputop.actions.reap import _refused, current_plan
+        """Plan again from the frozen table. Returns a refusal result, or None and keeps only members.
 
-        plan = self.planner() if self.planner is not None else current_plan(self.ctx, self.run, self.snapshot)
+        The frozen table is the one freeze() read last: taken with every member stopped, it found nothing
+        new, so it is what a fresh scan would read now (without the cost of another read of /proc)."""
+        from gputop.actions.reap import _refused, make_rules
+
+        if self.last_scan is None:
+            self.last_scan = (_scanned(), None)
+        table, rules = self.last_scan
+        if self.planner is not None:
+            plan = self.planner(table)
+        else:
+            if rules is None:
+                rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
+            plan = plan_reap(table, self.run.root_pid, self.run.info.start_time, rules)
         if plan.refusal is not None:
             self.cont_all()
             self.run.details["replanned"] = True
