@@ -116,7 +116,8 @@ def test_a_round_reads_proc_once_and_still_finds_a_joiner(procs, cfg, tmp_path, 
     m = unique("gtreapscan")
     script = tmp_path / "launcher.py"
     script.write_text(LAUNCHER)
-    member = procs.orphan(f"{PY} {script} {m}", PY)
+    member = procs.orphan(f"{PY} {script} {m}", f"{PY} {script} {m}")  # only this one: it gets SIGUSR1
+    assert read_proc(member).cmdline[1:] == (str(script), m)
     ex = _executor(member)  # the lineage baseline: before the worker exists
     try:
         ex.adopt([read_proc(member)], [])  # tracked, not signalled
