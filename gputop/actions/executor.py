@@ -87,8 +87,11 @@ class Executor:
                 self.gone.add(m.pid)
                 continue
             new.append(m.pid)
-            now = self.handles[m.pid].seen or read_proc(m.pid)  # read when its handle was verified
-            if now is not None and now.state in ("T", "t"):
+            state = self.handles[m.pid].state  # read when its handle was verified
+            if state is None:
+                now = read_proc(m.pid)
+                state = now.state if now is not None else None
+            if state in ("T", "t"):
                 self.pre_stopped.add(m.pid)
             for s in sigs:
                 self.send(m.pid, s)

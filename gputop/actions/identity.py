@@ -11,7 +11,7 @@ import socket
 import time
 
 from gputop.actions.common import same_start
-from gputop.procs import IS_LINUX, ProcInfo, read_proc, start_time
+from gputop.procs import IS_LINUX, ProcInfo, read_proc, start_time, stat_state
 
 _POLL = 0.02
 
@@ -27,7 +27,7 @@ class Handle:
         self.pid = info.pid
         self.fd: int | None = None
         self.proc = None
-        self.seen: ProcInfo | None = None  # the process as read right after the pidfd was opened (Linux)
+        self.state: str | None = None  # its state (R, S, T, ...) right after the pidfd was opened (Linux)
         if IS_LINUX and hasattr(os, "pidfd_open"):
             try:
                 self.fd = os.pidfd_open(info.pid)  # ProcessLookupError if gone
@@ -41,12 +41,12 @@ class Handle:
                 if e.errno != errno.ENOSYS:
                     raise
         if self.fd is not None:
-            now = read_proc(info.pid)
-            if now is None or now.zombie or not same_start(now.start_time, info.start_time):
+            now = stat_state(info.pid)  # None: gone or exited (the stat line is all the check needs)
+            if now is None or not same_start(now[1], info.start_time):
                 os.close(self.fd)
                 self.fd = None
                 raise LookupError("identity changed")
-            self.seen = now
+            self.state = now[0]
         else:
             import psutil
 
