@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,7 @@ def worker(tree_json: str, grace: float, profile: str | None = None) -> dict:
             time.sleep(0.002)
 
     t = threading.Thread(target=poll, daemon=True)
+    sent = _record_signals()
     prof = None
     if profile:
         import cProfile
@@ -124,7 +126,25 @@ def worker(tree_json: str, grace: float, profile: str | None = None) -> dict:
         "returned": t1 - t0, "all_gone": (max(gone_at.values()) - t0) if len(gone_at) == len(members) else None,
         "gone": len(gone_at), "members": len(members), "respawned": respawned,
         "sigkill": result.details.get("sigkill"), "host": host_process_count(),
+        "sigterm_at": next((at - t0 for name, at in sent if name == "SIGTERM"), None),
+        "sigkill_at": next((at - t0 for name, at in sent if name == "SIGKILL"), None),
     }
+
+
+def _record_signals() -> list[tuple[str, float]]:
+    """(signal, perf_counter) of every signal event the executor records, in order: when the grace began
+    (the first SIGTERM) and ended (the first SIGKILL)."""
+    import gputop.actions.executor as ex
+
+    sent: list[tuple[str, float]] = []
+    orig = ex.sig_event
+
+    def recording(sig, pids):
+        sent.append((signal.Signals(sig).name, time.perf_counter()))
+        return orig(sig, pids)
+
+    ex.sig_event = recording
+    return sent
 
 
 def round_cost(rounds: int = 40) -> dict[str, float]:
@@ -178,6 +198,12 @@ def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None
             ", ".join(sorted({r['outcome'] + (' (SIGKILL)' if r['sigkill'] else '') for r in rs})),
             "yes" if any(r["respawned"] for r in rs) else "no",
         ])
+    for variant, rs in results.items():
+        term = [r["sigterm_at"] for r in rs if r.get("sigterm_at") is not None]
+        kill = [r["sigkill_at"] for r in rs if r.get("sigkill_at") is not None]
+        notes.append(f"{variant}: first SIGTERM at {median(term):.3f} s (median)"
+                     + (f", first SIGKILL at {median(kill):.3f} s" if kill else "") + "; load average "
+                     + f"{os.getloadavg()[0]:.2f}")
     notes.append(f"{runs} runs per variant, {rs[0]['host']:,} host processes, backend {backend}; 'all gone' is "
                  "measured from the reap_tree() call to the last of the 100 PIDs leaving /proc (or turning "
                  "zombie), polled every 2 ms.")

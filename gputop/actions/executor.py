@@ -73,6 +73,7 @@ class Executor:
         self.foreign: set[tuple[int, int]] = set()  # new, but another tree's: never taken
         self.joined: set[int] = set()  # found by session and group, not under a live member
         self.last_scan: tuple[ProcTable, object] | None = None  # (table, rules) of the last new_members()
+        self.scan_s = 0.0  # how long the last new_members() took (a scan of every process, mostly)
 
     # ---- signals ----
     def adopt(self, procs: list[ProcInfo], sigs: list[int]) -> list[int]:
@@ -135,6 +136,13 @@ class Executor:
     def new_members(self) -> list[ProcInfo]:
         """Processes the planner accepts that are not tracked yet: under the tracked members, or joined
         by session and process group after their parent exited (``plan.joiners``)."""
+        t0 = time.monotonic()
+        try:
+            return self._new_members()
+        finally:
+            self.scan_s = time.monotonic() - t0
+
+    def _new_members(self) -> list[ProcInfo]:
         from gputop.actions.reap import make_rules
 
         table = _scanned()
@@ -233,8 +241,9 @@ class Executor:
         # supervisor): it is stopped at once and killed with the rest, so no new worker ever runs. (No
         # SIGTERM for it: a pending SIGTERM is delivered before a pending SIGSTOP, and its death would let
         # the loop go round.)
-        # Between two scans the wait wakes as soon as every running member is gone (wait_gone), and the
-        # grace ends on time: the scan that kill_rest's freeze takes first serves as the last one.
+        # Between two scans the wait wakes as soon as every running member is gone (wait_gone). The grace
+        # ends on time: no scan starts that would end after it (kill_rest's freeze scans right after the
+        # grace, with every member stopped, and takes in whatever appeared meanwhile).
         deadline = time.monotonic() + max(0.0, grace)
         while True:
             new = self.adopt(self.new_members(), [signal.SIGSTOP])
@@ -245,7 +254,7 @@ class Executor:
             left = deadline - time.monotonic()
             if (not running and not new) or left <= 0:
                 break
-            wait_gone([self.handles[p] for p in running], min(left, 0.05))
+            wait_gone([self.handles[p] for p in running], left if left <= self.scan_s + 0.05 else 0.05)
             if time.monotonic() >= deadline:
                 break
 
