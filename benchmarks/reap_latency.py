@@ -219,7 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--grace", type=float, default=1.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--host", type=int, default=2000)
-    ap.add_argument("--profile", metavar="FILE", help="write a cProfile of each reap_tree() call to FILE.<variant><run>")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="write a cProfile of each reap_tree() call to FILE.<variant><run>")
     ap.add_argument("--round-cost", action="store_true",
                     help="print the /proc cost of one executor round, here and with --host sleepers")
     args = ap.parse_args(argv)

@@ -124,8 +124,9 @@ class Executor:
         while left and time.monotonic() < deadline:
             nxt = []
             for pid in left:
-                now = stat_state(pid)  # None: gone or exited
-                if now is None or now[0] in ("T", "t") or not same_start(now[1], self.handles[pid].info.start_time):
+                now = stat_state(pid)  # (state, start); None: gone or exited
+                start = self.handles[pid].info.start_time
+                if now is None or now[0] in ("T", "t") or not same_start(now[1], start):
                     continue
                 nxt.append(pid)
             left = nxt

@@ -93,9 +93,10 @@ def test_live_processes_the_table_and_scan_stats_agree_and_procinfo_has_the_fiel
 # On SIGUSR1: start a worker through a shell that exits at once (the worker is reparented away, keeping
 # this process's dead session and group), and a bystander in a dead session of its own.
 LAUNCHER = ("import signal, subprocess, sys, time\n"
+            "SLEEP = sys.executable + ' -c \"import time; time.sleep(60)\" ' + sys.argv[1]\n"
             "def go(*a):\n"
-            "    subprocess.Popen(['sh', '-c', sys.executable + ' -c \"import time; time.sleep(60)\" ' + sys.argv[1] + '-j & exit 0'])\n"
-            "    subprocess.Popen(['setsid', 'sh', '-c', sys.executable + ' -c \"import time; time.sleep(60)\" ' + sys.argv[1] + '-b & exit 0'])\n"
+            "    subprocess.Popen(['sh', '-c', SLEEP + '-j & exit 0'])\n"
+            "    subprocess.Popen(['setsid', 'sh', '-c', SLEEP + '-b & exit 0'])\n"
             "signal.signal(signal.SIGUSR1, go)\n"
             "print('ready', flush=True)\n"
             "time.sleep(60)\n")
