@@ -102,6 +102,18 @@ LAUNCHER = ("import signal, subprocess, sys, time\n"
             "time.sleep(60)\n")
 
 
+def _wait_handler(pid: int, sig: int, timeout: float = 20.0) -> None:
+    """Wait until ``pid`` catches ``sig`` (SigCgt in /proc/PID/status)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        caught = next(int(line.split()[1], 16) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if line.startswith("SigCgt:"))
+        if caught & (1 << (sig - 1)):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"pid {pid} does not catch signal {sig}")
+
+
 def _executor(member_pid: int) -> Executor:
     info = read_proc(member_pid)
     ctx = SimpleNamespace(config=load_config(), platform="posix")
@@ -119,6 +131,7 @@ def test_a_round_reads_proc_once_and_still_finds_a_joiner(procs, cfg, tmp_path, 
     script.write_text(LAUNCHER)
     member = procs.orphan(f"{PY} {script} {m}", f"{PY} {script} {m}")  # only this one: it gets SIGUSR1
     assert read_proc(member).cmdline[1:] == (str(script), m)
+    _wait_handler(member, signal.SIGUSR1)  # else SIGUSR1's default action would end it
     ex = _executor(member)  # the lineage baseline: before the worker exists
     try:
         ex.adopt([read_proc(member)], [])  # tracked, not signalled
