@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,7 +80,7 @@ def kill_tree(tree: dict) -> None:
             pass
 
 
-def worker(tree_json: str, grace: float) -> dict:
+def worker(tree_json: str, grace: float, profile: str | None = None) -> dict:
     from gputop.actions import reap_tree
     from gputop.procs import read_proc
 
@@ -100,11 +101,22 @@ def worker(tree_json: str, grace: float) -> dict:
             time.sleep(0.002)
 
     t = threading.Thread(target=poll, daemon=True)
+    sent = _record_signals()
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
     t0 = time.perf_counter()
     t.start()
+    if prof is not None:
+        prof.enable()
     result = reap_tree(root.pid, expected_start=root.start_time, face="cli", grace=grace,
                        reason="benchmark")
     t1 = time.perf_counter()
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(profile)
     t.join(grace + 10)
     stop.set()
     time.sleep(0.5)  # would the retry loop have started a new job?
@@ -114,23 +126,61 @@ def worker(tree_json: str, grace: float) -> dict:
         "returned": t1 - t0, "all_gone": (max(gone_at.values()) - t0) if len(gone_at) == len(members) else None,
         "gone": len(gone_at), "members": len(members), "respawned": respawned,
         "sigkill": result.details.get("sigkill"), "host": host_process_count(),
+        "sigterm_at": next((at - t0 for name, at in sent if name == "SIGTERM"), None),
+        "sigkill_at": next((at - t0 for name, at in sent if name == "SIGKILL"), None),
     }
 
 
-def run(runs: int = 3, grace: float = 1.0, host: int = 2000) -> str:
+def _record_signals() -> list[tuple[str, float]]:
+    """(signal, perf_counter) of every signal event the executor records, in order: when the grace began
+    (the first SIGTERM) and ended (the first SIGKILL)."""
+    import gputop.actions.executor as ex
+
+    sent: list[tuple[str, float]] = []
+    orig = ex.sig_event
+
+    def recording(sig, pids):
+        sent.append((signal.Signals(sig).name, time.perf_counter()))
+        return orig(sig, pids)
+
+    ex.sig_event = recording
+    return sent
+
+
+def round_cost(rounds: int = 40) -> dict[str, float]:
+    """Milliseconds per executor round spent reading /proc, at this host's process count: the table's scan
+    with its lineage fields (now), and the same scan followed by a second stat scan (before). Alternated."""
+    from gputop.actions.executor import scan_stats
+    from gputop.procs import ProcTable
+
+    now, before = [], []
+    for i in range(rounds * 2):
+        t0 = time.perf_counter()
+        table = ProcTable()
+        table.scan_all()
+        stats = table.stat_fields() if i % 2 == 0 else scan_stats()
+        dt = (time.perf_counter() - t0) * 1000
+        (now if i % 2 == 0 else before).append(dt)
+        assert stats
+    return {"host": host_process_count(), "now_ms": median(now), "before_ms": median(before),
+            "load": os.getloadavg()[0]}
+
+
+def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None = None) -> str:
     backend = "nvml" if fake_nvml_dir() is not None else "simulated"
     rows, notes, results = [], [], {}
     with Sleepers(host - host_process_count() - 100):
         for variant in ("polite", "stubborn"):
             results[variant] = []
-            for _ in range(runs):
+            for i in range(runs):
                 with tempfile.TemporaryDirectory(prefix="gputop-bench-reap-") as d:
                     tree = start_tree(variant == "stubborn", Path(d))
                     try:
                         field = make_field(1, [(0, tree["workers"][0])])
                         out = subprocess.run(
                             [PY, "-m", "benchmarks.reap_latency", "--worker", json.dumps(tree),
-                             "--grace", str(grace)],
+                             "--grace", str(grace),
+                             *(["--profile", f"{profile}.{variant}{i}"] if profile else [])],
                             cwd=ROOT, env=field.env(backend), capture_output=True, text=True, timeout=120)
                         if out.returncode != 0:
                             raise RuntimeError(f"reap worker failed: {out.stderr[-1500:]}")
@@ -148,6 +198,12 @@ def run(runs: int = 3, grace: float = 1.0, host: int = 2000) -> str:
             ", ".join(sorted({r['outcome'] + (' (SIGKILL)' if r['sigkill'] else '') for r in rs})),
             "yes" if any(r["respawned"] for r in rs) else "no",
         ])
+    for variant, rs in results.items():
+        term = [r["sigterm_at"] for r in rs if r.get("sigterm_at") is not None]
+        kill = [r["sigkill_at"] for r in rs if r.get("sigkill_at") is not None]
+        notes.append(f"{variant}: first SIGTERM at {median(term):.3f} s (median)"
+                     + (f", first SIGKILL at {median(kill):.3f} s" if kill else "") + "; load average "
+                     + f"{os.getloadavg()[0]:.2f}")
     notes.append(f"{runs} runs per variant, {rs[0]['host']:,} host processes, backend {backend}; 'all gone' is "
                  "measured from the reap_tree() call to the last of the 100 PIDs leaving /proc (or turning "
                  "zombie), polled every 2 ms.")
@@ -163,14 +219,23 @@ def main(argv=None) -> int:
     ap.add_argument("--grace", type=float, default=1.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--host", type=int, default=2000)
+    ap.add_argument("--profile", metavar="FILE",
+                    help="write a cProfile of each reap_tree() call to FILE.<variant><run>")
+    ap.add_argument("--round-cost", action="store_true",
+                    help="print the /proc cost of one executor round, here and with --host sleepers")
     args = ap.parse_args(argv)
     from benchmarks.common import exit_cleanly_on_sigterm
 
     exit_cleanly_on_sigterm()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.grace)))
+        print(json.dumps(worker(args.worker, args.grace, args.profile)))
         return 0
-    run(args.runs, args.grace, args.host)
+    if args.round_cost:
+        print(json.dumps(round_cost()))
+        with Sleepers(args.host - host_process_count()):
+            print(json.dumps(round_cost()))
+        return 0
+    run(args.runs, args.grace, args.host, args.profile)
     return 0
 
 

@@ -15,6 +15,7 @@ except ImportError:  # Windows: user names come from psutil there
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 PF_KTHREAD = 0x00200000
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -42,6 +43,8 @@ class ProcInfo:
     # State Z, but another thread of the group still runs (the main thread called pthread_exit): the
     # process is alive, its children are still its children, and a signal still reaches it.
     half_exited: bool = False
+    pgid: int | None = None  # process group (POSIX); None where unknown
+    start_ticks: int | None = None  # start in clock ticks since boot, as /proc/PID/stat says; None off Linux
 
     @property
     def cmd(self) -> str:
@@ -55,6 +58,16 @@ class ProcInfo:
     def zombie(self) -> bool:
         """Exited (waiting to be reaped): every thread is gone, not only the main one."""
         return self.state in ("Z", "X") and not self.half_exited
+
+
+class StatFields(NamedTuple):
+    """The lineage fields of one /proc/PID/stat line: parent, process group, session, start (clock ticks
+    since boot). ``ProcTable.stat_fields`` gives them for every process its scan read."""
+
+    ppid: int
+    pgid: int
+    sid: int
+    start: int
 
 
 @lru_cache(maxsize=4096)
@@ -230,7 +243,7 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
         comm = stat[lpar + 1 : rpar].decode("utf-8", "replace")
         f = stat[rpar + 2 :].split()
         state = f[0].decode()
-        ppid, sid, flags = int(f[1]), int(f[3]), int(f[6])
+        ppid, pgid, sid, flags = int(f[1]), int(f[2]), int(f[3]), int(f[6])
         cpu = (int(f[11]) + int(f[12])) / _CLK_TCK
         start_ticks = int(f[19])
         start = round(_boot_time(proc_root) + start_ticks / _CLK_TCK, 2)
@@ -269,7 +282,7 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
         pid=pid, ppid=ppid, name=name, cmdline=cmdline, start_time=start, uid=uid,
         user=user_name(uid) if uid is not None else None, sid=sid, state=state,
         sighup_ignored=sighup, kthread=bool(flags & PF_KTHREAD),  # not "ppid == 2": in a PID namespace that is a user process
-        rss=rss, cpu_time=cpu, half_exited=half,
+        rss=rss, cpu_time=cpu, half_exited=half, pgid=pgid, start_ticks=start_ticks,
     )
     if static is not None:
         static.remember(pid, stat, info, key)
@@ -375,20 +388,31 @@ def start_time(pid: int, proc_root: str = "/proc") -> float | None:
     """The start time that forms half of a process's identity; None if it is gone."""
     if IS_LINUX:
         # Only /proc/<pid>/stat is needed: same result as read_proc(), a third of the reads.
-        if pid <= 0:
-            return None
-        stat = _read(f"{proc_root}/{pid}/stat")
-        if not stat:
-            return None
-        try:
-            f = stat[stat.rindex(b")") + 2:].split()
-            if f[0] in (b"Z", b"X") and not live_threads(f"{proc_root}/{pid}"):
-                return None
-            return round(_boot_time(proc_root) + int(f[19]) / _CLK_TCK, 2)
-        except (ValueError, IndexError):
-            return None
+        now = stat_state(pid, proc_root)
+        return None if now is None else now[1]
     info = read_proc(pid, proc_root)
     return None if info is None or info.zombie else info.start_time
+
+
+def stat_state(pid: int, proc_root: str = "/proc") -> tuple[str, float] | None:
+    """(state, start time) of a live process from /proc/<pid>/stat alone (Linux); None if it is gone, cannot
+    be read, or has exited (a zombie all of whose threads have exited: read_proc's ``zombie``). A
+    half-exited process is alive and reports its main thread's state, Z."""
+    if pid <= 0:
+        return None
+    if not IS_LINUX:
+        info = read_proc(pid, proc_root)
+        return None if info is None or info.zombie else (info.state, info.start_time)
+    stat = _read(f"{proc_root}/{pid}/stat")
+    if not stat:
+        return None
+    try:
+        f = stat[stat.rindex(b")") + 2:].split(None, 20)
+        if f[0] in (b"Z", b"X") and not live_threads(f"{proc_root}/{pid}"):
+            return None
+        return f[0].decode(), round(_boot_time(proc_root) + int(f[19]) / _CLK_TCK, 2)
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
 
 
 def live_threads(base: str) -> bool:
@@ -496,6 +520,7 @@ class ProcTable:
     static: StaticCache | None = None  # optional: carried across samples by a long-lived Sampler
     _scan_stat: dict[int, bytes] = field(default_factory=dict)  # stat lines read by scan_all, not parsed yet
     _hidden: dict[int, bool] = field(default_factory=dict)  # hidden(): asked once per PID per table
+    _stat_fields: dict[int, StatFields] = field(default_factory=dict)  # scan_all's lineage fields per PID
 
     def get(self, pid: int) -> ProcInfo | None:
         try:
@@ -553,23 +578,38 @@ class ProcTable:
             return
         children = {}
         scan_stat: dict[int, bytes] = {}
+        fields: dict[int, StatFields] = {}
         root = self.proc_root
         for pid in _linux_pids(root):
             if pid in self._cache:
                 info = self._cache[pid]
                 if info is not None:
                     children.setdefault(info.ppid, []).append(pid)
+                    if info.pgid is not None and info.sid is not None and info.start_ticks is not None:
+                        fields[pid] = StatFields(info.ppid, info.pgid, info.sid, info.start_ticks)
                 continue
             stat = _read(f"{root}/{pid}/stat")
             try:
-                ppid = int(stat[stat.rindex(b")") + 2:].split(None, 2)[1])  # type: ignore[index]
+                f = stat[stat.rindex(b")") + 2:].split(None, 20)  # type: ignore[index]
+                ppid = int(f[1])
             except (AttributeError, TypeError, ValueError, IndexError):  # gone, unreadable, malformed: as get()
                 self._cache[pid] = None
                 continue
             scan_stat[pid] = stat
             children.setdefault(ppid, []).append(pid)
+            try:
+                fields[pid] = StatFields(ppid, int(f[2]), int(f[3]), int(f[19]))
+            except (ValueError, IndexError):
+                pass  # a line too short for the lineage fields: no lineage, as a stat-only scan would skip it
         self._scan_stat = scan_stat
         self._children = children
+        self._stat_fields = fields
+
+    def stat_fields(self) -> dict[int, StatFields]:
+        """(ppid, process group, session, start ticks) of every process the last ``scan_all`` found, from
+        the stat lines that scan read (no second read of /proc); zombies and half-exited processes
+        included. Empty before a scan and off Linux. Do not modify the dict returned."""
+        return self._stat_fields
 
     def children(self, pid: int) -> list[int]:
         if self._children is None:

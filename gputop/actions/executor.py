@@ -25,15 +25,18 @@ import os
 import signal
 import time
 
-from gputop.actions.common import Ctx, proc_dict, sig_event
+from gputop.actions.common import Ctx, proc_dict, same_start, sig_event
 from gputop.actions.identity import Handle, wait_gone
-from gputop.actions.plan import Lineage, ReapPlan, Stat, joiners, lineage, walk
+from gputop.actions.plan import Lineage, ReapPlan, Stat, joiners, lineage, plan_reap, walk
 from gputop.errors import EXIT_FAILURE, EXIT_PERMISSION, EXIT_REFUSED
-from gputop.procs import IS_LINUX, ProcInfo, ProcTable, read_proc
+from gputop.procs import IS_LINUX, ProcInfo, ProcTable, read_proc, stat_state
 
 
 def scan_stats(proc_root: str = "/proc") -> dict[int, Stat]:
-    """(ppid, process group, session, start) of every process, from /proc/PID/stat; empty off Linux."""
+    """(ppid, process group, session, start) of every process, from a stat scan of its own; empty off Linux.
+
+    The executor does not use it: it takes the same fields from its table's scan (``ProcTable.stat_fields``),
+    so that a round reads /proc once. Kept as the independent reader the tests check the table against."""
     if not IS_LINUX:
         return {}
     out: dict[int, Stat] = {}
@@ -53,9 +56,10 @@ def scan_stats(proc_root: str = "/proc") -> dict[int, Stat]:
 
 
 class Executor:
-    def __init__(self, ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None):
+    def __init__(self, ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
+                 stats: dict[int, Stat] | None = None):
         self.ctx, self.run, self.plan, self.snapshot = ctx, run, plan, snapshot
-        self.planner = planner  # () -> ReapPlan from a fresh table; None: the tree planner (current_plan)
+        self.planner = planner  # (table) -> ReapPlan over that scanned table; None: the tree planner
         self.rescan = rescan  # (table, rules, known pids) -> (members, left alone) that joined by membership
         self.handles: dict[int, Handle] = {}
         self.gone: set[int] = set()
@@ -63,10 +67,13 @@ class Executor:
         self.released: list[int] = []  # frozen, then found not to be members: continued, left alone
         self.late: set[int] = set()
         self.pre_stopped: set[int] = set()  # stopped before gputop came (a paused job): never continued
-        # Taken before any signal: what was there when the reap began, and the tree's session and groups.
-        self.lineage: Lineage = lineage(scan_stats(), plan.pids)
+        # Taken before any signal: what was there when the reap began, and the tree's session and groups
+        # (``stats``: from the scan the plan was made from, when the caller has it; else scanned now).
+        self.lineage: Lineage = lineage(_scanned().stat_fields() if stats is None else stats, plan.pids)
         self.foreign: set[tuple[int, int]] = set()  # new, but another tree's: never taken
         self.joined: set[int] = set()  # found by session and group, not under a live member
+        self.last_scan: tuple[ProcTable, object] | None = None  # (table, rules) of the last new_members()
+        self.scan_s = 0.0  # how long the last new_members() took (a scan of every process, mostly)
 
     # ---- signals ----
     def adopt(self, procs: list[ProcInfo], sigs: list[int]) -> list[int]:
@@ -81,8 +88,11 @@ class Executor:
                 self.gone.add(m.pid)
                 continue
             new.append(m.pid)
-            now = read_proc(m.pid)
-            if now is not None and now.state in ("T", "t"):
+            state = self.handles[m.pid].state  # read when its handle was verified
+            if state is None:
+                now = read_proc(m.pid)
+                state = now.state if now is not None else None
+            if state in ("T", "t"):
                 self.pre_stopped.add(m.pid)
             for s in sigs:
                 self.send(m.pid, s)
@@ -114,8 +124,9 @@ class Executor:
         while left and time.monotonic() < deadline:
             nxt = []
             for pid in left:
-                now = read_proc(pid)
-                if now is None or now.zombie or now.state in ("T", "t") or not self.handles[pid].alive():
+                now = stat_state(pid)  # (state, start); None: gone or exited
+                start = self.handles[pid].info.start_time
+                if now is None or now[0] in ("T", "t") or not same_start(now[1], start):
                     continue
                 nxt.append(pid)
             left = nxt
@@ -126,15 +137,22 @@ class Executor:
     def new_members(self) -> list[ProcInfo]:
         """Processes the planner accepts that are not tracked yet: under the tracked members, or joined
         by session and process group after their parent exited (``plan.joiners``)."""
+        t0 = time.monotonic()
+        try:
+            return self._new_members()
+        finally:
+            self.scan_s = time.monotonic() - t0
+
+    def _new_members(self) -> list[ProcInfo]:
         from gputop.actions.reap import make_rules
 
-        table = ProcTable()
-        table.scan_all()
+        table = _scanned()
         rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
+        self.last_scan = (table, rules)
         alive = self.alive()
         members, left = walk(table, alive, set(self.handles) | self.gone, self.run.info, rules)
         ours = (set(self.handles) - set(self.released)) | self.gone | {m.pid for m in members}
-        found, left_j = joiners(scan_stats(), table, self.lineage, ours, self.run.info, rules, self.foreign)
+        found, left_j = joiners(table.stat_fields(), table, self.lineage, ours, self.run.info, rules, self.foreign)
         if self.rescan is not None:
             more, left_r = self.rescan(table, rules, ours | {m.pid for m in found})
             found += [m for m in more if m.pid not in {f.pid for f in found}]
@@ -162,9 +180,10 @@ class Executor:
         for _ in range(50):
             new = self.adopt(self.new_members(), [signal.SIGSTOP])
             if not new:
-                return
+                return  # self.last_scan: a table read while the tree was stopped
             self.run.signals.append(self._stop_event(new))
             self.wait_stopped(new)
+        self.last_scan = None  # it never settled: replan reads a fresh table
 
     def _stop_event(self, new: list[int], note: str | None = None) -> dict:
         joined = [p for p in new if p in self.joined]
@@ -175,10 +194,21 @@ class Executor:
         return {**ev, "note": note} if note else ev
 
     def replan(self):
-        """Plan again from the frozen table. Returns a refusal result, or None and keeps only members."""
-        from gputop.actions.reap import _refused, current_plan
+        """Plan again from the frozen table. Returns a refusal result, or None and keeps only members.
 
-        plan = self.planner() if self.planner is not None else current_plan(self.ctx, self.run, self.snapshot)
+        The frozen table is the one freeze() read last: taken with every member stopped, it found nothing
+        new, so it is what a fresh scan would read now (without the cost of another read of /proc)."""
+        from gputop.actions.reap import _refused, make_rules
+
+        if self.last_scan is None:
+            self.last_scan = (_scanned(), None)
+        table, rules = self.last_scan
+        if self.planner is not None:
+            plan = self.planner(table)
+        else:
+            if rules is None:
+                rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
+            plan = plan_reap(table, self.run.root_pid, self.run.info.start_time, rules)
         if plan.refusal is not None:
             self.cont_all()
             self.run.details["replanned"] = True
@@ -212,6 +242,9 @@ class Executor:
         # supervisor): it is stopped at once and killed with the rest, so no new worker ever runs. (No
         # SIGTERM for it: a pending SIGTERM is delivered before a pending SIGSTOP, and its death would let
         # the loop go round.)
+        # Between two scans the wait wakes as soon as every running member is gone (wait_gone). The grace
+        # ends on time: no scan starts that would end after it (kill_rest's freeze scans right after the
+        # grace, with every member stopped, and takes in whatever appeared meanwhile).
         deadline = time.monotonic() + max(0.0, grace)
         while True:
             new = self.adopt(self.new_members(), [signal.SIGSTOP])
@@ -219,9 +252,12 @@ class Executor:
                 self.late.update(new)
                 self.run.signals.append(self._stop_event(new, "started after SIGTERM: kept stopped"))
             running = [p for p in self.alive() if p not in self.late]
-            if (not running and not new) or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if (not running and not new) or left <= 0:
                 break
-            time.sleep(0.05)
+            wait_gone([self.handles[p] for p in running], left if left <= self.scan_s + 0.05 else 0.05)
+            if time.monotonic() >= deadline:
+                break
 
     def kill_rest(self) -> bool:
         """SIGKILL every member still alive, after a freeze that takes in whatever joined the tree; until
@@ -243,17 +279,27 @@ class Executor:
             h.close()
 
 
+def _scanned() -> ProcTable:
+    """A fresh table of every process: one stat read each, which serves both the walk down the tree and
+    the lineage check (``ProcTable.stat_fields``)."""
+    table = ProcTable()
+    table.scan_all()
+    return table
+
+
 def _is_mine(pid: int, table: ProcTable) -> bool:
     """True for gputop's own descendants (a helper it runs while reaping from a dead session)."""
     me = os.getpid()
     return any(a.pid == me for a in table.ancestors(pid))
 
 
-def execute(ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None):
+def execute(ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
+            stats: dict[int, Stat] | None = None):
     """Carry out ``plan``. Returns a finished ActionResult on refusal or failure to start, else None with
     ``run.details`` saying what happened (members, survivors, left alone, sigkill). ``planner`` and
-    ``rescan``: see Executor (a plan without a single root)."""
-    ex = Executor(ctx, run, plan, snapshot, planner, rescan)
+    ``rescan``: see Executor (a plan without a single root). ``stats``: the lineage fields of the table
+    ``plan`` was made from (``ProcTable.stat_fields``), read before any signal; None: scan now."""
+    ex = Executor(ctx, run, plan, snapshot, planner, rescan, stats)
     try:
         refused = _freeze_and_replan(ex)
         if refused is not None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import signal
 import socket
 import time
 
 from gputop.actions.common import same_start
-from gputop.procs import IS_LINUX, ProcInfo, read_proc
+from gputop.procs import IS_LINUX, ProcInfo, read_proc, start_time, stat_state
 
 _POLL = 0.02
 
@@ -26,6 +27,7 @@ class Handle:
         self.pid = info.pid
         self.fd: int | None = None
         self.proc = None
+        self.state: str | None = None  # its state (R, S, T, ...) right after the pidfd was opened (Linux)
         if IS_LINUX and hasattr(os, "pidfd_open"):
             try:
                 self.fd = os.pidfd_open(info.pid)  # ProcessLookupError if gone
@@ -39,11 +41,12 @@ class Handle:
                 if e.errno != errno.ENOSYS:
                     raise
         if self.fd is not None:
-            now = read_proc(info.pid)
-            if now is None or now.zombie or not same_start(now.start_time, info.start_time):
+            now = stat_state(info.pid)  # None: gone or exited (the stat line is all the check needs)
+            if now is None or not same_start(now[1], info.start_time):
                 os.close(self.fd)
                 self.fd = None
                 raise LookupError("identity changed")
+            self.state = now[0]
         else:
             import psutil
 
@@ -73,8 +76,12 @@ class Handle:
             raise PermissionError(1, "Operation not permitted") from e
 
     def alive(self) -> bool:
-        now = read_proc(self.pid)
-        return now is not None and not now.zombie and same_start(now.start_time, self.info.start_time)
+        """The process runs (not a zombie; a half-exited one runs) and the PID still has its start time.
+
+        Only /proc/PID/stat is read (``start_time``: the same start and the same zombie test as read_proc,
+        without the command line and status that read_proc also reads)."""
+        now = start_time(self.pid)
+        return now is not None and same_start(now, self.info.start_time)
 
     def close(self):
         if self.fd is not None:
@@ -86,13 +93,34 @@ class Handle:
 
 
 def wait_gone(handles: list[Handle], timeout: float) -> list[Handle]:
-    """Wait up to ``timeout`` for the handles' processes to exit; return those still alive."""
+    """Wait up to ``timeout`` for the handles' processes to exit; return those still alive.
+
+    Where every handle is a pidfd, the wait wakes when one of them exits (a pidfd turns readable then)
+    instead of polling /proc, so it returns as soon as the last one is gone; /proc still decides."""
     deadline = time.monotonic() + max(0.0, timeout)
     alive = [h for h in handles if h.alive()]
-    while alive and time.monotonic() < deadline:
-        time.sleep(_POLL)
+    while alive:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        _wait_exit(alive, min(left, _POLL * 10))
         alive = [h for h in alive if h.alive()]
     return alive
+
+
+def _wait_exit(handles: list[Handle], timeout: float) -> None:
+    """Sleep until one of ``handles`` exits or ``timeout`` passes (``_POLL`` at most without pidfds)."""
+    fds = [h.fd for h in handles if h.fd is not None]
+    if len(fds) != len(handles):
+        time.sleep(min(timeout, _POLL))
+        return
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    try:
+        poller.poll(max(0, int(timeout * 1000)))
+    except InterruptedError:
+        pass
 
 
 

@@ -51,9 +51,11 @@ def reap_group(membership: Callable[[ProcTable], list[int]], owner: ProcInfo, *,
     try:
         snap = ctx.sample()
 
-        def planner() -> ReapPlan:
-            table = ProcTable()
-            table.scan_all()
+        def planner(table: ProcTable | None = None) -> ReapPlan:
+            """The group's plan over ``table`` (already scanned), or over a fresh scan."""
+            if table is None:
+                table = ProcTable()
+                table.scan_all()
             rules = make_rules(ctx.config, ctx.platform, table, snap)
             return plan_group(table, membership(table), owner, rules)
 

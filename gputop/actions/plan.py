@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Protocol
 
 from gputop.actions.common import other_user, proc_dict, safety_refusal, same_start
 from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict
-from gputop.procs import ProcInfo
+from gputop.procs import ProcInfo, StatFields
 from gputop.textsafe import visible
 
 # Rules for a subtree left alone. Only "not-orphan" leaves the rest of the tree to be reaped.
@@ -232,14 +232,9 @@ def _root_refusal(root: ProcInfo, rules: Rules) -> tuple[str, str] | None:
 
 # ---- processes the tree starts during the reap, found by session and process group ----
 
-@dataclass(frozen=True)
-class Stat:
-    """The fields of /proc/PID/stat a lineage check needs (start in clock ticks since boot)."""
-
-    ppid: int
-    pgid: int
-    sid: int
-    start: int
+# The fields of /proc/PID/stat a lineage check needs (ppid, pgid, sid, start in clock ticks since boot):
+# ProcTable.stat_fields() gives them for every process from the table's own scan.
+Stat = StatFields
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,10 @@ def reap_tree(root_pid: int, *, expected_start: float | None, face: str, grace: 
         ctx.close()
 
 
-def current_plan(ctx: Ctx, run: ReapRun, snapshot) -> ReapPlan:
-    table = ProcTable()
+def current_plan(ctx: Ctx, run: ReapRun, snapshot, table: ProcTable | None = None) -> ReapPlan:
+    """The plan from a fresh scan of every process (``table``: an empty ProcTable to scan into, for a
+    caller that wants the scan's lineage fields too)."""
+    table = table if table is not None else ProcTable()
     table.scan_all()
     rules = make_rules(ctx.config, ctx.platform, table, snapshot)
     return plan_reap(table, run.root_pid, run.info.start_time, rules)
@@ -139,7 +141,8 @@ def _reap(ctx: Ctx, run: ReapRun) -> ActionResult:
         return run.done(False, "refused", f"cannot verify that pid {pid} is an orphan root "
                         f"({ctx.sampler_error})", EXIT_UNAVAILABLE)
     snap = ctx.sample()
-    plan = current_plan(ctx, run, snap)
+    table = ProcTable()
+    plan = current_plan(ctx, run, snap, table)
     refused = _refused(run, plan, snap)
     if refused is not None:
         return refused
@@ -147,12 +150,15 @@ def _reap(ctx: Ctx, run: ReapRun) -> ActionResult:
         return run.done(True, "dry-run", f"would reap the tree of pid {pid} ({name(info)}): {plan_summary(plan)}",
                         EXIT_OK)
     lock = TargetLock("reap", pid, info.start_time)
-    if not lock.acquire() and not lock.wait(pid, info.start_time, run.grace + 15.0):
-        run.details["by_other"] = True
-        return run.done(False, "busy", f"the tree of pid {pid} is being reaped by another gputop invocation; "
-                        "this one sent no signal; check 'gputop reap'", EXIT_REFUSED)
+    stats = table.stat_fields()  # the lineage baseline: what ran when the plan was made
+    if not lock.acquire():
+        if not lock.wait(pid, info.start_time, run.grace + 15.0):
+            run.details["by_other"] = True
+            return run.done(False, "busy", f"the tree of pid {pid} is being reaped by another gputop "
+                            "invocation; this one sent no signal; check 'gputop reap'", EXIT_REFUSED)
+        stats = None  # waited for another reap: the executor takes its baseline afresh
     try:
-        result = execute(ctx, run, plan, snap)
+        result = execute(ctx, run, plan, snap, stats=stats)
     finally:
         lock.release()
     if result is not None:

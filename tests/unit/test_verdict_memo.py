@@ -287,12 +287,14 @@ def test_verdict_inputs_name_every_process_field_the_verdict_reads():
     read = {n.attr for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Attribute) and n.attr in fields}
     p = ProcInfo(pid=7, ppid=1, name="n", cmdline=("c",), start_time=1.0, uid=5, user="u", sid=7, state="S",
                  sighup_ignored=False, kthread=False, rss=1, cpu_time=1.0)
+    # pgid and start_ticks are the reap executor's lineage fields (start_ticks is start_time in ticks).
+    left_out = ("state", "cpu_time", "rss", "pgid", "start_ticks")
     for attr in sorted(read):
-        if attr in ("state", "cpu_time", "rss"):
+        if attr in left_out:
             pytest.fail(f"orphans.py reads ProcInfo.{attr}, which verdict_inputs() leaves out")
-    # Changing any field but the volatile ones changes the inputs.
+    # Changing any field but those left out changes the inputs.
     for f in dataclasses.fields(ProcInfo):
-        if f.name in ("cpu_time", "rss", "state"):
+        if f.name in left_out:
             assert verdict_inputs(dataclasses.replace(p, **{f.name: 2.0})) == verdict_inputs(p)
             continue
         other = {"cmdline": ("d",), "half_exited": True, "kthread": True, "sighup_ignored": True}.get(
