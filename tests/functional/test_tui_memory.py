@@ -1,5 +1,6 @@
 """Peak RSS of the TUI (issue 13): the TUI process leaves out modules it never uses (``ssl``, which asyncio
-would load only to offer TLS: libcrypto and libssl, ~4.5 MiB resident), and nothing else is affected."""
+would load only to offer TLS: libcrypto and libssl, ~4.5 MiB resident), and its threads share glibc's main
+malloc arena (~1 MiB at 1,024 holders); nothing else in the process or in other processes is affected."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def _mapped(pid: int) -> str:
         return f.read()
 
 
-def test_the_running_tui_does_not_load_ssl(scenario):
+def test_the_running_tui_leaves_out_ssl_and_thread_arenas(scenario):
     path = scenario(holders=[{"pid": os.getpid(), "gpu": 0, "memory": "1GiB"}], gpus=1)
     master, slave = pty.openpty()
     env = dict(os.environ, TERM="xterm-256color", COLUMNS="100", LINES="30")
@@ -40,6 +41,7 @@ def test_the_running_tui_does_not_load_ssl(scenario):
         os.close(master)
     assert "_asyncio" in maps  # asyncio is loaded, so the next line means something
     assert "_ssl" not in maps and "libssl" not in maps and "libcrypto" not in maps
+    assert thread_arenas(maps) == 0  # its threads share the main malloc arena (one_malloc_arena)
 
 
 BLOCK_CHECK = """
@@ -68,3 +70,52 @@ def test_the_block_is_scoped_and_undone():
     r = subprocess.run([sys.executable, "-c", BLOCK_CHECK], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
+
+
+HEAP = 1 << 26  # a glibc thread arena's heap: 64 MiB of address space, aligned to its size
+
+
+def thread_arenas(maps: str) -> int:
+    """glibc thread arenas in /proc/PID/maps: an anonymous read-write mapping at a 64 MiB boundary,
+    followed by the unused rest of its 64 MiB reserved without access."""
+    rows = []
+    for line in maps.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        rows.append((lo, hi, parts[1], len(parts) > 5))
+    return sum(1 for (lo, hi, perms, named), (lo2, hi2, perms2, named2) in zip(rows, rows[1:])
+               if lo % HEAP == 0 and perms == "rw-p" and not named and perms2 == "---p" and not named2
+               and hi == lo2 and hi2 == lo + HEAP)
+
+
+ARENAS = """
+import sys, threading
+from gputop.tui.launch import one_malloc_arena
+if sys.argv[1] == "one":
+    assert one_malloc_arena()
+def work():
+    keep = [bytes(4096 + i) for i in range(200)]  # over 512 bytes: from malloc, in this thread
+    done.wait()
+done = threading.Event()
+threads = [threading.Thread(target=work) for _ in range(4)]
+for t in threads:
+    t.start()
+import time; time.sleep(0.5)
+print(open("/proc/self/maps").read())
+done.set()
+"""
+
+
+def test_threads_share_one_malloc_arena():
+    """With one_malloc_arena() (called by run_tui before any thread starts) four allocating threads make
+    no arenas of their own; without it (the control) they do, so the check can tell."""
+    def arenas(mode: str) -> int:
+        r = subprocess.run([sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, cwd=ROOT,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        return thread_arenas(r.stdout)
+
+    assert arenas("default") >= 1
+    assert arenas("one") == 0
