@@ -16,6 +16,15 @@ from gputop.tui import first_frame
 
 EXIT_GRACE_S = 10.0  # after SIGTERM/SIGHUP, how long the normal exit may take before the process just ends
 
+# Modules the TUI process never uses that its imports would load anyway (peak RSS, issue 13). ``ssl``:
+# asyncio (which Textual runs on) imports it only to offer TLS connections, and goes without it when it
+# cannot be imported (``try: import ssl / except ImportError: ssl = None`` in asyncio.sslproto and
+# base_events); loading it maps libcrypto and libssl, ~4.5 MiB resident. The TUI opens no connection:
+# remote hosts go through ssh (a separate process), the HTTP API and the MCP server are other processes
+# (``gputop serve``, ``gputop mcp``), and guard e-mail is sent by the guard daemon.
+TUI_UNUSED_MODULES = ("ssl",)
+M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
+
 
 def require_terminal() -> None:
     """The TUI draws a full screen and reads keys: refuse, with a way out, when either end is not a terminal
@@ -37,6 +46,8 @@ def run_tui(args) -> int:
     require_terminal()  # after the arguments (their errors first), before the demo starts anything
     stack = contextlib.ExitStack()
     with stack:
+        stack.enter_context(unused_modules_left_out())
+        one_malloc_arena()  # before the sampler's and Textual's threads start
         demo = None
         scenario = getattr(args, "scenario", None)
         backend = getattr(args, "backend", None)
@@ -65,6 +76,43 @@ def run_tui(args) -> int:
             if drawn and not (app is not None and app.took_screen):
                 first_frame.leave()  # the app failed or was stopped before it took the screen over
         return int(app.return_code or 0)
+
+
+@contextlib.contextmanager
+def unused_modules_left_out(names=TUI_UNUSED_MODULES):
+    """While the TUI runs, ``import`` of each of ``names`` raises ImportError (a None entry in sys.modules,
+    the documented way to block an import), so that asyncio goes without ``ssl``. Only where asyncio is not
+    imported yet (in a process that already has it, ssl is loaded or asyncio has done without it) and the
+    module is not loaded; undone on the way out, so that code running after the TUI in the same process
+    (tests) imports it as usual."""
+    blocked = [] if "asyncio" in sys.modules else [n for n in names if n not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None
+    try:
+        yield blocked
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
+def one_malloc_arena() -> bool:
+    """Have every thread allocate from glibc's main malloc arena (mallopt M_ARENA_MAX=1, what the
+    MALLOC_ARENA_MAX=1 variable does at start-up). By default each thread that calls malloc gets an arena of
+    its own (up to 8 per core): the TUI's sampler, Textual's input and output threads and the main thread
+    each keep their own free lists, ~1 MiB more resident at 1,024 holders. Python threads take turns
+    holding the GIL, so they seldom wait for the one arena. Process-wide and not undoable (the TUI process
+    ends with the TUI); False where the C library is not glibc or the call fails."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):  # None, or ValueError, where the C library is not glibc
+            return False
+        import ctypes  # loaded anyway by the NVML backend
+
+        mallopt = ctypes.CDLL(None).mallopt
+        mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+        return mallopt(M_ARENA_MAX, 1) == 1
+    except (AttributeError, OSError, ValueError, ImportError):
+        return False
 
 
 def _first_devices(sampler) -> tuple | None:

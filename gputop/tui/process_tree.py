@@ -194,6 +194,9 @@ class ColumnHeader(Static):
     """The header over the tree (kept separate so the tree can scroll under it)."""
 
 
+LINE_CACHE_ROWS = 64  # drawn lines kept (at least the tree's height: Tree grows it on resize)
+
+
 class ProcessTree(Tree[Node]):
     """A Tree of groups, ancestor chains and holders, reconciled by key."""
 
@@ -207,6 +210,9 @@ class ProcessTree(Tree[Node]):
 
     def __init__(self, **kw):
         super().__init__("processes", **kw)
+        # Tree keeps 1,024 drawn lines, and a refresh that changes a row's TIME gives it a new cache key:
+        # stale strips piled up to ~1 MiB (peak RSS, issue 13). Tree grows this to its height on resize.
+        self._line_cache.maxsize = LINE_CACHE_ROWS
         self.show_root = False
         self.guide_depth = GUIDE
         self.nodes_by_key: dict[str, TreeNode[Node]] = {}
