@@ -28,7 +28,7 @@ from gputop.orphans import ORPHAN
 from gputop.textsafe import visible
 from gputop.snapshot import Snapshot
 from gputop.tui import keymap, process_tree
-from gputop.tui.device_pane import DevicePane
+from gputop.tui.device_pane import DeviceBoard
 from gputop.tui.history import DeviceHistory
 from gputop.tui.legend import legend_text
 from gputop.tui.process_tree import ColumnHeader, ProcessTree, column_level, header_text, use_palette
@@ -271,7 +271,8 @@ class GputopApp(App):
         yield Static(id="topbar")
         if self.demo is not None:
             yield Static(demo_banner(self.demo), id="demo-banner")
-        yield VerticalScroll(id="devices")
+        with VerticalScroll(id="devices"):
+            yield DeviceBoard(self.history, id="board")
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield ColumnHeader(id="colheader")
@@ -308,6 +309,7 @@ class GputopApp(App):
             screen = self.default_screen
             self._main = {"topbar": screen.query_one("#topbar", Static),
                           "devices": screen.query_one("#devices", VerticalScroll),
+                          "board": screen.query_one("#board", DeviceBoard),
                           "tree": screen.query_one(ProcessTree), "header": screen.query_one(ColumnHeader),
                           "side": screen.query_one("#side", SidePanel)}
         return self._main
@@ -445,28 +447,20 @@ class GputopApp(App):
 
     def _update_devices(self, snap: Snapshot) -> None:
         box = self._parts()["devices"]
-        panes = {p.index: p for p in box.children if isinstance(p, DevicePane)}
-        wanted = [d.index for d in snap.devices]
-        for idx, pane in panes.items():
-            if idx not in wanted:
-                pane.remove()
-        new = [DevicePane(d.index, self.history, id=f"gpu-{d.index}") for d in snap.devices
-               if d.index not in panes]
-        if new:
-            box.mount_all(new)
+        board = self._parts()["board"]
         # Two lines per GPU when they fit in about half the screen, else one line each.
         budget = max(4, (self.size.height - 10) // 2)
         lines = 2 if 2 * len(snap.devices) <= budget else 1
-        for d in snap.devices:
-            pane = panes.get(d.index) or next(p for p in new if p.index == d.index)
-            pane.set_lines(lines)
-            pane.show(d)
+        board.show(snap.devices, lines)
         if not snap.devices:
             if not box.query("#no-gpu"):
                 from gputop.backends import no_gpu_message
 
                 box.mount(Static(Text(no_gpu_message(list(snap.backends)), style="yellow"), id="no-gpu"))
             lines = 5  # the message above wraps over a few lines at 80 columns
+        else:
+            for gone in box.query("#no-gpu"):
+                gone.remove()
         height = min(max(2, lines * max(1, len(snap.devices))), budget) + 1  # + the border
         if box.styles.height is None or box.styles.height.value != height:
             box.styles.height = height
