@@ -710,7 +710,7 @@ class GputopApp(App):
         if idx is None or self.snapshot is None:
             self.notify("No GPU to plot.", severity="warning")
             return
-        names = {d.index: d.name or "" for d in self.snapshot.devices}
+        names = {d.index: visible(d.name or "") for d in self.snapshot.devices}
         self.push_screen(PlotScreen(self.history, [d.index for d in self.snapshot.devices], idx, names,
                                     lambda: self.snapshot.at if self.snapshot else time.time()))
 
