@@ -285,7 +285,9 @@ class GputopApp(App):
         yield Footer(compact=True, show_command_palette=False)  # ctrl+p is in the help; 80 columns fit
 
     def on_mount(self) -> None:
-        from gputop.tui import prefs
+        from gputop.tui import compositor, prefs
+
+        compositor.install(self.default_screen)  # partial updates render only what they repaint
 
         theme = prefs.load().get("theme")
         if isinstance(theme, str) and theme in self.available_themes and theme != self.theme:
