@@ -28,6 +28,7 @@ from gputop.orphans import ORPHAN
 from gputop.textsafe import visible
 from gputop.snapshot import Snapshot
 from gputop.tui import keymap, process_tree
+from gputop.tui.bar import TextBar
 from gputop.tui.device_pane import DeviceBoard
 from gputop.tui.history import DeviceHistory
 from gputop.tui.legend import legend_text
@@ -268,7 +269,7 @@ class GputopApp(App):
     # ---- layout ---------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Static(id="topbar")
+        yield TextBar(id="topbar")
         if self.demo is not None:
             yield Static(demo_banner(self.demo), id="demo-banner")
         with VerticalScroll(id="devices"):
@@ -309,7 +310,7 @@ class GputopApp(App):
         the top bar, panes box, tree, header and side panel are composed once and never replaced."""
         if self._main is None:
             screen = self.default_screen
-            self._main = {"topbar": screen.query_one("#topbar", Static),
+            self._main = {"topbar": screen.query_one("#topbar", TextBar),
                           "devices": screen.query_one("#devices", VerticalScroll),
                           "board": screen.query_one("#board", DeviceBoard),
                           "tree": screen.query_one(ProcessTree), "header": screen.query_one(ColumnHeader),
@@ -524,10 +525,7 @@ class GputopApp(App):
             t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
         if self._sample_error:
             t.append("  sampling failed", style="bold red")
-        bar = self._parts()["topbar"]
-        if t != getattr(bar, "shown", None):
-            bar.shown = t
-            bar.update(t, layout=False)
+        self._parts()["topbar"].update(t)  # repaints only when it changed
 
     # ---- selection --------------------------------------------------------------------------------
 

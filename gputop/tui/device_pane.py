@@ -151,9 +151,9 @@ class DeviceBoard(Widget):
         old = self._lines
         self._build()
         width = self.size.width
-        for y, (a, b) in enumerate(zip(old, self._lines)):
-            if a != b:
-                self.refresh(Region(0, y, width, 1))
+        changed = [Region(0, y, width, 1) for y, (a, b) in enumerate(zip(old, self._lines)) if a != b]
+        if changed:
+            self.refresh(*changed)
 
     def _build(self) -> None:
         width = self.size.width
