@@ -4,9 +4,10 @@ Textual's compositor (8.2) answers a partial update by rendering, in full, every
 box around all dirty regions. Each second the top bar (the top line) and the process tree's TIME column
 (near the bottom) change, so that box is the whole screen and every widget (the screen's own background,
 the containers, the side panel, the scroll bars) renders all its lines, of which only the dirty spans are
-written to the terminal. Here a widget renders only the lines where a dirty span crosses its columns, and
-a widget that no dirty span crosses renders nothing. What is written is byte for byte the same
-(``tests/tui/test_compositor.py`` compares it with Textual's own update on every frame).
+written to the terminal. Here a widget renders only the lines where a dirty span crosses its columns and
+widgets in front do not already cover it; a widget that no dirty span crosses renders nothing. What is
+written is byte for byte the same (``tests/tui/test_compositor.py`` compares it with Textual's own
+update on every frame).
 
 Installed on the main screen only, and only when Textual's compositor has the shape this was written for;
 otherwise Textual's own update runs.
@@ -56,8 +57,11 @@ class SpanCompositor(Compositor):
             if not (width and height):
                 continue
             right = x + width
+            # A line crossed by a dirty span, and not already covered by the widgets in front (a
+            # container behind its children, the screen behind everything, draws nothing there).
             rows = [y for y in range(y0, y0 + height)
-                    if any(x1 < right and x2 > x for x1, x2 in by_row.get(y, ()))]
+                    if any(x1 < right and x2 > x for x1, x2 in by_row.get(y, ()))
+                    and any(chops[y].get(cut, 0) is None for cut in cuts[y] if x <= cut < right)]
             if not rows:
                 continue
             first = rows[0]
