@@ -265,6 +265,7 @@ class GputopApp(App):
         self._first_devices = devices or None
         self.took_screen = False  # see _driver_after_first_frame
         self._main: dict | None = None  # the main screen's widgets that every refresh updates (see _parts)
+        self._no_gpu: Static | None = None  # the "no GPU" message, while it is shown
 
     # ---- layout ---------------------------------------------------------------------------------
 
@@ -456,14 +457,15 @@ class GputopApp(App):
         lines = 2 if 2 * len(snap.devices) <= budget else 1
         board.show(snap.devices, lines)
         if not snap.devices:
-            if not box.query("#no-gpu"):
+            if self._no_gpu is None:
                 from gputop.backends import no_gpu_message
 
-                box.mount(Static(Text(no_gpu_message(list(snap.backends)), style="yellow"), id="no-gpu"))
+                self._no_gpu = Static(Text(no_gpu_message(list(snap.backends)), style="yellow"), id="no-gpu")
+                box.mount(self._no_gpu)
             lines = 5  # the message above wraps over a few lines at 80 columns
-        else:
-            for gone in box.query("#no-gpu"):
-                gone.remove()
+        elif self._no_gpu is not None:  # the GPUs are back
+            self._no_gpu.remove()
+            self._no_gpu = None
         height = min(max(2, lines * max(1, len(snap.devices))), budget) + 1  # + the border
         if box.styles.height is None or box.styles.height.value != height:
             box.styles.height = height
