@@ -28,7 +28,8 @@ from gputop.orphans import ORPHAN
 from gputop.textsafe import visible
 from gputop.snapshot import Snapshot
 from gputop.tui import keymap, process_tree
-from gputop.tui.device_pane import DevicePane
+from gputop.tui.bar import TextBar
+from gputop.tui.device_pane import DeviceBoard
 from gputop.tui.history import DeviceHistory
 from gputop.tui.legend import legend_text
 from gputop.tui.process_tree import ColumnHeader, ProcessTree, column_level, header_text, use_palette
@@ -264,14 +265,16 @@ class GputopApp(App):
         self._first_devices = devices or None
         self.took_screen = False  # see _driver_after_first_frame
         self._main: dict | None = None  # the main screen's widgets that every refresh updates (see _parts)
+        self._no_gpu: Static | None = None  # the "no GPU" message, while it is shown
 
     # ---- layout ---------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Static(id="topbar")
+        yield TextBar(id="topbar")
         if self.demo is not None:
             yield Static(demo_banner(self.demo), id="demo-banner")
-        yield VerticalScroll(id="devices")
+        with VerticalScroll(id="devices"):
+            yield DeviceBoard(self.history, id="board")
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield ColumnHeader(id="colheader")
@@ -284,7 +287,9 @@ class GputopApp(App):
         yield Footer(compact=True, show_command_palette=False)  # ctrl+p is in the help; 80 columns fit
 
     def on_mount(self) -> None:
-        from gputop.tui import prefs
+        from gputop.tui import compositor, prefs
+
+        compositor.install(self.default_screen)  # partial updates render only what they repaint
 
         theme = prefs.load().get("theme")
         if isinstance(theme, str) and theme in self.available_themes and theme != self.theme:
@@ -306,8 +311,9 @@ class GputopApp(App):
         the top bar, panes box, tree, header and side panel are composed once and never replaced."""
         if self._main is None:
             screen = self.default_screen
-            self._main = {"topbar": screen.query_one("#topbar", Static),
+            self._main = {"topbar": screen.query_one("#topbar", TextBar),
                           "devices": screen.query_one("#devices", VerticalScroll),
+                          "board": screen.query_one("#board", DeviceBoard),
                           "tree": screen.query_one(ProcessTree), "header": screen.query_one(ColumnHeader),
                           "side": screen.query_one("#side", SidePanel)}
         return self._main
@@ -445,28 +451,21 @@ class GputopApp(App):
 
     def _update_devices(self, snap: Snapshot) -> None:
         box = self._parts()["devices"]
-        panes = {p.index: p for p in box.children if isinstance(p, DevicePane)}
-        wanted = [d.index for d in snap.devices]
-        for idx, pane in panes.items():
-            if idx not in wanted:
-                pane.remove()
-        new = [DevicePane(d.index, self.history, id=f"gpu-{d.index}") for d in snap.devices
-               if d.index not in panes]
-        if new:
-            box.mount_all(new)
+        board = self._parts()["board"]
         # Two lines per GPU when they fit in about half the screen, else one line each.
         budget = max(4, (self.size.height - 10) // 2)
         lines = 2 if 2 * len(snap.devices) <= budget else 1
-        for d in snap.devices:
-            pane = panes.get(d.index) or next(p for p in new if p.index == d.index)
-            pane.set_lines(lines)
-            pane.show(d)
+        board.show(snap.devices, lines)
         if not snap.devices:
-            if not box.query("#no-gpu"):
+            if self._no_gpu is None:
                 from gputop.backends import no_gpu_message
 
-                box.mount(Static(Text(no_gpu_message(list(snap.backends)), style="yellow"), id="no-gpu"))
+                self._no_gpu = Static(Text(no_gpu_message(list(snap.backends)), style="yellow"), id="no-gpu")
+                box.mount(self._no_gpu)
             lines = 5  # the message above wraps over a few lines at 80 columns
+        elif self._no_gpu is not None:  # the GPUs are back
+            self._no_gpu.remove()
+            self._no_gpu = None
         height = min(max(2, lines * max(1, len(snap.devices))), budget) + 1  # + the border
         if box.styles.height is None or box.styles.height.value != height:
             box.styles.height = height
@@ -528,10 +527,7 @@ class GputopApp(App):
             t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
         if self._sample_error:
             t.append("  sampling failed", style="bold red")
-        bar = self._parts()["topbar"]
-        if t != getattr(bar, "shown", None):
-            bar.shown = t
-            bar.update(t, layout=False)
+        self._parts()["topbar"].update(t)  # repaints only when it changed
 
     # ---- selection --------------------------------------------------------------------------------
 
@@ -716,7 +712,7 @@ class GputopApp(App):
         if idx is None or self.snapshot is None:
             self.notify("No GPU to plot.", severity="warning")
             return
-        names = {d.index: d.name or "" for d in self.snapshot.devices}
+        names = {d.index: visible(d.name or "") for d in self.snapshot.devices}
         self.push_screen(PlotScreen(self.history, [d.index for d in self.snapshot.devices], idx, names,
                                     lambda: self.snapshot.at if self.snapshot else time.time()))
 

@@ -10,6 +10,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
@@ -533,11 +534,11 @@ class ProcessTree(Tree[Node]):
         if structural:
             self.refresh()
         elif self._changed:
-            top, height = self.scroll_offset.y, self.size.height
-            for tnode in self._changed:
-                line = tnode.line
-                if top <= line < top + height:
-                    self._refresh_line(line)
+            top, (width, height) = self.scroll_offset.y, self.size
+            lines = {tnode.line for tnode in self._changed}
+            regions = [Region(0, line - top, width, 1) for line in sorted(lines) if top <= line < top + height]
+            if regions:
+                self.refresh(*regions)  # one call (each refresh walks Textual's dirty-region bookkeeping)
         self._changed = []
 
     @staticmethod

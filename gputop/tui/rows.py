@@ -201,7 +201,8 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
             index: dict = {}
             for h in on:
                 _insert(g, g.key, h, d.index, index)
-            g.title = _group_title(f"GPU {d.index} {d.name or ''}".rstrip() + (" (lost)" if d.lost else ""), on)
+            title = f"GPU {d.index} {visible(d.name or '')}".rstrip()
+            g.title = _group_title(title + (" (lost)" if d.lost else ""), on)
             groups.append(g)
     elif grouping == GROUP_JOB:
         groups = _job_groups(holders)

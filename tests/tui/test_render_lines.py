@@ -46,21 +46,28 @@ def _screen(app) -> list[str]:
 
 @pytest.mark.parametrize("size", [(150, 40), (80, 24), (60, 15)])
 @run_async
-async def test_device_panes_draw_what_textual_would(size, monkeypatch):
-    """DevicePane draws its lines itself; every segment (text, colours, attributes, selection offsets)
-    must equal Textual's own rendering of the same Text, in the two-line and one-line layouts."""
+async def test_device_board_and_top_bar_draw_what_textual_would(size, monkeypatch):
+    """DeviceBoard and TextBar draw their lines themselves; every segment (text, colours, attributes,
+    selection offsets) must equal Textual's own rendering of the same Text, in the two-line and one-line
+    layouts of the board, and for a top bar that fits and one cut at the right (at 60 columns)."""
     from textual.widget import Widget
 
-    from gputop.tui.device_pane import DevicePane
+    from gputop.tui.bar import TextBar
+    from gputop.tui.device_pane import DeviceBoard
 
     screens = []
     for theirs in (False, True):
         if theirs:
-            monkeypatch.setattr(DevicePane, "render_line", Widget.render_line)
+            monkeypatch.setattr(DeviceBoard, "render_line", Widget.render_line)
+            monkeypatch.setattr(TextBar, "render_line", Widget.render_line)
         app = make_app()
         async with app.run_test(size=size) as pilot:
             assert await wait_until(pilot, lambda: app.snapshot is not None)
             await pilot.pause()
-            assert app.query(DevicePane)
+            assert app.query_one(DeviceBoard)._lines
             screens.append(_screen(app))
-    assert screens[0] == screens[1]
+            app.filter_text = "x"  # the top bar says so (wider: at 60 columns it is cut)
+            app._update_topbar()
+            await pilot.pause()
+            screens.append(_screen(app))
+    assert screens[:2] == screens[2:]
