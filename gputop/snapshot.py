@@ -267,6 +267,7 @@ class Sampler:
         clock: Callable[[], float] = time.time,
         platform: str = PLATFORM,
         static_ttl: float = 5.0,
+        memo: bool = True,
     ):
         self.backends = backends
         self.statuses = list(statuses or [BackendStatus(b.name, True) for b in backends])
@@ -292,7 +293,8 @@ class Sampler:
         self._hidepid: tuple[str | None] | None = None  # (the hidepid warning or None), once read
         # The verdict memo: holder pid -> _Memo, kept while every input of the verdict is unchanged, for
         # the rules of _rules_of (see _verdict). Faces only: actions classify again on a fresh table.
-        self._memo: dict[int, _Memo] = {}
+        # memo=False: a one-shot sampler (one 'gputop status'), which would only pay to record the inputs.
+        self._memo: dict[int, _Memo] | None = {} if memo else None
         # The memos' shared parts, interned (_Context.key -> _Context), and this sample's check of each
         # one checked so far (id -> (the context, None or (chain now, its owners))).
         self._contexts: dict[tuple, _Context] = {}
@@ -401,6 +403,9 @@ class Sampler:
         Not memoised: a holder in a Slurm job (its job's state changes without any process changing)
         and a chain that could not be walked (unknown, and cheap). The memo is only ever a faster way to
         the verdict classify() would return now: never an older one."""
+        if self._memo is None:
+            verdict, chain, _ = self._classify(pid, table, table, jobs, job_states)
+            return verdict, chain, None
         memo = self._memo.get(pid)
         if (memo is not None and pid not in jobs and (info is memo.info or verdict_inputs(info) == memo.inputs)
                 and (owner is memo.owner or owner == memo.owner)):
@@ -409,20 +414,8 @@ class Sampler:
                 return memo.verdict, shared[0], shared[1]
         rec = _Recording(table)
         rec.get(pid)  # the holder first: its answer is the memo's own, the rest are the tree's
-        walked: list = []
-        owners = self._owners
-        verdict = classify(pid, rec, platform=self.platform, protect=self._protect,
-                           nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
-                           walked=walked, owner_of=owners.of if owners is not None else None,
-                           job_of=self._job_of if jobs else None, job_state=job_states.get,
-                           protect_cmdline=self._protect_cmdline)
-        if not walked:  # the walk failed (unknown): the chain as far as it goes
-            self._memo.pop(pid, None)
-            return verdict, tuple(table.ancestors(pid, limit=self.config.max_chain)), None
-        # The chain the verdict walked, up to init: the same as table.ancestors(pid).
-        init = rec.get(1) if walked[-1].ppid == 1 else None
-        chain = tuple(walked[1:]) + ((init,) if init is not None else ())
-        if pid in jobs:
+        verdict, chain, walked = self._classify(pid, rec, table, jobs, job_states)
+        if pid in jobs or not walked:
             self._memo.pop(pid, None)
             return verdict, chain, None
         ctx = _Context(tuple(item for item in rec.gets.items() if item[0] != pid), tuple(rec.hides.items()),
@@ -430,6 +423,23 @@ class Sampler:
         ctx = self._contexts.setdefault(ctx.key(), ctx)
         self._memo[pid] = _Memo(info, verdict_inputs(info), ctx, owner, verdict)
         return verdict, chain, None
+
+    def _classify(self, pid: int, view, table: ProcTable, jobs: dict[int, JobRef],
+                  job_states: dict[int, JobState]) -> tuple[Verdict, tuple[ProcInfo, ...], bool]:
+        """classify() over ``view`` (the table, or a recording of it), the chain up to init, and whether
+        that is the chain the verdict walked (False: the walk failed, the verdict is unknown)."""
+        walked: list = []
+        owners = self._owners
+        verdict = classify(pid, view, platform=self.platform, protect=self._protect,
+                           nohup_protects=self.config.nohup_protects, max_chain=self.config.max_chain,
+                           walked=walked, owner_of=owners.of if owners is not None else None,
+                           job_of=self._job_of if jobs else None, job_state=job_states.get,
+                           protect_cmdline=self._protect_cmdline)
+        if not walked:  # the walk failed (unknown): the chain as far as it goes
+            return verdict, tuple(table.ancestors(pid, limit=self.config.max_chain)), False
+        # The chain the verdict walked, up to init: the same as table.ancestors(pid).
+        init = view.get(1) if walked[-1].ppid == 1 else None
+        return verdict, tuple(walked[1:]) + ((init,) if init is not None else ()), True
 
     def _context_now(self, ctx: _Context, table: ProcTable
                      ) -> tuple[tuple[ProcInfo, ...], tuple[Owner | None, ...]] | None:
@@ -456,7 +466,8 @@ class Sampler:
             self._protect = compile_protect(self.config.protect)
             self._protect_cmdline = compile_protect(self.config.protect_cmdline)
             self._rules_of = (self.config, self.platform)
-            self._memo.clear()
+            if self._memo is not None:
+                self._memo.clear()
             self._contexts.clear()
 
     def _device(self, gi: int, backend: Backend, local: int) -> DeviceSample:
@@ -558,6 +569,8 @@ class Sampler:
     def _forget_memos(self, holders: list[Holder]) -> None:
         """Keep the memos of this sample's holders, and the contexts they share; end this sample's checks."""
         memo = self._memo
+        if memo is None:
+            return
         self._memo = memo = {h.pid: memo[h.pid] for h in holders if h.pid in memo}
         live = {id(m.ctx) for m in memo.values()}
         if len(live) < len(self._contexts):
@@ -718,3 +731,35 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "warnings": list(s.warnings),
         "backends": [dataclasses.asdict(b) for b in s.backends],
     }
+
+
+_COMPACT = None  # a json.JSONEncoder, made on first use (json.dumps makes one a call with these options)
+
+
+def snapshot_json(s: Snapshot) -> str:
+    """``snapshot_to_dict(s)`` as compact JSON: exactly what ``json.dumps(..., separators=(",", ":"),
+    default=str)`` writes, made faster. The holders of one tree share their chain entries (about two
+    thirds of the document at a thousand holders), and each is encoded once and spliced in."""
+    global _COMPACT
+    import json
+
+    if _COMPACT is None:
+        _COMPACT = json.JSONEncoder(separators=(",", ":"), default=str)
+    enc = _COMPACT.encode
+    doc = snapshot_to_dict(s)
+    keys = list(doc)
+    cut = keys.index("holders")
+    head = enc({k: doc[k] for k in keys[:cut]})
+    tail = enc({k: doc[k] for k in keys[cut + 1:]})
+    done: dict[int, str] = {}  # id(chain entry) -> its JSON; the entries are held by doc meanwhile
+    parts = []
+    for h in doc["holders"]:
+        chain = h.pop("chain")  # the last key: the rest of the holder, then the chain
+        links = []
+        for e in chain:
+            text = done.get(id(e))
+            if text is None:
+                text = done[id(e)] = enc(e)
+            links.append(text)
+        parts.append(f'{enc(h)[:-1]},"chain":[{",".join(links)}]}}')
+    return f'{head[:-1]},"holders":[{",".join(parts)}],{tail[1:]}'
