@@ -442,6 +442,7 @@ class OwnerCache:
         return tuple(out)
 
     def prune(self, keep: Iterable[tuple[int, float]] = ()) -> None:
-        used = self._seen | set(keep)
-        self._entries = {k: v for k, v in self._entries.items() if k in used}
+        if keep or len(self._entries) != len(self._seen):  # (every lookup makes an entry: equal, all used)
+            used = self._seen | set(keep)
+            self._entries = {k: v for k, v in self._entries.items() if k in used}
         self._seen = set()

@@ -175,8 +175,10 @@ class StaticCache:
 
     def prune(self) -> None:
         """Forget processes not looked at since the last prune (they exited or stopped mattering)."""
-        self._entries = {k: v for k, v in self._entries.items() if k in self._used}
-        self._last = {p: v for p, v in self._last.items() if v[2] in self._used}
+        used = self._used
+        if not len(used) == len(self._entries) == len(self._last):  # else every entry was used (a refresh
+            self._entries = {k: v for k, v in self._entries.items() if k in used}  # of an unchanged host)
+            self._last = {p: v for p, v in self._last.items() if v[2] in used}
         self._used = set()
         self.tgids = {}
 

@@ -483,7 +483,7 @@ class Sampler:
         """``tgid_of(pid)``, which reads /proc/<pid>/status, read once per process rather than once per
         refresh: a process (pid, start time) found to lead its thread group leads it until it exits."""
         info = table.get(pid) if IS_LINUX else None
-        key = info.identity if info is not None else None
+        key = (pid, info.start_time) if info is not None else None
         if key is not None and key in self._leaders:
             self._leaders_seen.add(key)
             return pid
@@ -555,7 +555,8 @@ class Sampler:
         self._leaders, self._leaders_seen = self._leaders_seen, set()
         self._forget_memos(holders)
         live = {h.proc.identity for h in holders if h.proc is not None}
-        self._job_refs = {k: v for k, v in self._job_refs.items() if k in live}
+        if len(self._job_refs) > len(live):  # it holds every live holder's (_holder_jobs): more is exited
+            self._job_refs = {k: v for k, v in self._job_refs.items() if k in live}
         if self._static is not None:
             self._static.prune()
         if self._owners is not None:
