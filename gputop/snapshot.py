@@ -101,14 +101,20 @@ class Holder:
 
     @cached_property
     def gpus(self) -> tuple[int, ...]:
-        return tuple(sorted({u.gpu for u in self.uses}))
+        uses = self.uses
+        if len(uses) == 1:  # most holders use one GPU: no set, no sort
+            return (uses[0].gpu,)
+        return tuple(sorted({u.gpu for u in uses}))
 
     @cached_property
     def gpu_memory(self) -> int | None:
         """Total over this holder's GPUs; None when any part is unknown."""
-        if any(u.used_memory is None for u in self.uses):
+        uses = self.uses
+        if len(uses) == 1:
+            return uses[0].used_memory
+        if any(u.used_memory is None for u in uses):
             return None
-        return sum(u.used_memory for u in self.uses)  # type: ignore[misc]
+        return sum(u.used_memory for u in uses)  # type: ignore[misc]
 
     @cached_property
     def sm_util(self) -> float | None:
@@ -311,15 +317,15 @@ class Sampler:
             ref = self._job_refs[key] = process_job(info.pid, self.proc_root, owner)
             return ref
 
-    def _holder_jobs(self, table: ProcTable, pids) -> tuple[dict[int, JobRef], dict[int, JobState]]:
-        """The job of each visible holder, and the state of each of those jobs (one scontrol per job)."""
+    def _holder_jobs(self, infos: dict[int, ProcInfo]) -> tuple[dict[int, JobRef], dict[int, JobState]]:
+        """The job of each visible holder (pid -> its live record), and the state of each of those jobs
+        (one scontrol per job)."""
         jobs: dict[int, JobRef] = {}
-        for pid in pids:
-            info = table.get(pid)
-            if info is not None and not info.zombie:
-                ref = self._job_of(info)
-                if ref is not None:
-                    jobs[pid] = ref
+        refs, job_of = self._job_refs, self._job_of
+        for pid, info in infos.items():
+            ref = refs.get((pid, info.start_time)) if (pid, info.start_time) in refs else job_of(info)
+            if ref is not None:
+                jobs[pid] = ref
         states = self.job_states.get_many({j.job_id for j in jobs.values()}) if jobs else {}
         return jobs, states
 
@@ -376,7 +382,7 @@ class Sampler:
                 job_states: dict[int, JobState]) -> Holder:
         """One visible holder: its verdict, chain, CPU%, owners and Slurm job."""
         owners = self._owners
-        owner = owners.of(info) if owners is not None else None
+        owner = owners.get(pid, info.start_time) if owners is not None else None
         verdict, chain, chain_owners = self._verdict(pid, info, table, owner, jobs, job_states)
         job = jobs.get(pid)
         cpu = None
@@ -538,12 +544,15 @@ class Sampler:
 
         holders: list[Holder] = []
         cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
-        jobs, job_states = self._holder_jobs(table, [p for p in uses if visible[p]])
-        warnings.extend(self._job_warnings(job_states))
+        infos: dict[int, ProcInfo] = {}  # the visible, live holders: one table lookup each
         for pid in sorted(uses):
             info = table.get(pid) if visible[pid] else None
-            if info is not None and info.zombie:
-                info = None
+            if info is not None and not info.zombie:
+                infos[pid] = info
+        jobs, job_states = self._holder_jobs(infos)
+        warnings.extend(self._job_warnings(job_states))
+        for pid in sorted(uses):
+            info = infos.get(pid)
             if info is None:
                 verdict = Verdict(UNKNOWN, f"pid {pid} is not visible here (another PID namespace, or the "
                                            "driver still holds the memory of a process that exited)")

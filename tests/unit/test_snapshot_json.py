@@ -65,3 +65,38 @@ def test_a_sampler_without_the_memo_judges_as_one_with_it(forest, monkeypatch):
     assert one_shot._memo is None and not one_shot._contexts
     for pid in pids()[:-1]:
         assert a.holder(pid).verdict == fresh(forest, pid, sampler_=one_shot)
+
+
+@pytest.mark.parametrize("cls_path", ["gputop.snapshot.Holder", "gputop.snapshot.GpuUse",
+                                      "gputop.backends.base.GpuProcess"])
+def test_hand_written_inits_take_every_field_in_order_with_its_default(cls_path):
+    """Holder, GpuUse and GpuProcess fill their fields in one update instead of the frozen dataclass's
+    generated __init__: a field added to the class but not to __init__ would be missing."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    mod, name = cls_path.rsplit(".", 1)
+    cls = getattr(importlib.import_module(mod), name)
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    fields = dataclasses.fields(cls)
+    assert [p.name for p in params] == [f.name for f in fields]
+    for p, f in zip(params, fields):
+        assert p.default == (f.default if f.default is not dataclasses.MISSING else inspect.Parameter.empty), f.name
+    args = {f.name: object() for f in fields}
+    obj = cls(**args)
+    assert all(getattr(obj, k) is v for k, v in args.items())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(obj, fields[0].name, 1)
+
+
+@pytest.mark.parametrize("uses", [
+    [(3, 100)], [(3, None)], [(0, 5), (2, 7)], [(2, 5), (0, None)], [(1, 5), (1, 6)], [],
+])
+def test_holder_gpus_and_memory_are_the_same_with_one_use_or_several(uses):
+    from gputop.orphans import Verdict
+    from gputop.snapshot import GpuUse, Holder
+
+    h = Holder(1, tuple(GpuUse(g, "C", m, None) for g, m in uses), None, (), Verdict("unknown", "x"))
+    assert h.gpus == tuple(sorted({g for g, _ in uses}))
+    assert h.gpu_memory == (None if any(m is None for _, m in uses) else sum(m for _, m in uses))
