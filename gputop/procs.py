@@ -488,6 +488,9 @@ def is_alive(pid: int, start: float | None = None, proc_root: str = "/proc") -> 
     return st is not None and (start is None or st == start)
 
 
+_UNREAD = object()
+
+
 @dataclass
 class ProcTable:
     """A lazily-filled, per-sample cache of host processes. Read each PID at most once."""
@@ -500,10 +503,9 @@ class ProcTable:
     _hidden: dict[int, bool] = field(default_factory=dict)  # hidden(): asked once per PID per table
 
     def get(self, pid: int) -> ProcInfo | None:
-        try:
-            return self._cache[pid]
-        except KeyError:
-            pass
+        info = self._cache.get(pid, _UNREAD)  # not try/except KeyError: a miss raised one a process
+        if info is not _UNREAD:
+            return info
         static = self.static
         stat = self._scan_stat.pop(pid, None) if self._scan_stat else None
         if stat is not None:  # scan_all read its stat line: read the rest now
