@@ -81,8 +81,12 @@ class Holder:
                  owner: Owner | None = None, chain_owners: tuple[Owner | None, ...] = (), job: JobRef | None = None,
                  job_state: JobState | None = None):
         # As GpuUse.__init__: the fields in one update, not one object.__setattr__ call each.
-        self.__dict__.update(pid=pid, uses=uses, proc=proc, chain=chain, verdict=verdict, cpu_percent=cpu_percent,
-                             runtime=runtime, owner=owner, chain_owners=chain_owners, job=job, job_state=job_state)
+        d = self.__dict__
+        d.update(pid=pid, uses=uses, proc=proc, chain=chain, verdict=verdict, cpu_percent=cpu_percent,
+                 runtime=runtime, owner=owner, chain_owners=chain_owners, job=job, job_state=job_state)
+        if len(uses) == 1:  # most holders use one GPU: the cached properties below are its use's values
+            u = uses[0]
+            d.update(ctx=u.ctx or "C", gpus=(u.gpu,), gpu_memory=u.used_memory, sm_util=u.sm_util)
 
     @property
     def visible(self) -> bool:
@@ -101,20 +105,14 @@ class Holder:
 
     @cached_property
     def gpus(self) -> tuple[int, ...]:
-        uses = self.uses
-        if len(uses) == 1:  # most holders use one GPU: no set, no sort
-            return (uses[0].gpu,)
-        return tuple(sorted({u.gpu for u in uses}))
+        return tuple(sorted({u.gpu for u in self.uses}))
 
     @cached_property
     def gpu_memory(self) -> int | None:
         """Total over this holder's GPUs; None when any part is unknown."""
-        uses = self.uses
-        if len(uses) == 1:
-            return uses[0].used_memory
-        if any(u.used_memory is None for u in uses):
+        if any(u.used_memory is None for u in self.uses):
             return None
-        return sum(u.used_memory for u in uses)  # type: ignore[misc]
+        return sum(u.used_memory for u in self.uses)  # type: ignore[misc]
 
     @cached_property
     def sm_util(self) -> float | None:
@@ -545,13 +543,14 @@ class Sampler:
         holders: list[Holder] = []
         cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
         infos: dict[int, ProcInfo] = {}  # the visible, live holders: one table lookup each
-        for pid in sorted(uses):
+        order = sorted(uses)
+        for pid in order:
             info = table.get(pid) if visible[pid] else None
             if info is not None and not info.zombie:
                 infos[pid] = info
         jobs, job_states = self._holder_jobs(infos)
         warnings.extend(self._job_warnings(job_states))
-        for pid in sorted(uses):
+        for pid in order:
             info = infos.get(pid)
             if info is None:
                 verdict = Verdict(UNKNOWN, f"pid {pid} is not visible here (another PID namespace, or the "

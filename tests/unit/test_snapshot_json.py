@@ -84,6 +84,8 @@ def test_hand_written_inits_take_every_field_in_order_with_its_default(cls_path)
     for p, f in zip(params, fields):
         assert p.default == (f.default if f.default is not dataclasses.MISSING else inspect.Parameter.empty), f.name
     args = {f.name: object() for f in fields}
+    if cls.__name__ == "Holder":
+        args["uses"] = ()  # read at construction
     obj = cls(**args)
     assert all(getattr(obj, k) is v for k, v in args.items())
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -91,12 +93,16 @@ def test_hand_written_inits_take_every_field_in_order_with_its_default(cls_path)
 
 
 @pytest.mark.parametrize("uses", [
-    [(3, 100)], [(3, None)], [(0, 5), (2, 7)], [(2, 5), (0, None)], [(1, 5), (1, 6)], [],
+    [(3, 100, "C", 5.0)], [(3, None, "G", None)], [(3, 1, "", None)], [(0, 5, "C", 1.0), (2, 7, "G", 3.0)],
+    [(2, 5, "C", None), (0, None, "C", 2.0)], [(1, 5, "C", 1.0), (1, 6, "C+G", 0.0)], [],
 ])
-def test_holder_gpus_and_memory_are_the_same_with_one_use_or_several(uses):
+def test_holder_gpus_memory_ctx_and_sm_are_the_same_with_one_use_or_several(uses):
+    """A holder of one GPU takes them from its use at construction; the properties compute them."""
     from gputop.orphans import Verdict
     from gputop.snapshot import GpuUse, Holder
 
-    h = Holder(1, tuple(GpuUse(g, "C", m, None) for g, m in uses), None, (), Verdict("unknown", "x"))
-    assert h.gpus == tuple(sorted({g for g, _ in uses}))
-    assert h.gpu_memory == (None if any(m is None for _, m in uses) else sum(m for _, m in uses))
+    h = Holder(1, tuple(GpuUse(g, c, m, sm) for g, m, c, sm in uses), None, (), Verdict("unknown", "x"))
+    for name in ("ctx", "gpus", "gpu_memory", "sm_util"):
+        assert getattr(h, name) == getattr(Holder, name).fn(h), name
+    assert h.gpus == tuple(sorted({g for g, *_ in uses}))
+    assert h.gpu_memory == (None if any(m is None for _, m, *_ in uses) else sum(m for _, m, *_ in uses))
