@@ -319,9 +319,8 @@ class Sampler:
         """The job of each visible holder (pid -> its live record), and the state of each of those jobs
         (one scontrol per job)."""
         jobs: dict[int, JobRef] = {}
-        refs, job_of = self._job_refs, self._job_of
         for pid, info in infos.items():
-            ref = refs.get((pid, info.start_time)) if (pid, info.start_time) in refs else job_of(info)
+            ref = self._job_of(info)
             if ref is not None:
                 jobs[pid] = ref
         states = self.job_states.get_many({j.job_id for j in jobs.values()}) if jobs else {}
