@@ -539,26 +539,7 @@ class Sampler:
             except Exception:
                 pass
 
-        holders: list[Holder] = []
-        cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
-        infos: dict[int, ProcInfo] = {}  # the visible, live holders: one table lookup each
-        order = sorted(uses)
-        for pid in order:
-            info = table.get(pid) if visible[pid] else None
-            if info is not None and not info.zombie:
-                infos[pid] = info
-        jobs, job_states = self._holder_jobs(infos)
-        warnings.extend(self._job_warnings(job_states))
-        for pid in order:
-            info = infos.get(pid)
-            if info is None:
-                verdict = Verdict(UNKNOWN, f"pid {pid} is not visible here (another PID namespace, or the "
-                                           "driver still holds the memory of a process that exited)")
-                holders.append(Holder(pid, tuple(uses[pid]), None, (), verdict))
-                warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
-                continue
-            holders.append(self._holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states))
-        self._cpu_prev = cpu_seen
+        holders = self._holders(table, uses, visible, now, warnings)
         self._leaders, self._leaders_seen = self._leaders_seen, set()
         self._forget_memos(holders)
         live = {h.proc.identity for h in holders if h.proc is not None}
@@ -584,6 +565,31 @@ class Sampler:
         if len(live) < len(self._contexts):
             self._contexts = {k: c for k, c in self._contexts.items() if id(c) in live}
         self._ctx_now = {}
+
+    def _holders(self, table: ProcTable, uses: dict[int, list[GpuUse]], visible: dict[int, bool], now: float,
+                 warnings: list[str]) -> list[Holder]:
+        """Every holder, in PID order: the visible, live ones judged; the rest unknown, with a warning."""
+        holders: list[Holder] = []
+        cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
+        infos: dict[int, ProcInfo] = {}  # the visible, live holders: one table lookup each
+        order = sorted(uses)
+        for pid in order:
+            info = table.get(pid) if visible[pid] else None
+            if info is not None and not info.zombie:
+                infos[pid] = info
+        jobs, job_states = self._holder_jobs(infos)
+        warnings.extend(self._job_warnings(job_states))
+        for pid in order:
+            info = infos.get(pid)
+            if info is None:
+                verdict = Verdict(UNKNOWN, f"pid {pid} is not visible here (another PID namespace, or the "
+                                           "driver still holds the memory of a process that exited)")
+                holders.append(Holder(pid, tuple(uses[pid]), None, (), verdict))
+                warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
+                continue
+            holders.append(self._holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states))
+        self._cpu_prev = cpu_seen
+        return holders
 
     def verdict_hooks(self) -> dict:
         """classify()'s ownership and Slurm inputs, as this sampler reads them."""
