@@ -335,11 +335,15 @@ def _read_bytes(path: str, limit: int = _MAX_READ) -> bytes | None:
     try:
         parts, left = [], limit
         while left > 0:
-            chunk = os.read(fd, min(left, 65536))
-            if not chunk:
-                break
+            want = min(left, 65536)
+            chunk = os.read(fd, want)
             parts.append(chunk)
             left -= len(chunk)
+            # A short read is the end: of a regular file, and of these /proc files (cgroup is a seq_file
+            # that gives all that fits; environ copies until the count or its end). Not one more read
+            # to see it return nothing: a sample reads two of these files a holder.
+            if len(chunk) < want:
+                break
         return b"".join(parts)
     except OSError:
         return None
@@ -442,6 +446,7 @@ class OwnerCache:
         return tuple(out)
 
     def prune(self, keep: Iterable[tuple[int, float]] = ()) -> None:
-        used = self._seen | set(keep)
-        self._entries = {k: v for k, v in self._entries.items() if k in used}
+        if keep or len(self._entries) != len(self._seen):  # (every lookup makes an entry: equal, all used)
+            used = self._seen | set(keep)
+            self._entries = {k: v for k, v in self._entries.items() if k in used}
         self._seen = set()

@@ -188,8 +188,10 @@ class StaticCache:
 
     def prune(self) -> None:
         """Forget processes not looked at since the last prune (they exited or stopped mattering)."""
-        self._entries = {k: v for k, v in self._entries.items() if k in self._used}
-        self._last = {p: v for p, v in self._last.items() if v[2] in self._used}
+        used = self._used
+        if not len(used) == len(self._entries) == len(self._last):  # else every entry was used (a refresh
+            self._entries = {k: v for k, v in self._entries.items() if k in used}  # of an unchanged host)
+            self._last = {p: v for p, v in self._last.items() if v[2] in used}
         self._used = set()
         self.tgids = {}
 
@@ -510,6 +512,9 @@ def is_alive(pid: int, start: float | None = None, proc_root: str = "/proc") -> 
     return st is not None and (start is None or st == start)
 
 
+_UNREAD = object()
+
+
 @dataclass
 class ProcTable:
     """A lazily-filled, per-sample cache of host processes. Read each PID at most once."""
@@ -523,10 +528,9 @@ class ProcTable:
     _stat_fields: dict[int, StatFields] = field(default_factory=dict)  # scan_all's lineage fields per PID
 
     def get(self, pid: int) -> ProcInfo | None:
-        try:
-            return self._cache[pid]
-        except KeyError:
-            pass
+        info = self._cache.get(pid, _UNREAD)  # not try/except KeyError: a miss raised one a process
+        if info is not _UNREAD:
+            return info
         static = self.static
         stat = self._scan_stat.pop(pid, None) if self._scan_stat else None
         if stat is not None:  # scan_all read its stat line: read the rest now

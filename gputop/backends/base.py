@@ -52,7 +52,7 @@ class DeviceSample:
     backend_index: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class GpuProcess:
     """A process holding a context on one device, as the vendor library reports it."""
 
@@ -62,6 +62,12 @@ class GpuProcess:
     used_memory: int | None = None  # bytes; None under WDDM, on MIG, or when unknown
     sm_util: float | None = None  # percent; None when there are no samples
     visible: bool = True  # False when the vendor names a PID this namespace cannot see
+
+    def __init__(self, pid: int, index: int, ctx: str = CTX_COMPUTE, used_memory: int | None = None,
+                 sm_util: float | None = None, visible: bool = True):
+        # One update, not the frozen dataclass's object.__setattr__ a field: one a holder a refresh.
+        self.__dict__.update(pid=pid, index=index, ctx=ctx, used_memory=used_memory, sm_util=sm_util,
+                             visible=visible)
 
 
 @dataclass(frozen=True)

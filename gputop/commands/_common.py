@@ -14,9 +14,10 @@ def config_from(args) -> Config:
     return load_config(getattr(args, "config", None))
 
 
-def open_sampler(args, config: Config | None = None) -> Sampler:
+def open_sampler(args, config: Config | None = None, **kw) -> Sampler:
+    """``kw``: Sampler options (``memo=False`` for a command that samples once)."""
     return Sampler.open(getattr(args, "backend", None), getattr(args, "scenario", None),
-                        config or config_from(args))
+                        config or config_from(args), **kw)
 
 
 def print_json(obj, compact: bool | None = False) -> None:

@@ -10,7 +10,7 @@ from gputop.commands._common import fit_last, open_sampler, print_json, table
 from gputop.errors import UsageError
 from gputop.ownership import NONE, Owner
 from gputop.textsafe import visible
-from gputop.snapshot import Snapshot
+from gputop.snapshot import Snapshot, snapshot_json
 from gputop.units import fmt_bytes, fmt_duration, fmt_opt
 
 NAME = "status"
@@ -43,7 +43,7 @@ def run(args) -> int:
         return run_status_hosts(args)
     if args.sample_time is not None and not 0 <= args.sample_time <= 60:
         raise UsageError(f"--sample-time must be between 0 and 60 seconds (got {args.sample_time:g})")
-    sampler = open_sampler(args)
+    sampler = open_sampler(args, memo=False)  # one or two samples: no verdict memo to keep
     try:
         snap = sampler.sample()
         wait = DEFAULT_SAMPLE_TIME if args.sample_time is None else args.sample_time
@@ -52,8 +52,10 @@ def run(args) -> int:
             snap = sampler.sample()
     finally:
         sampler.close()
-    if args.json:
-        print_json(snap.to_dict(), compact=None)  # one line to a pipe, indented at a terminal
+    if args.json and not sys.stdout.isatty():  # one line to a pipe or a file, indented at a terminal
+        sys.stdout.write(snapshot_json(snap) + "\n")
+    elif args.json:
+        print_json(snap.to_dict())
     else:
         print(render(snap, chains=args.chains))
         note = unavailable_note(snap)

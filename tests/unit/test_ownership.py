@@ -230,3 +230,20 @@ def test_cache_with_ttl_zero_reads_once_per_sample(tmp_path):
     assert cache.get(PID, 1.0).unit == "a.service"  # same sample
     cache.prune()
     assert cache.get(PID, 1.0).unit == "b.service"  # next sample
+
+
+def test_read_bytes_stops_at_a_short_read_and_reads_a_long_file_whole(tmp_path, monkeypatch):
+    from gputop import ownership
+
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 200_000)
+    assert ownership._read_bytes(str(big), limit=1 << 20) == b"x" * 200_000  # several reads
+    assert ownership._read_bytes(str(big), limit=70_000) == b"x" * 70_000
+    assert ownership._read_bytes(str(big)) == b"x" * ownership._MAX_READ
+    small = tmp_path / "small"
+    small.write_bytes(b"0::/user.slice\n")
+    reads = []
+    real = os.read
+    monkeypatch.setattr(ownership.os, "read", lambda fd, n: reads.append(n) or real(fd, n))
+    assert ownership._read_bytes(str(small)) == b"0::/user.slice\n"
+    assert len(reads) == 1  # no second read to see the end

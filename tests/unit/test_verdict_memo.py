@@ -321,3 +321,83 @@ def test_a_thread_id_is_mapped_to_its_process_on_the_first_and_later_samples(hos
     s = sampler(host, holders=(301,), static_ttl=ttl)
     for _ in range(3):
         assert [h.pid for h in s.sample().holders] == [HOLDER]
+
+
+# ---- the context shared by the holders of one tree -----------------------------------------------
+
+SIBLING = 301
+
+
+@pytest.fixture
+def two_holders(host):
+    host.write_proc(SIBLING, PARENT, LEADER, "python", start=71, cmd=["python", "worker.py"])
+    return host
+
+
+def test_siblings_share_one_context_checked_once_a_sample(two_holders, monkeypatch):
+    s = sampler(two_holders, holders=(HOLDER, SIBLING))
+    s.sample()
+    assert s._memo[HOLDER].ctx is s._memo[SIBLING].ctx and len(s._contexts) == 1
+    checks = []
+    real = snapshot_mod._Context.holds
+    monkeypatch.setattr(snapshot_mod._Context, "holds", lambda self, table: checks.append(1) or real(self, table))
+    snap = s.sample()
+    assert len(checks) == 1  # one check for both holders
+    assert snap.holder(HOLDER).chain == snap.holder(SIBLING).chain
+
+
+@pytest.mark.parametrize("change", ["leader dies", "parent execs", "parent reparented", "leader hidden"])
+def test_a_change_in_the_shared_context_recomputes_every_sibling(two_holders, monkeypatch, ttl, change):
+    host = two_holders
+    count = Counting(monkeypatch)
+    s = sampler(host, holders=(HOLDER, SIBLING), static_ttl=ttl)
+    s.sample()
+    assert count.calls == 2
+    if change == "leader dies":
+        host.kill(LEADER)
+    elif change == "parent execs":
+        host.write_proc(PARENT, LEADER, LEADER, "tmux", start=60, cmd=["tmux"])
+    elif change == "parent reparented":
+        host.write_proc(PARENT, INIT, LEADER, "python", start=60, cmd=["python", "train.py"])
+    else:
+        host.kill(LEADER)
+        monkeypatch.setattr(ProcTable, "hidden", lambda self, pid: pid == LEADER and self.get(pid) is None)
+    snap = s.sample()
+    assert count.calls == 4  # both classified again
+    if change != "leader hidden":
+        for pid in (HOLDER, SIBLING):
+            assert verdict(snap, pid) == fresh(host, pid, sampler_=s)
+    else:
+        assert {verdict(snap, p).kind for p in (HOLDER, SIBLING)} == {"unknown"}
+
+
+def test_a_change_in_one_holder_recomputes_it_alone(two_holders, monkeypatch, ttl):
+    host = two_holders
+    count = Counting(monkeypatch)
+    s = sampler(host, holders=(HOLDER, SIBLING), static_ttl=ttl)
+    s.sample()
+    host.write_proc(SIBLING, PARENT, LEADER, "tmux", start=71, cmd=["tmux"])  # execs; its tree does not
+    snap = s.sample()
+    assert count.calls == 3
+    assert verdict(snap, SIBLING) == fresh(host, SIBLING, sampler_=s)
+    assert verdict(snap, HOLDER) == fresh(host, HOLDER, sampler_=s)
+
+
+def test_a_holders_owner_change_recomputes_it(host, monkeypatch):
+    count = Counting(monkeypatch)
+    s = sampler(host, static_ttl=0)
+    s.sample()
+    host.write_proc(HOLDER, PARENT, LEADER, "python", start=70, cmd=["python", "worker.py"],
+                    cgroup="0::/system.slice/train.service\n")
+    v = verdict(s.sample())
+    assert count.calls == 2 and v == fresh(host, HOLDER, sampler_=s)
+
+
+def test_contexts_are_forgotten_with_their_holders(two_holders):
+    gpu = OneGpu([HOLDER, SIBLING])
+    s = Sampler([gpu], config=Config(), proc_root=str(two_holders.proc), run_root=str(two_holders.run))
+    s.sample()
+    assert len(s._contexts) == 1
+    gpu.pids = []
+    s.sample()
+    assert s._memo == {} and s._contexts == {}
