@@ -7,6 +7,7 @@ handler blocks: a handler only reads the latest snapshot, updates widgets, or st
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -118,7 +119,12 @@ class PanelSource:
     # changes, and otherwise at most this often (findings are about processes, not about one second).
     AUDIT_EVERY = 5.0
 
+    GUARD_EVERY = 10.0  # the guard files are read again at least this often, changed or not
+
     def __init__(self):
+        self._guard_key: tuple | None = None
+        self._guard_at = float("-inf")
+        self._guard: tuple = ("off", (), None)
         self._rogue_history = None
         self._audit_key: tuple | None = None
         self._audit_at = float("-inf")
@@ -133,13 +139,12 @@ class PanelSource:
         if guard_state is not None:
             guard_ok = True
             try:
-                mode = guard_state.get_mode()
-                hits = tuple(guard_state.recent_hits(50))
-                policy = guard_state.get_policy_path()
+                mode, hits, policy = self._guard_files(guard_state, config)
                 d = guard_state.daemon_status()  # what `gputop guard status` says: is one running?
                 daemon = {"alive": bool(d.get("alive")), "pid": d.get("pid"),
                           "policy_file": d.get("policy_file"), "mode": d.get("mode")}
             except Exception as e:
+                self._guard_key = None
                 gerr = f"cannot read guard state: {e}"
         audit_ok, aerr, findings = False, None, ()
         try:
@@ -160,6 +165,28 @@ class PanelSource:
             except Exception as e:
                 aerr = f"audit failed: {e}"
         return PanelData(guard_ok, mode, gerr, hits, audit_ok, aerr, findings, daemon, policy)
+
+    def _guard_files(self, guard_state, config: Config) -> tuple:
+        """The guard's mode, recent hits and policy file, read again only when the state or hits file
+        changed (a new inode, size or mtime: both are replaced atomically or appended to), or after
+        GUARD_EVERY seconds; ``config`` (the app's, --config included) names the policy when the state
+        does not. The daemon's liveness is not cached (see __call__)."""
+        d = guard_state.guard_dir()
+        key = (d, _file_key(d / guard_state.STATE_FILE), _file_key(d / guard_state.HITS_FILE))
+        now = time.monotonic()
+        if key != self._guard_key or now - self._guard_at >= self.GUARD_EVERY:
+            self._guard = (guard_state.get_mode(), tuple(guard_state.recent_hits(50)),
+                           guard_state.get_policy_path(config))
+            self._guard_key, self._guard_at = key, now
+        return self._guard
+
+
+def _file_key(path: Path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 # The actions module speaks to the CLI (flags); on this screen the same way out is a button or a key.

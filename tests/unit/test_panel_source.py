@@ -29,3 +29,38 @@ def test_audit_reruns_on_new_holders_and_is_rate_limited_otherwise(monkeypatch):
     clock[0] += PanelSource.AUDIT_EVERY
     source(dataclasses.replace(snap, at=snap.at + 8, holders=snap.holders[1:]), cfg)
     assert len(calls) == 3  # the interval passed
+
+
+def test_guard_files_are_read_again_only_when_they_change(monkeypatch, tmp_path):
+    """The side panel's guard part: mode, hits and policy come from the guard's files, which are read again
+    when the state file is replaced or the hits file grows (or after GUARD_EVERY), not every second; the
+    daemon's liveness is asked every time; the app's config names the policy when the state does not."""
+    from gputop.guard import state as gs
+
+    monkeypatch.setenv("GPUTOP_STATE_DIR", str(tmp_path))
+    clock = [1000.0]
+    monkeypatch.setattr("gputop.tui.app.time.monotonic", lambda: clock[0])
+    reads, daemons = [], []
+    real_read, real_daemon = gs.read_state, gs.daemon_status
+    monkeypatch.setattr(gs, "read_state", lambda: reads.append(1) or real_read())
+    monkeypatch.setattr(gs, "daemon_status", lambda: daemons.append(1) or real_daemon())
+    cfg = Config(extra={"guard": {"policy": str(tmp_path / "from-config.yaml")}})
+    source, snap = PanelSource(), frozen_snapshot()
+    first = source(snap, cfg)
+    assert first.guard_mode == "off" and first.hits == () and first.guard_policy == str(tmp_path / "from-config.yaml")
+    n = len(reads)
+    for _ in range(3):
+        clock[0] += 1
+        again = source(snap, cfg)
+    assert len(reads) == n and again == first  # nothing changed: no read
+    assert len(daemons) == 4  # liveness every time
+    gs.set_mode("dry-run", "test")  # the state file is replaced
+    clock[0] += 1
+    assert source(snap, cfg).guard_mode == "dry-run" and len(reads) > n
+    gs.append_hit({"time": 1.0, "rule": "r1", "pid": 1, "message": "hit"})  # the hits file grows
+    clock[0] += 1
+    assert [h["rule"] for h in source(snap, cfg).hits] == ["r1"]
+    n = len(reads)
+    clock[0] += PanelSource.GUARD_EVERY
+    source(snap, cfg)
+    assert len(reads) > n  # read again after GUARD_EVERY even if unchanged
