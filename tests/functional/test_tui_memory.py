@@ -126,19 +126,18 @@ def test_the_tree_keeps_a_bounded_number_of_drawn_lines():
     dropped beyond the tree's height (or LINE_CACHE_ROWS), not kept up to Textual's 1,024."""
     from gputop.tui.app import GputopApp
     from gputop.tui.process_tree import LINE_CACHE_ROWS, ProcessTree
-    from tests.tui.helpers import frozen_panel, run_async, wait_until
-    from tests.tui.test_offscreen_rows import SwitchSampler, _switch, row_line
+    from tests.tui.helpers import FakeSampler, frozen_panel, row_line, run_async, switch_snapshot, wait_until
     from tests.tui.test_time_only_rows import N, snapshot
 
     @run_async
     async def check():
-        sampler = SwitchSampler(snapshot())
+        sampler = FakeSampler(snapshot())
         app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
         async with app.run_test(size=(120, 40)) as pilot:
             tree = app.query_one(ProcessTree)
             assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
             for shift in range(1, 12):
-                await _switch(pilot, app, sampler, snapshot(shift))
+                await switch_snapshot(pilot, app, sampler, snapshot(shift))
             assert row_line(app, 20000) is not None
             bound = max(LINE_CACHE_ROWS, tree.size.height)
             assert bound < 11 * N  # else the refreshes below could not exceed it

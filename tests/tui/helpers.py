@@ -94,7 +94,8 @@ def frozen_snapshot(at: float = AT) -> Snapshot:
 
 
 class FakeSampler:
-    """Returns the same constructed snapshot every time (the frozen sampler of the snapshot tests)."""
+    """Returns the same constructed snapshot every time (the frozen sampler of the snapshot tests); a test
+    may set ``snapshot`` to another one (see switch_snapshot)."""
 
     def __init__(self, snapshot: Snapshot | None = None):
         self.snapshot = snapshot or frozen_snapshot()
@@ -109,6 +110,22 @@ class FakeSampler:
 
     def close(self) -> None:
         pass
+
+
+def row_line(app, pid: int) -> str | None:
+    """The screen line that shows ``pid`` (a tree row), or None."""
+    for line in screen_text(app).splitlines():
+        if f" {pid} " in line:
+            return line
+    return None
+
+
+async def switch_snapshot(pilot, app, sampler, snap) -> None:
+    """Make a FakeSampler hand out ``snap``, sample now, and wait until the app shows it."""
+    sampler.snapshot = snap
+    app.sample_now()
+    assert await wait_until(pilot, lambda: app.snapshot is snap)
+    await pilot.pause(0.2)
 
 
 def frozen_panel(snapshot, config) -> PanelData:

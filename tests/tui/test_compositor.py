@@ -8,9 +8,9 @@ from textual._compositor import Compositor
 from gputop.tui import compositor as span
 from gputop.tui.app import GputopApp
 
-from .helpers import frozen_panel, run_async, screen_text, wait_until
+from .helpers import FakeSampler, frozen_panel, run_async, screen_text, switch_snapshot, wait_until
 from .test_device_board import _devices
-from .test_offscreen_rows import SwitchSampler, _switch, big_snapshot
+from .test_offscreen_rows import big_snapshot
 
 
 def test_textual_is_the_one_it_was_written_for():
@@ -35,7 +35,7 @@ async def test_every_partial_update_writes_what_textuals_would(monkeypatch):
 
     monkeypatch.setattr(span.SpanCompositor, "render_partial_update", both)
     base = big_snapshot(util=50.0)
-    sampler = SwitchSampler(base)
+    sampler = FakeSampler(base)
     app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
     async with app.run_test(size=(160, 45)) as pilot:
         assert await wait_until(pilot, lambda: " 50%" in screen_text(app))
@@ -43,7 +43,7 @@ async def test_every_partial_update_writes_what_textuals_would(monkeypatch):
         snaps = [_devices(base, {3: {"util_gpu": 97.0}}), big_snapshot(runtime_shift=61, at=base.at + 2),
                  _devices(base, {5: {"lost": True}})]
         for snap in snaps:
-            await _switch(pilot, app, sampler, snap)
+            await switch_snapshot(pilot, app, sampler, snap)
         for key in ("down", "down", "space", "end", "home", "b", "b", "left", "right", "g", "s"):
             await pilot.press(key)
             await pilot.pause()

@@ -9,8 +9,8 @@ import dataclasses
 from gputop.tui.app import GputopApp
 from gputop.tui.device_pane import DeviceBoard
 
-from .helpers import frozen_panel, run_async, screen_text, wait_until
-from .test_offscreen_rows import SwitchSampler, _switch, big_snapshot
+from .helpers import FakeSampler, frozen_panel, run_async, screen_text, switch_snapshot, wait_until
+from .test_offscreen_rows import big_snapshot
 
 
 def _screen(app) -> list[str]:
@@ -35,7 +35,7 @@ def _devices(snap, changes=None):
 @run_async
 async def test_the_board_shows_what_a_full_redraw_shows_after_each_change():
     base = big_snapshot(util=50.0)
-    sampler = SwitchSampler(base)
+    sampler = FakeSampler(base)
     app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
     async with app.run_test(size=(120, 40)) as pilot:
         assert await wait_until(pilot, lambda: " 50%" in screen_text(app))
@@ -52,7 +52,7 @@ async def test_the_board_shows_what_a_full_redraw_shows_after_each_change():
             _devices(base, {0: {"name": "evil\x1b]0;owned\x07gpu", "util_gpu": 10.0}}),
         ]
         for i, snap in enumerate(steps):
-            await _switch(pilot, app, sampler, snap)
+            await switch_snapshot(pilot, app, sampler, snap)
             shown = _screen(app)
             assert shown == await _full_redraw(pilot, board), f"step {i}"
             assert ("no GPU found" in screen_text(app)) == (not snap.devices), f"step {i}"
@@ -66,15 +66,15 @@ async def test_the_board_shows_what_a_full_redraw_shows_after_each_change():
 @run_async
 async def test_a_changed_line_is_repainted_and_an_unchanged_one_is_not():
     base = big_snapshot(util=50.0)
-    sampler = SwitchSampler(base)
+    sampler = FakeSampler(base)
     app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
     async with app.run_test(size=(120, 50)) as pilot:
         assert await wait_until(pilot, lambda: " 50%" in screen_text(app))
-        await _switch(pilot, app, sampler, _devices(base))  # the history strips settle
+        await switch_snapshot(pilot, app, sampler, _devices(base))  # the history strips settle
         board = app.query_one(DeviceBoard)
         painted = []
         real = board.refresh
         board.refresh = lambda *regions, **kw: (painted.extend(regions), real(*regions, **kw))[1]
-        await _switch(pilot, app, sampler, _devices(_devices(base), {3: {"temperature": 81}}))
+        await switch_snapshot(pilot, app, sampler, _devices(_devices(base), {3: {"temperature": 81}}))
         # Two lines per GPU: the second (the history strips) gains a point; of the first lines only GPU 3's.
         assert sorted(r.y for r in painted) == [1, 3, 5, 6, 7, 9, 11, 13, 15]

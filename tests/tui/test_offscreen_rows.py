@@ -13,7 +13,8 @@ from gputop.tui.app import GputopApp
 from gputop.tui.process_tree import ProcessTree
 from gputop.units import fmt_duration
 
-from .helpers import AT, GiB, _p, frozen_panel, run_async, screen_text, wait_until
+from .helpers import (AT, FakeSampler, GiB, _p, frozen_panel, row_line, run_async, screen_text, switch_snapshot,
+                      wait_until)
 
 N = 1024
 MiB = 1024**2
@@ -35,41 +36,9 @@ def big_snapshot(runtime_shift: float = 0.0, util: float = 50.0, at: float = AT)
                     backends=(BackendStatus("simulated", True, "", 8),))
 
 
-class SwitchSampler:
-    """Hands back whichever snapshot the test set last."""
-
-    def __init__(self, snapshot: Snapshot):
-        self.snapshot = snapshot
-        self.config = None
-        self.platform = "posix"
-
-    def sample(self) -> Snapshot:
-        return self.snapshot
-
-    def reset(self, index: int) -> str:
-        raise RuntimeError("cannot reset")
-
-    def close(self) -> None:
-        pass
-
-
-def row_line(app, pid: int) -> str | None:
-    for line in screen_text(app).splitlines():
-        if f" {pid} " in line:
-            return line
-    return None
-
-
-async def _switch(pilot, app, sampler, snap) -> None:
-    sampler.snapshot = snap
-    app.sample_now()
-    assert await wait_until(pilot, lambda: app.snapshot is snap)
-    await pilot.pause(0.2)
-
-
 @run_async
 async def test_the_bottom_of_a_big_tree_shows_the_latest_values_when_scrolled_to():
-    sampler = SwitchSampler(big_snapshot())
+    sampler = FakeSampler(big_snapshot())
     app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
     async with app.run_test(size=(120, 40)) as pilot:
         tree = app.query_one(ProcessTree)
@@ -79,7 +48,7 @@ async def test_the_bottom_of_a_big_tree_shows_the_latest_values_when_scrolled_to
         assert row_line(app, last) is None  # far below the screen
         # The values of every row change (an hour later); the bottom rows are off screen meanwhile.
         later = big_snapshot(runtime_shift=3600)
-        await _switch(pilot, app, sampler, later)
+        await switch_snapshot(pilot, app, sampler, later)
         app.query_one(ProcessTree).focus()
         await pilot.press("end")
         assert await wait_until(pilot, lambda: row_line(app, last) is not None)
@@ -88,7 +57,7 @@ async def test_the_bottom_of_a_big_tree_shows_the_latest_values_when_scrolled_to
         assert f" {fmt_duration(1000.0 + N - 1)} " not in line, line  # not the old value
         # A change while scrolled down shows on the rows in view, and the top (now off screen) follows too.
         latest = big_snapshot(runtime_shift=7200)
-        await _switch(pilot, app, sampler, latest)
+        await switch_snapshot(pilot, app, sampler, latest)
         assert await wait_until(pilot, lambda: fmt_duration(1000.0 + N - 1 + 7200) in (row_line(app, last) or ""))
         await pilot.press("home")
         assert await wait_until(pilot, lambda: row_line(app, 10000) is not None)
@@ -97,26 +66,26 @@ async def test_the_bottom_of_a_big_tree_shows_the_latest_values_when_scrolled_to
 
 @run_async
 async def test_a_value_change_in_a_row_on_screen_shows_on_the_next_refresh():
-    sampler = SwitchSampler(big_snapshot())
+    sampler = FakeSampler(big_snapshot())
     app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
     async with app.run_test(size=(120, 40)) as pilot:
         assert await wait_until(pilot, lambda: row_line(app, 10000) is not None)
         assert fmt_duration(1000.0) in row_line(app, 10000)
-        await _switch(pilot, app, sampler, big_snapshot(runtime_shift=61))
+        await switch_snapshot(pilot, app, sampler, big_snapshot(runtime_shift=61))
         assert await wait_until(pilot, lambda: fmt_duration(1061.0) in (row_line(app, 10000) or ""))
         assert f" {fmt_duration(1000.0)} " not in row_line(app, 10000)
 
 
 @run_async
 async def test_a_device_pane_value_change_shows():
-    sampler = SwitchSampler(big_snapshot(util=50.0))
+    sampler = FakeSampler(big_snapshot(util=50.0))
     app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
     async with app.run_test(size=(120, 40)) as pilot:
         assert await wait_until(pilot, lambda: " 50%" in screen_text(app))
         changed = big_snapshot(util=50.0, at=AT + 1)
         devs = list(changed.devices)
         devs[3] = dataclasses.replace(devs[3], util_gpu=97.0, temperature=81)
-        await _switch(pilot, app, sampler, dataclasses.replace(changed, devices=tuple(devs)))
+        await switch_snapshot(pilot, app, sampler, dataclasses.replace(changed, devices=tuple(devs)))
         gpu3 = next(line for line in screen_text(app).splitlines() if line.lstrip().startswith("3 NVIDIA"))
         assert "97%" in gpu3 and "81°C" in gpu3, gpu3
         assert "█" in gpu3  # the history strip has the new (high) point

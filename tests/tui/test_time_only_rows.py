@@ -15,8 +15,8 @@ from gputop.tui.app import GputopApp
 from gputop.tui.process_tree import ProcessTree
 from gputop.units import fmt_duration
 
-from .helpers import AT, GiB, _p, frozen_panel, run_async, screen_text, wait_until
-from .test_offscreen_rows import SwitchSampler, _switch, row_line
+from .helpers import (AT, FakeSampler, GiB, _p, frozen_panel, row_line, run_async, screen_text, switch_snapshot,
+                      wait_until)
 
 N = 16
 MiB = 1024**2
@@ -52,7 +52,7 @@ def full_render(tree: ProcessTree) -> list:
 
 @run_async
 async def test_rows_whose_time_advances_show_what_a_full_render_shows():
-    sampler = SwitchSampler(snapshot())
+    sampler = FakeSampler(snapshot())
     app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
     async with app.run_test(size=(120, 40)) as pilot:
         tree = app.query_one(ProcessTree)
@@ -69,7 +69,7 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
         ProcessTree._respliced = counting
         try:
             for shift in (1, 2, 61, 3600):  # seconds, a minute, an hour: TIME's text changes each time
-                await _switch(pilot, app, sampler, snapshot(shift))
+                await switch_snapshot(pilot, app, sampler, snapshot(shift))
                 for i in range(N):
                     line = row_line(app, 20000 + i)
                     if line is not None:
@@ -86,7 +86,7 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
 
 @run_async
 async def test_a_row_that_changes_more_than_its_time_is_drawn_in_full():
-    sampler = SwitchSampler(snapshot())
+    sampler = FakeSampler(snapshot())
     app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
     async with app.run_test(size=(120, 40)) as pilot:
         tree = app.query_one(ProcessTree)
@@ -95,7 +95,7 @@ async def test_a_row_that_changes_more_than_its_time_is_drawn_in_full():
         await pilot.pause(0.1)
         for shift, key in ((1, "down"), (2, "space"), (3, "down"), (4, "space")):  # move, tag, move, tag
             await pilot.press(key)
-            await _switch(pilot, app, sampler, snapshot(shift))
+            await switch_snapshot(pilot, app, sampler, snapshot(shift))
             assert drawn_strips(tree) == full_render(tree), (shift, key)
         assert tree.tagged
         for pid in tree.tagged:  # a tag shows at once, though the row's TIME changed too
