@@ -84,8 +84,12 @@ class Executor:
                 continue
             try:
                 self.handles[m.pid] = Handle(m)
-            except Exception:
+            except (ProcessLookupError, LookupError):  # exited, or the PID is another process now
                 self.gone.add(m.pid)
+                continue
+            except Exception:  # alive but not verifiable or not ours to signal: never "gone"
+                if m.pid not in self.denied:
+                    self.denied.append(m.pid)
                 continue
             new.append(m.pid)
             state = self.handles[m.pid].state  # read when its handle was verified

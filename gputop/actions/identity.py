@@ -41,7 +41,14 @@ class Handle:
                 if e.errno != errno.ENOSYS:
                     raise
         if self.fd is not None:
-            now = stat_state(info.pid)  # None: gone or exited (the stat line is all the check needs)
+            now = stat_state(info.pid)  # None: gone, exited, or its /proc entry cannot be read
+            if now is None and not _exited(self.fd):
+                # The pidfd says it runs, but /proc will not show it (hidepid, or it became unreadable):
+                # its identity cannot be checked. Not gone: refused, as a permission problem.
+                os.close(self.fd)
+                self.fd = None
+                raise PermissionError(1, f"cannot check the identity of pid {info.pid}: /proc/{info.pid} "
+                                         "cannot be read")
             if now is None or not same_start(now[1], info.start_time):
                 os.close(self.fd)
                 self.fd = None
@@ -50,8 +57,14 @@ class Handle:
         else:
             import psutil
 
-            p = psutil.Process(info.pid)  # NoSuchProcess: the caller reports "not-found"
-            if not same_start(round(p.create_time(), 2), info.start_time):
+            try:
+                p = psutil.Process(info.pid)
+                created = round(p.create_time(), 2)
+            except psutil.NoSuchProcess:
+                raise ProcessLookupError(errno.ESRCH, f"no process {info.pid}") from None
+            except psutil.AccessDenied:
+                raise PermissionError(1, f"cannot check the identity of pid {info.pid}") from None
+            if not same_start(created, info.start_time):
                 raise LookupError("identity changed")
             self.proc = p
 
@@ -78,8 +91,11 @@ class Handle:
     def alive(self) -> bool:
         """The process runs (not a zombie; a half-exited one runs) and the PID still has its start time.
 
-        Only /proc/PID/stat is read (``start_time``: the same start and the same zombie test as read_proc,
-        without the command line and status that read_proc also reads)."""
+        With a pidfd, the pidfd answers: it refers to this very process and turns readable only when every
+        thread has exited, so a process whose /proc entry cannot be read is never taken for gone. Without
+        one, /proc/PID/stat (the same start and zombie test as read_proc)."""
+        if self.fd is not None:
+            return not _exited(self.fd)
         now = start_time(self.pid)
         return now is not None and same_start(now, self.info.start_time)
 
@@ -106,6 +122,17 @@ def wait_gone(handles: list[Handle], timeout: float) -> list[Handle]:
         _wait_exit(alive, min(left, _POLL * 10))
         alive = [h for h in alive if h.alive()]
     return alive
+
+
+def _exited(fd: int) -> bool:
+    """True once the process of pidfd ``fd`` has exited (all its threads: a zombie has, a half-exited
+    process has not). A pidfd that cannot be polled says nothing: False (still there)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    try:
+        return bool(poller.poll(0))
+    except OSError:
+        return False
 
 
 def _wait_exit(handles: list[Handle], timeout: float) -> None:

@@ -186,7 +186,9 @@ class _KillRun:
                 return self.done(False, "not-found", f"pid {pid} exited before it could be signalled", EXIT_NOT_FOUND)
             return self.done(False, "identity-changed", f"pid {pid} changed identity while being checked; "
                              "refresh and retry", EXIT_REFUSED)
-        except Exception as e:  # psutil.NoSuchProcess and friends on other platforms
+        except PermissionError as e:  # alive, but its identity cannot be checked or it is not ours
+            return self.done(False, "permission-denied", f"pid {pid}: {err_text(e)}", EXIT_PERMISSION)
+        except Exception as e:
             return self.done(False, "not-found", f"pid {pid} cannot be opened: {err_text(e)}", EXIT_NOT_FOUND)
         try:
             return self.send_and_wait(ctx, handle, sig)

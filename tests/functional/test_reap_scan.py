@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from gputop.actions.executor import Executor, scan_stats
+from gputop.actions import identity
 from gputop.actions.identity import Handle, wait_gone
 from gputop.actions.plan import ReapPlan
 from gputop.config import load_config
@@ -159,20 +160,45 @@ def test_a_round_reads_proc_once_and_still_finds_a_joiner(procs, cfg, tmp_path, 
         ex.close()
 
 
-def test_handle_alive_and_wait_gone_keep_identity_semantics(procs, tmp_path):
+def test_handle_alive_and_wait_gone_keep_identity_semantics(procs, tmp_path, monkeypatch):
     """alive() reads only the stat line: a half-exited process (state Z, a thread still running) is alive,
     wait_gone does not call it gone; a process that exits is reported gone at once, not after a poll."""
     parent, holder = half_exited(procs, tmp_path, ["setsid"])
     h = Handle(read_proc(parent))
     short = procs.spawn([PY, "-c", "import time; time.sleep(0.3)"])
     s = Handle(read_proc(short.pid))
+    monkeypatch.setattr(identity, "_POLL", 5.0)  # a /proc poll would now sleep seconds: only the pidfd wakes
     try:
         assert h.alive() and stat_state(parent)[0] == "Z" and start_time(parent) == h.info.start_time
         assert wait_gone([h], 0.3) == [h]
         t0 = time.monotonic()
         assert wait_gone([s], 10.0) == [] and not s.alive()
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 2.0
     finally:
         h.close()
         s.close()
     assert read_proc(holder) is not None  # nothing here signals anything
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3+)")
+def test_a_live_process_whose_proc_entry_cannot_be_read_is_never_gone(procs, monkeypatch):
+    """Cannot see is never gone: a live process whose /proc/PID/stat cannot be read (hidepid, or it turned
+    unreadable) is refused as a permission problem when its handle is opened, is alive for a handle opened
+    before, and the executor lists it as denied, not gone; it is never signalled."""
+    victim = procs.spawn(["sleep", "60"])
+    info = read_proc(victim.pid)
+    before = Handle(info)  # opened while /proc could still be read
+    monkeypatch.setattr(identity, "stat_state", lambda pid, *a: None)  # what an unreadable stat line gives
+    monkeypatch.setattr(identity, "start_time", lambda pid, *a: None)
+    try:
+        with pytest.raises(PermissionError):
+            Handle(info)
+        assert before.alive() and wait_gone([before], 0.2) == [before]
+        ex = Executor.__new__(Executor)
+        ex.handles, ex.gone, ex.denied, ex.pre_stopped = {}, set(), [], set()
+        assert ex.adopt([info], [signal.SIGSTOP]) == []
+        assert ex.denied == [victim.pid] and victim.pid not in ex.gone
+    finally:
+        before.close()
+    monkeypatch.undo()
+    assert read_proc(victim.pid).state not in ("T", "t", "Z")  # alive, never stopped
