@@ -505,6 +505,7 @@ class Sampler:
 
     def sample(self) -> Snapshot:
         now = self.clock()
+        self._ctx_now = {}  # this sample's context checks only, even when the last sample failed part-way
         self._check_rules()
         warnings: list[str] = []
         if self._hidepid is None:  # the mount's options: read once per sampler, not every refresh

@@ -532,7 +532,7 @@ class GputopApp(App):
         if s is None:
             t.append("  reading processes…" if self._devices_only else "  waiting for the first sample…")
         else:
-            t.append(f" {s.host}  {len(s.devices)} GPU  {len(s.holders)} holder{'s' if len(s.holders) != 1 else ''}  ")
+            t.append(f" {visible(s.host)}  {len(s.devices)} GPU  {len(s.holders)} holder{'s' if len(s.holders) != 1 else ''}  ")
             if s.roots:
                 t.append(f"{len(s.roots)} orphan tree{'s' if len(s.roots) != 1 else ''}",
                          style=process_tree.ORPHAN_STYLE)

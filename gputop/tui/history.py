@@ -108,7 +108,9 @@ BLOCKS = " ▁▂▃▄▅▆▇█"
 
 def block(v: float | None) -> str:
     """One point of a strip on the fixed 0-100 scale; '?' when unknown."""
-    return "?" if v is None else BLOCKS[max(0, min(8, round(v / 100 * 8)))]
+    if v is None or v != v:  # NaN: unknown too
+        return "?"
+    return BLOCKS[max(0, min(8, round(min(max(v, 0.0), 100.0) / 100 * 8)))]
 
 
 def strip(values: list[float | None], width: int) -> str:

@@ -41,11 +41,11 @@ def daemon_line(d: PanelData) -> Text:
         return Text("")
     if daemon.get("alive"):
         policy = daemon.get("policy_file") or d.guard_policy or "?"
-        return Text(f"daemon running, pid {daemon.get('pid')}, policy {policy}")
+        return Text(visible(f"daemon running, pid {daemon.get('pid')}, policy {policy}"))
     t = Text("no guard daemon running", style="bold yellow")
     t.append(" (gputop guard run): the mode is stored, nothing acts on it", style="")
     if d.guard_policy:
-        t.append(f"; policy {d.guard_policy}")
+        t.append(visible(f"; policy {d.guard_policy}"))
     return t
 
 
@@ -72,20 +72,20 @@ def guard_text(d: PanelData) -> Text:
         t.append(line)
     if d.guard_error:
         t.append("\n")
-        t.append(Text(d.guard_error, style="red"))
+        t.append(Text(visible(d.guard_error), style="red"))
     if not d.hits:
         t.append("\n")
         t.append("no rule hits yet", style="dim")
     for h in d.hits:
         t.append("\n")
         t.append(_hhmmss(h.get("time")) + " ", style="dim")
-        t.append(Text(str(h.get("rule") or "?"), style="bold"))
-        t.append(f" {h.get('pid') if h.get('pid') is not None else '-'} ")
+        t.append(Text(visible(str(h.get("rule") or "?")), style="bold"))
+        t.append(visible(f" {h.get('pid') if h.get('pid') is not None else '-'} "))
         action = str(h.get("action") or "")
         if h.get("dry_run"):
             action = f"would {action}" if action else "would act"
         outcome = h.get("outcome")
-        t.append(Text(action + (f" ({outcome})" if outcome and outcome != "dry-run" else ""),
+        t.append(Text(visible(action + (f" ({outcome})" if outcome and outcome != "dry-run" else "")),
                       style="yellow" if h.get("dry_run") else "red"))
     return t
 

@@ -64,3 +64,17 @@ def test_guard_files_are_read_again_only_when_they_change(monkeypatch, tmp_path)
     clock[0] += PanelSource.GUARD_EVERY
     source(snap, cfg)
     assert len(reads) > n  # read again after GUARD_EVERY even if unchanged
+
+
+def test_guard_text_shows_hostile_hit_fields_and_paths_escaped():
+    """Guard hits, errors and policy paths come from files other processes write: no control character
+    reaches the screen raw."""
+    from gputop.tui.side_panel import PanelData, guard_text
+
+    esc = "\x1b]0;owned\x07"
+    d = PanelData(guard_available=True, guard_mode="enforce", guard_error=f"bad {esc}",
+                  hits=({"time": 1.0, "rule": f"r{esc}", "pid": f"1{esc}", "action": f"kill{esc}",
+                         "outcome": f"x{esc}"},),
+                  guard_daemon={"alive": True, "pid": 7, "policy_file": f"/p{esc}"}, guard_policy=f"/q{esc}")
+    plain = guard_text(d).plain
+    assert "\x1b" not in plain and "\x07" not in plain and "owned" in plain

@@ -135,3 +135,12 @@ def test_history_of_an_hour_on_eight_gpus_is_small():
         tracemalloc.stop()
     assert len(h.series(7)) == 3600
     assert size < 1 << 20, f"{size / 2**20:.1f} MiB for 28,800 samples"
+
+
+def test_a_nan_or_out_of_range_reading_is_drawn_not_raised():
+    """A backend (or a scenario's JSON) may hand a NaN: the strip shows '?' for it, and the history and the
+    refresh go on; values outside 0-100 are clamped to the scale."""
+    from gputop.tui.history import BLOCKS, block
+
+    assert block(float("nan")) == "?" and block(None) == "?"
+    assert block(-5.0) == BLOCKS[0] and block(250.0) == BLOCKS[8]

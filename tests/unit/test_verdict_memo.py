@@ -401,3 +401,29 @@ def test_contexts_are_forgotten_with_their_holders(two_holders):
     gpu.pids = []
     s.sample()
     assert s._memo == {} and s._contexts == {}
+
+
+def test_a_sample_that_failed_part_way_leaves_no_context_check_for_the_next(two_holders, monkeypatch):
+    """A context checked in a sample that then raised must be checked again by the next sample, not taken
+    from the failed one (the tree may have changed in between)."""
+    host = two_holders
+    s = sampler(host, holders=(HOLDER, SIBLING))
+    s.sample()
+    real = snapshot_mod.Sampler._holder
+    built = []
+
+    def failing(self, pid, *a, **kw):
+        out = real(self, pid, *a, **kw)  # the shared context is checked here, for the first holder
+        built.append(pid)
+        raise RuntimeError("an owner lookup failed")
+    monkeypatch.setattr(snapshot_mod.Sampler, "_holder", failing)
+    with pytest.raises(RuntimeError):
+        s.sample()
+    assert built
+    monkeypatch.setattr(snapshot_mod.Sampler, "_holder", real)
+    host.kill(LEADER)  # the tree changes before the next sample
+    host.write_proc(PARENT, INIT, LEADER, "python", start=60, cmd=["python", "train.py"])  # reparented
+    snap = s.sample()
+    for pid in (HOLDER, SIBLING):
+        assert verdict(snap, pid) == fresh(host, pid, sampler_=s)
+        assert verdict(snap, pid).kind == "orphan"
