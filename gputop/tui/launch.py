@@ -145,8 +145,9 @@ def _exit_on_signals(get_app):
         stuck = threading.Timer(EXIT_GRACE_S, os._exit, (128 + signum,))
         stuck.daemon = True
         stuck.start()
+        timers.append(stuck)
 
-    saved = {}
+    saved, timers = {}, []
     for sig in (signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError, OSError):  # not the main thread: leave the defaults
             if signal.getsignal(sig) is not signal.SIG_IGN:  # under nohup SIGHUP stays ignored
@@ -154,6 +155,8 @@ def _exit_on_signals(get_app):
     try:
         yield
     finally:
+        for t in timers:  # the app did exit: nothing to force (a caller that lives on is not cut short)
+            t.cancel()
         for sig, old in saved.items():
             with contextlib.suppress(ValueError, OSError):
                 signal.signal(sig, old)

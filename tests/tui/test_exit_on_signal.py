@@ -4,6 +4,7 @@ windows were killed during start-up)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -47,3 +48,29 @@ def test_a_stuck_exit_still_ends_the_process_with_128_plus_the_signal(sig):
     assert rc == 128 + sig
     assert "exit asked" in p.stdout.read()  # the normal exit was tried first
     assert took < 15
+
+
+def test_the_forced_exit_is_called_off_once_the_app_has_exited(monkeypatch):
+    """The forced exit is for a shutdown that hangs; once the app's normal exit has returned, a process that
+    lives on (a caller, a test) is not ended 10 s later."""
+    import asyncio
+    import time
+
+    from gputop.tui import launch
+
+    monkeypatch.setattr(launch, "EXIT_GRACE_S", 0.3)
+    forced = []
+    monkeypatch.setattr(launch.os, "_exit", lambda code: forced.append(code))
+
+    class App:
+        def exit(self, return_code=None):
+            pass
+
+    async def main():
+        with launch._exit_on_signals(lambda: App()):
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    time.sleep(0.6)
+    assert forced == []
