@@ -238,8 +238,10 @@ def _guard_mode(live: LiveSnapshot, data: dict):
     return JSONResponse(faces.do_guard_mode(FACE, _want(data, "mode", (str,), "a string")))
 
 
-ENDPOINTS = ["/v1/status", "/v1/processes", "/v1/audit/rogue", "/v1/guard/status", "/metrics", "POST /v1/kill",
-             "POST /v1/reap", "POST /v1/reset", "POST /v1/guard/mode"]
+def endpoints(routes) -> list[str]:
+    """What the root names: each route but "/" itself, writes as "POST <path>" (read from the routes, so
+    the list cannot drift from them)."""
+    return [("POST " if "POST" in (r.methods or ()) else "") + r.path for r in routes if r.path != "/"]
 
 
 def _read_routes(live: LiveSnapshot, token_path: Path | None, registry: CollectorRegistry) -> list[Route]:
@@ -267,7 +269,7 @@ def _read_routes(live: LiveSnapshot, token_path: Path | None, registry: Collecto
 
     async def root(request: Request):
         return JSONResponse({"service": "gputop", "version": __version__, "read_only": token_path is None,
-                             "endpoints": ENDPOINTS})
+                             "endpoints": endpoints(request.app.routes)})
 
     return [Route("/", root), Route("/v1/status", status), Route("/v1/processes", processes),
             Route("/v1/audit/rogue", rogue), Route("/v1/guard/status", guard), Route("/metrics", metrics)]

@@ -20,11 +20,16 @@ def open_sampler(args, config: Config | None = None, **kw) -> Sampler:
                         config or config_from(args), **kw)
 
 
+def to_terminal() -> bool:
+    """Whether stdout is a terminal (a person reading) rather than a pipe or a file (a script)."""
+    return sys.stdout.isatty()
+
+
 def print_json(obj, compact: bool | None = False) -> None:
     """``obj`` as JSON on stdout, indented; ``compact=None``: compact unless stdout is a terminal (a pipe
     gets one line from the C encoder; indenting drops to the pure-Python encoder, ~3x the time)."""
     if compact is None:
-        compact = not sys.stdout.isatty()
+        compact = not to_terminal()
     # One write: json.dump() to a text stream writes each token separately (tens of thousands of calls
     # for a node with 128 holders, ~30 ms).
     if compact:
@@ -36,7 +41,7 @@ def print_json(obj, compact: bool | None = False) -> None:
 def fit_last(rows: list[list[str]], headers: list[str]) -> list[list[str]]:
     """On a terminal, cut the last column (a command, a message) so that rows fit its width; piped or
     redirected, keep it whole (a script or a file wants all of it)."""
-    if not sys.stdout.isatty():
+    if not to_terminal():
         return rows
     import shutil
 

@@ -6,7 +6,7 @@ import sys
 import time
 
 from gputop.backends import no_gpu_message
-from gputop.commands._common import fit_last, open_sampler, print_json, table
+from gputop.commands._common import fit_last, open_sampler, print_json, table, to_terminal
 from gputop.errors import UsageError
 from gputop.ownership import NONE, Owner
 from gputop.textsafe import visible
@@ -52,7 +52,7 @@ def run(args) -> int:
             snap = sampler.sample()
     finally:
         sampler.close()
-    if args.json and not sys.stdout.isatty():  # one line to a pipe or a file, indented at a terminal
+    if args.json and not to_terminal():  # one line to a pipe or a file, indented at a terminal
         sys.stdout.write(snapshot_json(snap) + "\n")
     elif args.json:
         print_json(snap.to_dict())

@@ -79,6 +79,19 @@ def test_status_is_status_json(server, demo):
     assert [r["pid"] for r in api["roots"]] == [demo.pid("retry-root")]
 
 
+def test_root_names_every_route_and_each_answers(server, token_file):
+    root = httpx.get(server.url + "/").json()
+    assert root["read_only"] is False
+    assert root["endpoints"] == ["/v1/status", "/v1/processes", "/v1/audit/rogue", "/v1/guard/status", "/metrics",
+                                 "POST /v1/kill", "POST /v1/reap", "POST /v1/reset", "POST /v1/guard/mode"]
+    for ep in root["endpoints"]:
+        method, _, path = ep.rpartition(" ")
+        if method == "POST":  # exists and wants a body: a GET is 405, not 404
+            assert httpx.get(server.url + path).status_code == 405, ep
+        else:
+            assert httpx.get(server.url + path).status_code == 200, ep
+
+
 def test_processes_filters(server, demo):
     get = lambda **q: httpx.get(server.url + "/v1/processes", params=q)
     allp = get().json()
