@@ -502,36 +502,80 @@ def _rule(r: object, idx: int, line: int, issues: list[Issue], names: set[str]) 
     for k in ("name", "conditions", "action"):
         if k not in r:
             ctx.err(rline, f"missing field '{k}'")
-    if "name" in r:
-        if not isinstance(name, str) or not name.strip():
-            ctx.err(_line(r, "name", rline), f"name must be a non-empty string, got {_type_name(name)}")
-        elif name in names:
-            ctx.err(_line(r, "name", rline), f"duplicate rule name '{name}'")
-        else:
-            names.add(name)
+    _rule_name(r, name, rline, ctx, names)
+    conds = _rule_conditions(r, rline, ctx)
+    choice = _rule_choices(r, rline, ctx, ("action", "match", "force", "enabled"))
+    durations = _rule_durations(r, rline, ctx)
+    choice.update(_rule_choices(r, rline, ctx, ("description",)))
+    notify = _rule_notify(r, choice["action"], rline, ctx)
+    choice.update(_rule_choices(r, rline, ctx, ("scope", "select")))
+    scope = _rule_scope(conds, choice["scope"], rline, ctx)
+    if ctx.count:
+        return None
+    return Rule(
+        name=name, conditions=tuple(conds), action=choice["action"], description=choice["description"],
+        match=choice["match"], force=choice["force"], timeout=durations.get("timeout"), notify=notify,
+        grace_period=durations.get("grace_period") or None, scope=scope, select=choice["select"],
+        repeat=durations.get("repeat", DEFAULT_REPEAT), enabled=choice["enabled"], line=rline,
+    )
+
+
+def _rule_name(r: dict, name, rline: int, ctx: _Ctx, names: set[str]) -> None:
+    if "name" not in r:
+        return
+    if not isinstance(name, str) or not name.strip():
+        ctx.err(_line(r, "name", rline), f"name must be a non-empty string, got {_type_name(name)}")
+    elif name in names:
+        ctx.err(_line(r, "name", rline), f"duplicate rule name '{name}'")
+    else:
+        names.add(name)
+
+
+def _rule_conditions(r: dict, rline: int, ctx: _Ctx) -> list[Condition]:
     conds: list[Condition] = []
-    if "conditions" in r:
-        cs = r["conditions"]
-        if not isinstance(cs, list) or not cs:
-            ctx.err(_line(r, "conditions", rline), "conditions must be a non-empty list")
-        else:
-            for i, c in enumerate(cs, 1):
-                cl = cs.item_lines[i - 1] if isinstance(cs, _Seq) else rline
-                cond = _condition(c, i, cl, ctx)
-                if cond is not None:
-                    conds.append(cond)
-    action = r.get("action")
-    if "action" in r and action not in ACTIONS:
-        ctx.err(_line(r, "action", rline), f"bad action {action!r}: use one of {', '.join(ACTIONS)}")
-    match = r.get("match", "all")
-    if match not in MATCHES:
-        ctx.err(_line(r, "match", rline), f"bad match {match!r}: use all or any")
-    force = r.get("force", False)
-    if not isinstance(force, bool):
-        ctx.err(_line(r, "force", rline), f"force must be true or false, got {_type_name(force)}")
-    enabled = r.get("enabled", True)
-    if not isinstance(enabled, bool):
-        ctx.err(_line(r, "enabled", rline), f"enabled must be true or false, got {_type_name(enabled)}")
+    if "conditions" not in r:
+        return conds
+    cs = r["conditions"]
+    if not isinstance(cs, list) or not cs:
+        ctx.err(_line(r, "conditions", rline), "conditions must be a non-empty list")
+        return conds
+    for i, c in enumerate(cs, 1):
+        cl = cs.item_lines[i - 1] if isinstance(cs, _Seq) else rline
+        cond = _condition(c, i, cl, ctx)
+        if cond is not None:
+            conds.append(cond)
+    return conds
+
+
+# key: (default, the values allowed, how the error names them); a type for a bool or a string field
+_CHOICES = {
+    "action": (None, ACTIONS, "one of " + ", ".join(ACTIONS)),
+    "match": ("all", MATCHES, "all or any"),
+    "scope": ("process", SCOPES, "process or per_user"),
+    "select": ("newest", SELECTS, "newest or largest"),
+    "force": (False, bool, "true or false"),
+    "enabled": (True, bool, "true or false"),
+    "description": ("", str, "a string"),
+}
+
+
+def _rule_choices(r: dict, rline: int, ctx: _Ctx, keys: tuple[str, ...]) -> dict:
+    """The rule's one-of and typed fields ``keys``, each with its default; an error for each bad one."""
+    out = {}
+    for key in keys:
+        default, allowed, words = _CHOICES[key]
+        value = out[key] = r.get(key, default)
+        if key not in r:
+            continue
+        if isinstance(allowed, type):
+            if not isinstance(value, allowed):
+                ctx.err(_line(r, key, rline), f"{key} must be {words}, got {_type_name(value)}")
+        elif value not in allowed:
+            ctx.err(_line(r, key, rline), f"bad {key} {value!r}: use {words}")
+    return out
+
+
+def _rule_durations(r: dict, rline: int, ctx: _Ctx) -> dict[str, float | None]:
     durations: dict[str, float | None] = {}
     for key in ("timeout", "grace_period", "repeat"):
         if key in r:
@@ -541,33 +585,25 @@ def _rule(r: object, idx: int, line: int, issues: list[Issue], names: set[str]) 
                 durations[key] = parse_duration(_finite(r[key], key))
             except ValueError as e:
                 ctx.err(_line(r, key, rline), f"{key}: {e}")
-    desc = r.get("description", "")
-    if not isinstance(desc, str):
-        ctx.err(_line(r, "description", rline), f"description must be a string, got {_type_name(desc)}")
+    return durations
+
+
+def _rule_notify(r: dict, action, rline: int, ctx: _Ctx) -> tuple:
     notify = _notify_targets(r["notify"], _line(r, "notify", rline), ctx) if "notify" in r else ()
     if action == "notify" and "notify" in r and not notify and ctx.count == 0:
         ctx.err(_line(r, "notify", rline), "action notify needs at least one notify target")
     elif action == "notify" and "notify" not in r:
         ctx.err(_line(r, "action", rline), "action notify needs a 'notify' list (e-mail addresses, URLs, 'log')")
-    scope = r.get("scope", "process")
-    if scope not in SCOPES:
-        ctx.err(_line(r, "scope", rline), f"bad scope {scope!r}: use process or per_user")
-    select = r.get("select", "newest")
-    if select not in SELECTS:
-        ctx.err(_line(r, "select", rline), f"bad select {select!r}: use newest or largest")
+    return notify
+
+
+def _rule_scope(conds: list[Condition], scope, rline: int, ctx: _Ctx):
     if any(c.scope == "per_user" for c in conds):
         scope = "per_user"
     if scope == "per_user" and conds and not any(c.type in LIMIT_TYPES for c in conds):
         ctx.err(rline, "scope per_user needs a user_memory or process_count condition (the limit to get "
                        "the user back under)")
-    if ctx.count:
-        return None
-    return Rule(
-        name=name, conditions=tuple(conds), action=action, description=desc, match=match, force=force,
-        timeout=durations.get("timeout"), notify=notify, grace_period=durations.get("grace_period") or None,
-        scope=scope, select=select, repeat=durations.get("repeat", DEFAULT_REPEAT), enabled=enabled,
-        line=rline,
-    )
+    return scope
 
 
 def parse_policy(text: str, source: str = "policy") -> Policy:
