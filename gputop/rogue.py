@@ -324,8 +324,19 @@ def _check_process(proc: ProcInfo, gpus: tuple[int, ...], cfg: AuditConfig, out:
                    pool_conns: list[PoolConn] = ()) -> None:
     c = _Check(proc, gpus, out)
     exe = read_exe(proc.pid)
+    _check_names(c, exe, cfg)
+    _check_cmdline(c, " ".join(proc.cmdline))
+    for conn in pool_conns[:1]:
+        c.add("medium", "pool-connection", f"open TCP connection to port {conn.port}, a common mining-pool port",
+              f"{conn.laddr} -> {conn.raddr} ({conn.status})")
+    if exe:
+        _check_exe(c, exe)
+
+
+def _check_names(c: _Check, exe: str | None, cfg: AuditConfig) -> None:
+    """Known miner names in the process name, argv[0] or the executable (the first hit only)."""
+    proc = c.proc
     argv0 = os.path.basename(proc.cmdline[0]) if proc.cmdline else ""
-    # known miner names
     names = [("process name", proc.name), ("argv[0]", argv0)]
     if exe:
         names.append(("executable", _exe_base(exe)))
@@ -335,9 +346,11 @@ def _check_process(proc: ProcInfo, gpus: tuple[int, ...], cfg: AuditConfig, out:
         if hit:
             c.add("high", "miner-name", f"{what} {n!r} is a known crypto-miner name ({hit})",
                   f"{what}: {n}" + (f"; exe: {exe}" if exe and what != "executable" else ""))
-            break
-    # command line
-    cmd = " ".join(proc.cmdline)
+            return
+
+
+def _check_cmdline(c: _Check, cmd: str) -> None:
+    """A pool URL or a pool-looking host:port, and a wallet in the command line."""
     m = _STRATUM.search(cmd)
     if m:
         c.add("high", "miner-cmdline", "the command line names a stratum mining-pool URL", m.group(0))
@@ -352,43 +365,40 @@ def _check_process(proc: ProcInfo, gpus: tuple[int, ...], cfg: AuditConfig, out:
         if m:
             c.add("medium", "miner-cmdline", f"the command line contains a {label} (a mining wallet?)",
                   m.group(0))
-            break
+            return
+    m = _WALLET_ARG.search(cmd)
+    if m:
+        c.add("low", "miner-cmdline", "the command line passes a wallet/user-looking argument",
+              m.group(0).strip())
+
+
+def _check_exe(c: _Check, exe: str) -> None:
+    """Where the executable runs from (deleted, a temporary or a hidden directory), and a disguised name."""
+    proc = c.proc
+    path = exe[: -len(" (deleted)")] if exe.endswith(" (deleted)") else exe
+    if exe.endswith(" (deleted)") and not os.path.exists(path):
+        c.add("high", "suspicious-exe", "the executable was deleted after the process started", exe)
+    d = os.path.dirname(path)
+    if any(d == s or d.startswith(s + "/") for s in SUSPICIOUS_DIRS):
+        c.add("high", "suspicious-exe", "the executable runs from a world-writable temporary directory",
+              path)
     else:
-        m = _WALLET_ARG.search(cmd)
-        if m:
-            c.add("low", "miner-cmdline", "the command line passes a wallet/user-looking argument",
-                  m.group(0).strip())
-    # connections to pool ports
-    for conn in pool_conns[:1]:
-        c.add("medium", "pool-connection", f"open TCP connection to port {conn.port}, a common mining-pool port",
-              f"{conn.laddr} -> {conn.raddr} ({conn.status})")
-    # the executable
-    if exe:
-        path = exe[: -len(" (deleted)")] if exe.endswith(" (deleted)") else exe
-        if exe.endswith(" (deleted)") and not os.path.exists(path):
-            c.add("high", "suspicious-exe", "the executable was deleted after the process started", exe)
-        d = os.path.dirname(path)
-        if any(d == s or d.startswith(s + "/") for s in SUSPICIOUS_DIRS):
-            c.add("high", "suspicious-exe", "the executable runs from a world-writable temporary directory",
+        hidden = [part for part in d.split("/") if part.startswith(".") and part not in (".", "..")]
+        interpreter = bool(_INTERPRETER.match(_exe_base(exe)))
+        if hidden and not (interpreter and all(h in _ENV_DIRS for h in hidden)):
+            c.add("low", "suspicious-exe", f"the executable runs from a hidden directory ({hidden[0]})",
                   path)
-        else:
-            hidden = [part for part in d.split("/") if part.startswith(".") and part not in (".", "..")]
-            interpreter = bool(_INTERPRETER.match(_exe_base(exe)))
-            if hidden and not (interpreter and all(h in _ENV_DIRS for h in hidden)):
-                c.add("low", "suspicious-exe", f"the executable runs from a hidden directory ({hidden[0]})",
-                      path)
-        # disguised name
-        base = _exe_base(exe)
-        # argv[0] is chosen by the process itself, so it never vouches for the name; an interpreter's
-        # process may be named after its script.
-        scripts = ([os.path.basename(a) for a in proc.cmdline[1:3] if a and not a.startswith("-")]
-                   if _INTERPRETER.match(base) else [])
-        if not _same_name(proc.name, base) and not any(_same_name(proc.name, s) for s in scripts):
-            system = bool(_SYSTEM_NAME.match(proc.name))
-            c.add("high" if system else "low", "disguised-name",
-                  f"the process calls itself {proc.name!r} but runs {base!r}"
-                  + (" (a system/kernel-thread name: a classic miner disguise)" if system else ""),
-                  f"name: {proc.name}; exe: {exe}")
+    base = _exe_base(exe)
+    # argv[0] is chosen by the process itself, so it never vouches for the name; an interpreter's
+    # process may be named after its script.
+    scripts = ([os.path.basename(a) for a in proc.cmdline[1:3] if a and not a.startswith("-")]
+               if _INTERPRETER.match(base) else [])
+    if not _same_name(proc.name, base) and not any(_same_name(proc.name, s) for s in scripts):
+        system = bool(_SYSTEM_NAME.match(proc.name))
+        c.add("high" if system else "low", "disguised-name",
+              f"the process calls itself {proc.name!r} but runs {base!r}"
+              + (" (a system/kernel-thread name: a classic miner disguise)" if system else ""),
+              f"name: {proc.name}; exe: {exe}")
 
 
 def _same_name(name: str, other: str) -> bool:
@@ -416,7 +426,6 @@ def audit(snapshot: Snapshot, config: Config | None = None, table: ProcTable | N
     most severe first."""
     cfg = AuditConfig.from_config(config)
     out: list[Finding] = []
-    now = snapshot.at
     done: set[int] = set()
     seen_keys: set = set()
     pools = pool_connections([h.pid for h in snapshot.holders if h.proc is not None], set(cfg.pool_ports))
@@ -429,52 +438,59 @@ def audit(snapshot: Snapshot, config: Config | None = None, table: ProcTable | N
             continue
         done.add(h.pid)
         _check_process(h.proc, h.gpus, cfg, out, pools.get(h.pid, ()))
-        c = _Check(h.proc, h.gpus, out)
-        # hashing profile
-        util, src = _holder_util(h, snapshot)
-        mem = h.gpu_memory
-        match = (util is not None and mem is not None and util >= cfg.hashing_min_util
-                 and mem <= cfg.hashing_max_memory)
-        evidence = f"{util:.0f}% ({src}) with {fmt_bytes(mem)} GPU memory" if match else ""
-        if history is not None:
-            key = h.proc.identity
-            seen_keys.add(key)
-            held = history.held(key, now, match)
-            if match and held is not None and held >= cfg.hashing_sustain:
-                c.add("medium", "hashing-profile",
-                      f"high utilisation with very little memory for {held:.0f}s (>= {cfg.hashing_sustain:g}s): "
-                      "the profile of hashing", evidence)
-        elif match:
-            c.add("medium", "hashing-profile",
-                  f"utilisation >= {cfg.hashing_min_util:g}% with <= {fmt_bytes(cfg.hashing_max_memory)} in "
-                  "the current sample (one sample, no history: a short busy phase also matches): the "
-                  "profile of hashing", evidence)
-        # allow-list and hours (only when configured)
-        if cfg.allowed_users is not None and (h.user or "?") not in cfg.allowed_users:
-            c.add("medium", "unlisted-user", f"user {h.user or '?'} is not on the allow-list (audit.allowed_users)",
-                  f"user {h.user}, GPU {','.join(map(str, h.gpus))}, {fmt_bytes(h.gpu_memory)}")
-        if cfg.allowed_hours is not None:
-            when = _dt.datetime.fromtimestamp(now)
-            if not cfg.allowed_hours.contains(when):
-                c.add("low", "outside-hours", "GPU use outside the allowed hours (audit.allowed_hours)",
-                      f"{when.strftime('%a %H:%M')} not in {cfg.allowed_hours.text}")
-        if h.verdict.kind == ORPHAN:
-            c.add("low", "orphaned-holder", f"orphaned GPU holder: {h.verdict.reason}",
-                  f"orphan root pid {h.verdict.root}, GPU {','.join(map(str, h.gpus))}, {fmt_bytes(h.gpu_memory)}")
+        _check_holder(_Check(h.proc, h.gpus, out), h, snapshot, cfg, history, seen_keys)
     if history is not None:
         history.prune(seen_keys)
-    scan_all = cfg.all_processes if all_processes is None else all_processes
-    if scan_all:
-        import psutil
-
-        table = table or ProcTable()
-        others = [pid for pid in sorted(psutil.pids()) if pid not in done and pid != os.getpid()]
-        pools = pool_connections(others, set(cfg.pool_ports))
-        for pid in others:
-            info = table.get(pid)
-            if info is None or info.kthread or info.zombie:
-                continue
-            _check_process(info, (), cfg, out, pools.get(pid, ()))
+    if cfg.all_processes if all_processes is None else all_processes:
+        _audit_others(table or ProcTable(), done, cfg, out)
     rank = {s: i for i, s in enumerate(SEVERITIES)}
     out.sort(key=lambda f: (rank.get(f.severity, 9), f.pid or 0, f.rule))
     return out
+
+
+def _check_holder(c: _Check, h: Holder, snapshot: Snapshot, cfg: AuditConfig, history: History | None,
+                  seen_keys: set) -> None:
+    """What only a GPU holder can show: the hashing profile, the allow-list and hours, an orphan."""
+    now = snapshot.at
+    util, src = _holder_util(h, snapshot)
+    mem = h.gpu_memory
+    match = (util is not None and mem is not None and util >= cfg.hashing_min_util
+             and mem <= cfg.hashing_max_memory)
+    evidence = f"{util:.0f}% ({src}) with {fmt_bytes(mem)} GPU memory" if match else ""
+    if history is not None:
+        key = h.proc.identity
+        seen_keys.add(key)
+        held = history.held(key, now, match)
+        if match and held is not None and held >= cfg.hashing_sustain:
+            c.add("medium", "hashing-profile",
+                  f"high utilisation with very little memory for {held:.0f}s (>= {cfg.hashing_sustain:g}s): "
+                  "the profile of hashing", evidence)
+    elif match:
+        c.add("medium", "hashing-profile",
+              f"utilisation >= {cfg.hashing_min_util:g}% with <= {fmt_bytes(cfg.hashing_max_memory)} in "
+              "the current sample (one sample, no history: a short busy phase also matches): the "
+              "profile of hashing", evidence)
+    if cfg.allowed_users is not None and (h.user or "?") not in cfg.allowed_users:
+        c.add("medium", "unlisted-user", f"user {h.user or '?'} is not on the allow-list (audit.allowed_users)",
+              f"user {h.user}, GPU {','.join(map(str, h.gpus))}, {fmt_bytes(h.gpu_memory)}")
+    if cfg.allowed_hours is not None:
+        when = _dt.datetime.fromtimestamp(now)
+        if not cfg.allowed_hours.contains(when):
+            c.add("low", "outside-hours", "GPU use outside the allowed hours (audit.allowed_hours)",
+                  f"{when.strftime('%a %H:%M')} not in {cfg.allowed_hours.text}")
+    if h.verdict.kind == ORPHAN:
+        c.add("low", "orphaned-holder", f"orphaned GPU holder: {h.verdict.reason}",
+              f"orphan root pid {h.verdict.root}, GPU {','.join(map(str, h.gpus))}, {fmt_bytes(h.gpu_memory)}")
+
+
+def _audit_others(table: ProcTable, done: set[int], cfg: AuditConfig, out: list[Finding]) -> None:
+    """Every host process that is not a GPU holder (``audit.all_processes``)."""
+    import psutil
+
+    others = [pid for pid in sorted(psutil.pids()) if pid not in done and pid != os.getpid()]
+    pools = pool_connections(others, set(cfg.pool_ports))
+    for pid in others:
+        info = table.get(pid)
+        if info is None or info.kthread or info.zombie:
+            continue
+        _check_process(info, (), cfg, out, pools.get(pid, ()))
