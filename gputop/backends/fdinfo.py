@@ -324,10 +324,19 @@ class FdinfoScanner:
 
     def _scan(self, now: float) -> Scan:
         self.scans += 1
-        kfd_dev = self._kfd_number()
+        found, kfd_pids, unreadable = self._read_clients(self._kfd_number())
+        first = self._last is None
+        per_pid = self._count_clients(found, now)
+        uses: dict[str, list[DrmUse]] = {}
+        for (pdev, pid), items in sorted(per_pid.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+            uses.setdefault(pdev, []).append(_use(pdev, pid, items, pid in kfd_pids))
+        return Scan(at=now, uses=uses, unreadable=unreadable, kfd_pids=frozenset(kfd_pids), first=first)
+
+    def _read_clients(self, kfd_dev) -> tuple[list[tuple[int, tuple, FdinfoClient]], set[int], int]:
+        """Every DRM client open in every process: (pid, client key, parsed client); the pids that have
+        /dev/kfd open; how many user processes could not be read."""
         unreadable = 0
         kfd_pids: set[int] = set()
-        # pid -> list of (client key, parsed client)
         found: list[tuple[int, tuple, FdinfoClient]] = []
         for pid in self._pids():
             base = f"{self.proc_root}/{pid}"
@@ -339,32 +348,41 @@ class FdinfoScanner:
                 continue
             except OSError:  # gone, or not a process directory
                 continue
-            denied = False
-            for fd in fds:
-                dev = self._dev_number(f"{base}/fd/{fd}")
-                if dev is None:
-                    continue
-                if kfd_dev is not None and dev == kfd_dev:
-                    kfd_pids.add(pid)
-                    continue
-                if dev[0] != DRM_MAJOR:
-                    continue
-                try:
-                    text = self.opener(f"{base}/fdinfo/{fd}").decode("utf-8", "replace")
-                except PermissionError:
-                    denied = True
-                    continue
-                except OSError:  # the fd was closed meanwhile
-                    continue
-                client = parse_fdinfo(text)
-                if client is None or not client.pdev:
-                    continue
-                key = (client.pdev, client.client_id) if client.client_id is not None else \
-                    (client.pdev, f"{pid}/{fd}")
-                found.append((pid, key, client))
-            if denied:
+            if self._read_fds(pid, base, fds, kfd_dev, kfd_pids, found):
                 unreadable += 1
-        first = self._last is None
+        return found, kfd_pids, unreadable
+
+    def _read_fds(self, pid: int, base: str, fds, kfd_dev, kfd_pids: set[int], found: list) -> bool:
+        """Adds ``pid``'s DRM clients to ``found``; True when an fdinfo of a DRM fd was denied."""
+        denied = False
+        for fd in fds:
+            dev = self._dev_number(f"{base}/fd/{fd}")
+            if dev is None:
+                continue
+            if kfd_dev is not None and dev == kfd_dev:
+                kfd_pids.add(pid)
+                continue
+            if dev[0] != DRM_MAJOR:
+                continue
+            try:
+                text = self.opener(f"{base}/fdinfo/{fd}").decode("utf-8", "replace")
+            except PermissionError:
+                denied = True
+                continue
+            except OSError:  # the fd was closed meanwhile
+                continue
+            client = parse_fdinfo(text)
+            if client is None or not client.pdev:
+                continue
+            key = (client.pdev, client.client_id) if client.client_id is not None else \
+                (client.pdev, f"{pid}/{fd}")
+            found.append((pid, key, client))
+        return denied
+
+    def _count_clients(self, found, now: float) -> dict[tuple[str, int], list]:
+        """(pdev, pid) -> [(client key, client, engine utilisation, counted)]: a client shared by several
+        processes (an fd passed on) is counted, with its memory and utilisation, for the first one only.
+        Keeps this scan's counters for the next one; clients that closed are forgotten."""
         seen_keys: dict[tuple, int] = {}
         per_pid: dict[tuple[str, int], list[tuple[tuple, FdinfoClient, dict[str, float] | None, bool]]] = {}
         new_state: dict[tuple, _Counters] = {}
@@ -375,38 +393,8 @@ class FdinfoScanner:
             if counted:
                 util, new_state[key] = engine_utilisation(self._state.get(key), client, now)
             per_pid.setdefault((client.pdev, pid), []).append((key, client, util, counted))  # type: ignore[arg-type]
-        self._state = new_state  # clients that closed are forgotten
-        uses: dict[str, list[DrmUse]] = {}
-        for (pdev, pid), items in sorted(per_pid.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-            used: set[str] = set()
-            mem_parts: list[int] = []
-            mem_known = False
-            engine_util: dict[str, float] | None = None
-            keys = []
-            for key, client, util, counted in items:
-                if key[1] in keys:
-                    continue  # a second fd of the same client in this process
-                keys.append(key[1])
-                used |= client.used_engines()
-                m = client.gpu_memory
-                if m is not None:
-                    mem_known = True
-                    mem_parts.append(m if counted else 0)
-                if util is not None:
-                    engine_util = engine_util or {}
-                    for e, u in util.items():
-                        engine_util[e] = engine_util.get(e, 0.0) + u
-            driver = items[0][1].driver
-            if engine_util:
-                busiest: float | None = min(100.0, max(engine_util.values()))
-            else:  # amdgpu omits engines it never used: none listed on a second sample means idle
-                busiest = 0.0 if engine_util is not None and driver == "amdgpu" else None
-            ctx = ctx_of(used, pid in kfd_pids and driver == "amdgpu")
-            uses.setdefault(pdev, []).append(DrmUse(
-                pid=pid, pdev=pdev, driver=driver, ctx=ctx,
-                memory=sum(mem_parts) if mem_known else None, util=busiest,
-                engine_util=engine_util, clients=tuple(keys)))
-        return Scan(at=now, uses=uses, unreadable=unreadable, kfd_pids=frozenset(kfd_pids), first=first)
+        self._state = new_state
+        return per_pid
 
     def warnings(self, once: bool = False) -> list[str]:
         """The unreadable-process warning of the latest scan. With ``once``, each scan's warning is
@@ -441,3 +429,33 @@ def shared_scanner(proc_root: str | None = None, sys_root: str | None = None) ->
         if sc is None:
             sc = _SHARED[key] = FdinfoScanner(*key)
         return sc
+
+
+def _use(pdev: str, pid: int, items: list, kfd: bool) -> DrmUse:
+    """One process's use of one device, from its clients there (a client open on two fds counts once)."""
+    used: set[str] = set()
+    mem_parts: list[int] = []
+    mem_known = False
+    engine_util: dict[str, float] | None = None
+    keys = []
+    for key, client, util, counted in items:
+        if key[1] in keys:
+            continue  # a second fd of the same client in this process
+        keys.append(key[1])
+        used |= client.used_engines()
+        m = client.gpu_memory
+        if m is not None:
+            mem_known = True
+            mem_parts.append(m if counted else 0)
+        if util is not None:
+            engine_util = engine_util or {}
+            for e, u in util.items():
+                engine_util[e] = engine_util.get(e, 0.0) + u
+    driver = items[0][1].driver
+    if engine_util:
+        busiest: float | None = min(100.0, max(engine_util.values()))
+    else:  # amdgpu omits engines it never used: none listed on a second sample means idle
+        busiest = 0.0 if engine_util is not None and driver == "amdgpu" else None
+    return DrmUse(pid=pid, pdev=pdev, driver=driver, ctx=ctx_of(used, kfd and driver == "amdgpu"),
+                  memory=sum(mem_parts) if mem_known else None, util=busiest,
+                  engine_util=engine_util, clients=tuple(keys))
