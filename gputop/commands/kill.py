@@ -73,6 +73,26 @@ def _print_results(results, as_json: bool, extra: dict | None = None) -> int:
 def run(args) -> int:
     config = config_from(args)
     timeout = _timeout(args, config)
+    _check_args(args)
+    kw = dict(face="cli", force=args.force, timeout=timeout, signal_name=args.signal, dry_run=args.dry_run,
+              allow_protected=args.allow_protected, config=config)
+    sampler = open_sampler(args, config)
+    try:
+        if args.pid:
+            targets = [(pid, args.start_time) for pid in args.pid]
+            if len(targets) == 1:
+                results = [actions.kill_process(targets[0][0], expected_start=targets[0][1], sampler=sampler,
+                                                require_holder=not args.any_process, **kw)]
+            else:
+                results = actions.kill_many(targets, sampler=sampler, require_holder=not args.any_process, **kw)
+            return _print_results(results, args.json)
+        return _kill_selected(args, sampler, kw)
+    finally:
+        sampler.close()
+
+
+def _check_args(args) -> None:
+    """UsageError for a bad combination or value, before anything is sampled."""
     selectors = args.gpu is not None or args.user is not None or args.name is not None
     if not args.pid and not selectors:
         raise UsageError("say what to kill: --pid N, or select with --gpu N / --user U / --name REGEX")
@@ -92,46 +112,35 @@ def run(args) -> int:
             saferegex.compile(args.name, ignore_case=True)
         except saferegex.PatternError as e:
             raise UsageError(f"--name: bad regular expression {args.name!r}: {e}") from None
-    kw = dict(face="cli", force=args.force, timeout=timeout, signal_name=args.signal, dry_run=args.dry_run,
-              allow_protected=args.allow_protected, config=config)
-    sampler = open_sampler(args, config)
-    try:
-        if args.pid:
-            targets = [(pid, args.start_time) for pid in args.pid]
-            if len(targets) == 1:
-                results = [actions.kill_process(targets[0][0], expected_start=targets[0][1], sampler=sampler,
-                                                require_holder=not args.any_process, **kw)]
-            else:
-                results = actions.kill_many(targets, sampler=sampler, require_holder=not args.any_process, **kw)
-            return _print_results(results, args.json)
 
-        snap = sampler.sample()
-        chosen = select_holders(snap, gpu=args.gpu, user=args.user, name=args.name)
-        what = " ".join(f"{k} {v}" for k, v in (("--gpu", args.gpu), ("--user", args.user), ("--name", args.name))
-                        if v is not None)
-        if args.gpu is not None and snap.device(args.gpu) is None:
-            raise NotFoundError(f"no GPU {args.gpu}: this host has {len(snap.devices)} GPU(s); see 'gputop status'")
-        if not chosen:
-            if args.json:
-                print_json({"ok": False, "preview": not args.yes, "targets": [], "results": []})
-            else:
-                print(f"gputop: no GPU holder matches {what}")
-            return EXIT_NOT_FOUND
-        if not args.yes:
-            if args.json:
-                print_json({"ok": True, "preview": True, "targets": [_target_dict(h) for h in chosen], "results": []})
-                return EXIT_OK
-            rows = [[str(h.pid), h.user or "?", ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
-                     h.verdict.kind, h.cmd[:60]] for h in chosen]
-            print(table(rows, ["PID", "USER", "GPU", "GPU-MEM", "VERDICT", "COMMAND"], right={0, 3}))
-            print(f"{len(chosen)} process(es) match {what}; nothing was signalled. "
-                  "Add --yes to kill them (protected and unknown ones are refused).")
+
+def _kill_selected(args, sampler, kw: dict) -> int:
+    """--gpu/--user/--name: a preview of the matching holders, or with --yes, kill them."""
+    snap = sampler.sample()
+    chosen = select_holders(snap, gpu=args.gpu, user=args.user, name=args.name)
+    what = " ".join(f"{k} {v}" for k, v in (("--gpu", args.gpu), ("--user", args.user), ("--name", args.name))
+                    if v is not None)
+    if args.gpu is not None and snap.device(args.gpu) is None:
+        raise NotFoundError(f"no GPU {args.gpu}: this host has {len(snap.devices)} GPU(s); see 'gputop status'")
+    if not chosen:
+        if args.json:
+            print_json({"ok": False, "preview": not args.yes, "targets": [], "results": []})
+        else:
+            print(f"gputop: no GPU holder matches {what}")
+        return EXIT_NOT_FOUND
+    if not args.yes:
+        if args.json:
+            print_json({"ok": True, "preview": True, "targets": [_target_dict(h) for h in chosen], "results": []})
             return EXIT_OK
-        results = actions.kill_many([(h.pid, h.start_time) for h in chosen], sampler=sampler,
-                                    require_holder=True, **kw)
-        return _print_results(results, args.json, {"preview": False, "targets": [_target_dict(h) for h in chosen]})
-    finally:
-        sampler.close()
+        rows = [[str(h.pid), h.user or "?", ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
+                 h.verdict.kind, h.cmd[:60]] for h in chosen]
+        print(table(rows, ["PID", "USER", "GPU", "GPU-MEM", "VERDICT", "COMMAND"], right={0, 3}))
+        print(f"{len(chosen)} process(es) match {what}; nothing was signalled. "
+              "Add --yes to kill them (protected and unknown ones are refused).")
+        return EXIT_OK
+    results = actions.kill_many([(h.pid, h.start_time) for h in chosen], sampler=sampler,
+                                require_holder=True, **kw)
+    return _print_results(results, args.json, {"preview": False, "targets": [_target_dict(h) for h in chosen]})
 
 
 def _target_dict(h) -> dict:
