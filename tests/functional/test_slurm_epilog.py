@@ -164,3 +164,54 @@ def test_a_protected_leftover_is_left_alone_and_reported(procs, scenario, tmp_pa
     assert _alive(keep) and not _alive(go)
     left = out["results"][0]["details"]["left_alone"]
     assert [e["pid"] for e in left] == [keep] and left[0]["rule"] == "protected"
+
+
+# A protected leftover of the job (its command line names "-keep"). It starts, through a helper outside
+# the job (its environment has no SLURM_JOB_ID), a process of the job again at once (x1), and another (x2)
+# once it sees the job's other leftover ($3) stopped, that is while the epilog reaps. Both are under the
+# protected process: left alone with it, as the first plan leaves its subtree.
+KEEPER = """job=$1; m=$2; g=$3; out=$4; inner=$5
+env -u SLURM_JOB_ID sh "$inner" "$job" "$m-x1" &
+while :; do
+  s=$(cut -d' ' -f3 /proc/$g/stat 2>/dev/null)
+  case "$s" in T) echo T > "$out"; break;; "") echo gone > "$out"; break;; esac
+  sleep 0.05
+done
+env -u SLURM_JOB_ID sh "$inner" "$job" "$m-x2" &
+wait
+"""
+# The helper outside the job: its child is in the job again (SLURM_JOB_ID set back).
+INNER = """SLURM_JOB_ID=$1 sh -c "while :; do sleep 1; done; : $2"
+:
+"""
+
+
+def test_members_under_a_protected_leftover_survive_the_group_reap_and_every_round(procs, scenario, tmp_path,
+                                                                                   monkeypatch, marker):
+    write_config(tmp_path / "config.yaml", monkeypatch, protect_cmdline=[f"{marker}-keep"])
+    audit = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("GPUTOP_AUDIT_LOG", str(audit))
+    job, other_job = 4265, 4266
+    go = _ignorers(procs, job, marker, 1)[0]  # the job's leftover that is reaped (it ignores SIGTERM)
+    keeper, inner, seen = tmp_path / "keeper.sh", tmp_path / "inner.sh", tmp_path / "seen"
+    keeper.write_text(KEEPER)
+    inner.write_text(INNER)
+    procs.spawn(["setsid", "sh", "-c", f"sh {keeper} {job} {marker} {go} {seen} {inner} {marker}-keep & exit 0"],
+                env=_job_env(job)).wait(10)
+    keep = procs.wait_for(f"sh {keeper} {job}")
+    x1 = procs.wait_for(f"sh -c while :; do sleep 1; done; : {marker}-x1")
+    by = _ignorers(procs, other_job, marker + "-by", 1)[0]  # the same user's process in another job
+    nojob = procs.orphan(f"sh -c 'sleep 600; : {marker}-nojob'", f"sh -c sleep 600; : {marker}-nojob")
+    scenario(holders=[{"pid": go, "gpu": 0, "memory": "1GiB"}, {"pid": by, "gpu": 1, "memory": "1GiB"}])
+    rc, out, err, _ = _epilog(job, "--grace", "2")
+    assert seen.read_text().strip() == "T", "the keeper did not start x2 while the reap held the job stopped"
+    x2 = procs.wait_for(f"sh -c while :; do sleep 1; done; : {marker}-x2")
+    assert not _alive(go), err
+    signalled = _signalled(audit)
+    for pid in (keep, x1, x2, by, nojob):
+        assert _alive(pid) and pid not in signalled, (pid, err)
+    assert rc == 0, err  # nothing it targeted survived; the protected subtree is a warning
+    group = [json.loads(x) for x in audit.read_text().splitlines() if '"reap-group"' in x][-1]
+    assert {m["pid"] for m in group["details"]["members"]}.isdisjoint({keep, x1, x2})
+    left = group["details"]["left_alone"]
+    assert [e["pid"] for e in left] == [keep] and x1 in left[0]["subtree"]
