@@ -215,3 +215,56 @@ def test_members_under_a_protected_leftover_survive_the_group_reap_and_every_rou
     assert {m["pid"] for m in group["details"]["members"]}.isdisjoint({keep, x1, x2})
     left = group["details"]["left_alone"]
     assert [e["pid"] for e in left] == [keep] and x1 in left[0]["subtree"]
+
+
+def test_the_group_reap_lists_proc_once_per_round(procs, scenario, tmp_path, monkeypatch, marker):
+    # Membership is read from each round's own table (the one the executor scanned), and the plan's scan is
+    # also the lineage baseline: every listing of /proc is a table scan, one at the start and one a round.
+    import dataclasses
+
+    from gputop import slurm as sl
+    from gputop.actions import executor
+    from gputop.backends.simulated import SimulatedBackend
+    from gputop.commands.slurm import _reap_job
+    from gputop.config import Config
+    from gputop.procs import ProcTable, self_and_ancestors
+    from gputop.snapshot import Sampler
+
+    monkeypatch.setenv("GPUTOP_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
+    job, other_job = 4267, 4268
+    ign = _ignorers(procs, job, marker, 3)
+    by = _ignorers(procs, other_job, marker + "-by", 1)[0]
+    path = scenario(holders=[{"pid": ign[0], "gpu": 0, "memory": "1GiB"}, {"pid": by, "gpu": 1, "memory": "1GiB"}])
+    config = dataclasses.replace(Config(), protect=(), protect_cmdline=(), nohup_protects=False)
+    members = sl.job_processes(job, os.getuid(), ProcTable(), exclude=self_and_ancestors())
+    sampler = Sampler([SimulatedBackend(str(path))], config=config)
+    sampler.job_states.assume(job, "COMPLETING", "its epilog is running")
+    snap = sampler.sample()
+    counts = {"listdir": 0, "scan": 0, "round": 0}
+    real_listdir, real_scan, real_round = os.listdir, ProcTable.scan_all, executor.Executor.new_members
+
+    def listdir(path="."):
+        counts["listdir"] += str(path) == "/proc"
+        return real_listdir(path)
+
+    def scan_all(self):
+        counts["scan"] += 1
+        return real_scan(self)
+
+    def new_members(self):
+        counts["round"] += 1
+        return real_round(self)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(ProcTable, "scan_all", scan_all)
+    monkeypatch.setattr(executor.Executor, "new_members", new_members)
+    try:
+        (result,) = _reap_job(sampler, config, snap, members, job, os.getuid(), 1.0, time.monotonic() + 60)
+    finally:
+        monkeypatch.undo()
+        sampler.close()
+    assert result.ok, result.message
+    assert not any(_alive(p) for p in ign) and _alive(by)
+    print(f"group reap: {counts['round']} rounds, {counts['scan']} scans, {counts['listdir']} listings of /proc")
+    assert counts["round"] >= 3
+    assert counts["listdir"] == counts["scan"] == counts["round"] + 1, counts
