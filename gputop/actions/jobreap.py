@@ -1,18 +1,20 @@
 """Reap a group of processes known by membership (a finished Slurm job's leftovers) as one unit.
 
 The group goes through the reap executor (gputop.actions.executor) like a tree: every member is stopped
-together (SIGSTOP through verified pidfds), the group is planned again from a fresh table
+together (SIGSTOP through verified pidfds), the group is planned again from the frozen table
 (gputop.actions.plan.plan_group over the membership read again), then SIGTERM and SIGCONT for all, one
-grace for all, SIGKILL for what is left. In every round the membership is read again, so a process the
+grace for all, SIGKILL for what is left. In every round the membership is read again from the round's own
+table (one scan of /proc a round), and what joined is planned by the same plan_group, so a process the
 group starts meanwhile (a supervisor's new child, a double fork into a new session) is stopped and killed
-with the rest. Protected processes, another user's and gputop's own ancestors are left alone and reported.
+with the rest, and one under a process left alone is left alone with it, as in the first plan. Protected
+processes, another user's and gputop's own ancestors are left alone and reported.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from gputop.actions.common import ActionResult, Ctx, log_record, proc_dict, record
+from gputop.actions.common import ActionResult, Ctx, log_record, record
 from gputop.actions.plan import LeftAlone, ReapPlan, plan_group
 from gputop.actions.reap import ReapRun, make_rules
 from gputop.config import Config
@@ -108,4 +110,4 @@ def _finish(run: GroupRun) -> ActionResult:
     return run.done(True, "reaped", msg, EXIT_OK)
 
 
-__all__ = ["reap_group", "GroupRun", "proc_dict"]
+__all__ = ["reap_group", "GroupRun"]

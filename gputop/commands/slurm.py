@@ -233,9 +233,10 @@ def _why(results, pid: int, p=None) -> str:
 def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float, deadline: float) -> list:
     """Every leftover of the job as one group, through the reap executor (gputop.actions.jobreap): all
     stopped together, planned again, SIGTERM together, one grace, SIGKILL for the rest; the job's
-    membership (cgroup or environment, gputop.slurm.job_processes) is read again in every round, so what
-    the job starts meanwhile is taken too. A protected process is left alone and reported; a process of
-    another job or user, or one of the epilog's ancestors, is never a member."""
+    membership (cgroup or environment, gputop.slurm.job_processes) is read again in every round, from the
+    table that round scanned, so what the job starts meanwhile is taken too. A protected process is left
+    alone and reported; a process of another job or user, or one of the epilog's ancestors, is never a
+    member."""
     from gputop import slurm as sl
     from gputop.actions.jobreap import reap_group
     from gputop.procs import self_and_ancestors
