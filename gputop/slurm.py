@@ -310,12 +310,12 @@ def job_processes(job_id: int, job_uid: int, table, exclude: Iterable[int] = ())
 
     A process of another user is never one of them, whatever its environment claims (a process writes its
     own environment), and neither is PID 1, a kernel thread or anything in ``exclude`` (gputop and its
-    ancestors: slurmd, which runs the epilog)."""
-    from gputop.procs import _linux_pids
-
+    ancestors: slurmd, which runs the epilog). The processes looked at are those of ``table``'s scan
+    (``ProcTable.scan_all``; scanned now if it has not been): /proc is not listed again, so a reap round
+    that has scanned its table reads the membership from that same table."""
     skip = set(exclude) | {1}
     out = []
-    for pid in sorted(_linux_pids(table.proc_root)):
+    for pid in _scanned_pids(table):
         if pid in skip:
             continue
         info = table.get(pid)
@@ -326,6 +326,15 @@ def job_processes(job_id: int, job_uid: int, table, exclude: Iterable[int] = ())
             continue
         out.append(JobProcess(info, ref))
     return out
+
+
+def _scanned_pids(table) -> list[int]:
+    """Every PID of ``table``'s scan of /proc, scanning it first when it has not been scanned."""
+    fields = table.stat_fields()
+    if not fields:
+        table.scan_all()
+        fields = table.stat_fields()
+    return sorted(fields)
 
 
 def tree_roots(members: list[JobProcess], first: Iterable[int] = ()) -> list[int]:

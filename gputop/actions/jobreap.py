@@ -1,19 +1,21 @@
 """Reap a group of processes known by membership (a finished Slurm job's leftovers) as one unit.
 
 The group goes through the reap executor (gputop.actions.executor) like a tree: every member is stopped
-together (SIGSTOP through verified pidfds), the group is planned again from a fresh table
+together (SIGSTOP through verified pidfds), the group is planned again from the frozen table
 (gputop.actions.plan.plan_group over the membership read again), then SIGTERM and SIGCONT for all, one
-grace for all, SIGKILL for what is left. In every round the membership is read again, so a process the
+grace for all, SIGKILL for what is left. In every round the membership is read again from the round's own
+table (one scan of /proc a round), and what joined is planned by the same plan_group, so a process the
 group starts meanwhile (a supervisor's new child, a double fork into a new session) is stopped and killed
-with the rest. Protected processes, another user's and gputop's own ancestors are left alone and reported.
+with the rest, and one under a process left alone is left alone with it, as in the first plan. Protected
+processes, another user's and gputop's own ancestors are left alone and reported.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from gputop.actions.common import ActionResult, Ctx, log_record, proc_dict, record
-from gputop.actions.plan import LeftAlone, ReapPlan, leave_reason, plan_group
+from gputop.actions.common import ActionResult, Ctx, log_record, record
+from gputop.actions.plan import LeftAlone, ReapPlan, plan_group
 from gputop.actions.reap import ReapRun, make_rules
 from gputop.config import Config
 from gputop.errors import EXIT_FAILURE, EXIT_OK, GputopError
@@ -27,7 +29,7 @@ class GroupRun(ReapRun):
         super().__init__(None, None, face, grace, False, reason, cfg)  # type: ignore[arg-type]
         self.target = target
 
-    def done(self, ok: bool, outcome: str, message: str, code: int, mem: bool | None = None) -> ActionResult:
+    def done(self, ok: bool, outcome: str, message: str, code: int) -> ActionResult:
         rec = record("reap-group", self.face, outcome, ok, message, {**self.target, "gpus": self.gpus},
                      self.signals, self.reason, grace=self.grace, exit_code=code, details=dict(self.details))
         log_record(rec, self.cfg, self.details)
@@ -50,39 +52,39 @@ def reap_group(membership: Callable[[ProcTable], list[int]], owner: ProcInfo, *,
     run.info = owner
     try:
         snap = ctx.sample()
+        table = ProcTable()
+        table.scan_all()  # the only scan before any signal: the plan's, and the lineage baseline's
+        plan = _plan(ctx, snap, table, membership, owner)
+        reported = {(e.pid, e.proc.start_time if e.proc else None) for e in plan.left_alone}
 
-        def planner(table: ProcTable | None = None) -> ReapPlan:
-            """The group's plan over ``table`` (already scanned), or over a fresh scan."""
-            if table is None:
-                table = ProcTable()
-                table.scan_all()
-            rules = make_rules(ctx.config, ctx.platform, table, snap)
-            return plan_group(table, membership(table), owner, rules)
+        def planner(table: ProcTable) -> ReapPlan:
+            """The group's plan over ``table``, already scanned by the executor's round."""
+            return _plan(ctx, snap, table, membership, owner)
 
-        def rescan(table, rules, known: set[int]) -> tuple[list[ProcInfo], list[LeftAlone]]:
-            members, left = [], []
-            for pid in membership(table):
-                info = table.get(pid)
-                if pid in known or info is None or info.zombie:
-                    continue
-                why = leave_reason(info, owner, rules)
-                if why is None:
-                    members.append(info)
-                else:
-                    left.append(LeftAlone(info, pid, why[0], why[1], (), why[2]))
-            return members, left
+        def rescan(table: ProcTable, rules, known: set[int]) -> tuple[list[ProcInfo], list[LeftAlone]]:
+            """Members that joined since (the same rule as the plan: plan_group over this round's table),
+            and what it leaves alone that was not reported yet."""
+            found = plan_group(table, membership(table), owner, rules, known=known)
+            left = [e for e in found.left_alone if (e.pid, e.proc.start_time if e.proc else None) not in reported]
+            reported.update((e.pid, e.proc.start_time if e.proc else None) for e in left)
+            return [m for m in found.members if m.pid not in known], left
 
-        plan = planner()
         run.details["plan"] = plan.to_dict()
         run.gpus = sorted({g for h in snap.holders if h.pid in set(plan.pids) for g in h.gpus})
         if not plan.members:
             return run.done(True, "nothing", _left_text("no process to signal", plan), EXIT_OK)
-        result = execute(ctx, run, plan, snap, planner=planner, rescan=rescan)
+        result = execute(ctx, run, plan, snap, planner=planner, rescan=rescan, stats=table.stat_fields())
         if result is not None:
             return result
-        return _finish(run, plan)
+        return _finish(run)
     finally:
         ctx.close()
+
+
+def _plan(ctx: Ctx, snap, table: ProcTable, membership: Callable[[ProcTable], list[int]],
+          owner: ProcInfo) -> ReapPlan:
+    rules = make_rules(ctx.config, ctx.platform, table, snap)
+    return plan_group(table, membership(table), owner, rules)
 
 
 def _left_text(msg: str, plan: ReapPlan) -> str:
@@ -91,7 +93,7 @@ def _left_text(msg: str, plan: ReapPlan) -> str:
     return msg
 
 
-def _finish(run: GroupRun, plan: ReapPlan) -> ActionResult:
+def _finish(run: GroupRun) -> ActionResult:
     d = run.details
     survivors = d.get("survivors") or []
     n = len(d.get("members") or ())
@@ -108,4 +110,4 @@ def _finish(run: GroupRun, plan: ReapPlan) -> ActionResult:
     return run.done(True, "reaped", msg, EXIT_OK)
 
 
-__all__ = ["reap_group", "GroupRun", "proc_dict"]
+__all__ = ["reap_group", "GroupRun"]

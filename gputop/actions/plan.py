@@ -187,33 +187,52 @@ def plan_reap(table: TreeTable, root_pid: int, root_start: float | None, rules: 
                     _all_holders=frozenset(rules.holders))
 
 
-def plan_group(table: TreeTable, group: Iterable[int], owner: ProcInfo, rules: Rules) -> ReapPlan:
+def plan_group(table: TreeTable, group: Iterable[int], owner: ProcInfo, rules: Rules,
+               known: Iterable[int] = ()) -> ReapPlan:
     """The plan for stopping a whole group of processes known by membership, not by one root: a
     finished Slurm job's leftovers (its cgroup or environment). Every member is a leftover by
     definition, so no orphan root is required; each is still judged by ``leave_reason`` (gputop and its
     ancestors, a protected process, another user's, an unknown verdict are left alone, with everything
-    under them, and reported). Nothing blocks the rest of the group. The processes under a member that
-    are not in the group are planned as a reap plans a tree (``walk``). Members are listed parents first.
-    ``root_pid`` is 0 and ``root`` None: the plan has no single root."""
+    under them, and reported). Nothing blocks the rest of the group. The group's tops are its members with
+    no ancestor in the group; a member under another is reached by the walk down from its top (``walk``),
+    so a member anywhere under a top left alone is left alone with it. Members are listed parents first.
+    ``root_pid`` is 0 and ``root`` None: the plan has no single root.
+
+    ``known``: processes already tracked (the executor's rounds, which walk under them itself): a top in
+    ``known`` is neither judged nor walked again, nor listed. The rounds use this same function, so a
+    round never takes what the first plan left alone."""
     pids = set(group)
-    infos = {p: table.get(p) for p in sorted(pids)}
-    live = {p: i for p, i in infos.items() if i is not None and not i.zombie}
-    tops = sorted(p for p, i in live.items() if i.ppid not in live)
+    live = {p: i for p in sorted(pids) if (i := table.get(p)) is not None and not i.zombie}
+    tops = [p for p in sorted(live) if not _under_group(table, p, live)]
+    seen = set(known)
     members: list[ProcInfo] = []
     left: list[LeftAlone] = []
     for pid in tops:
+        if pid in seen:
+            continue
         info = live[pid]
         why = leave_reason(info, owner, rules)
         if why is not None:
             left.append(LeftAlone(info, pid, why[0], why[1], _subtree(table, pid), why[2]))
         else:
             members.append(info)
-    known = {p for e in left for p in (e.pid, *e.subtree)} | {m.pid for m in members}
-    more, more_left = walk(table, [m.pid for m in members], known, owner, rules)
+    seen |= {p for e in left for p in (e.pid, *e.subtree)} | {m.pid for m in members}
+    more, more_left = walk(table, [m.pid for m in members], seen, owner, rules)
     members += more
     left += more_left
     holders = tuple(m.pid for m in members if m.pid in rules.holders)
     return ReapPlan(0, None, tuple(members), tuple(left), holders, None, _all_holders=frozenset(rules.holders))
+
+
+def _under_group(table: TreeTable, pid: int, group: dict, limit: int = 4096) -> bool:
+    """True when an ancestor of ``pid`` (through processes of any kind) is in ``group``."""
+    info, seen = table.get(pid), {pid}
+    while info is not None and info.ppid > 1 and info.ppid not in seen and len(seen) < limit:
+        if info.ppid in group:
+            return True
+        seen.add(info.ppid)
+        info = table.get(info.ppid)
+    return False
 
 
 def _root_refusal(root: ProcInfo, rules: Rules) -> tuple[str, str] | None:

@@ -132,12 +132,13 @@ def _epilog(args) -> int:
         after = sampler.sample()
     finally:
         sampler.close()
-    survivors = [m for m in sl.job_processes(job, uid, ProcTable(), exclude=self_and_ancestors())]
-    gpu_survivors = [h for h in after.holders if h.pid in {m.proc.pid for m in survivors}]
+    survivors = sl.job_processes(job, uid, ProcTable(), exclude=self_and_ancestors())
+    gpu_survivors = [h for h in after.holders if any(_holder_is(h, m.proc) for m in survivors)]
     took = time.monotonic() - started
     ok, errors = epilog_verdict(job, [m.proc for m in survivors], gpu_survivors, results)
+    gone = sum(1 for m in members if not any(_is(s.proc, m.proc.pid, m.proc.start_time) for s in survivors))
     msg = (f"Slurm job {job} (uid {uid}): {len(members)} leftover process(es), GPU holders {holders}; "
-           f"{len(members) - len(survivors)} gone, {len(survivors)} left ({took:.1f}s)")
+           f"{gone} gone, {len(survivors)} left ({took:.1f}s)")
     _audit(config, "slurm-epilog", job, uid, ok, msg + ("" if ok else "; " + "; ".join(errors[:3])),
            {"members": [_pdict(m.proc) for m in members], "holders": holders,
             "survivors": [m.proc.pid for m in survivors], "gpu_survivors": [h.pid for h in gpu_survivors],
@@ -150,28 +151,61 @@ def _epilog(args) -> int:
 
 
 def epilog_verdict(job: int, survivors: list, gpu_survivors: list, results: list) -> tuple[bool, list[str]]:
-    """Whether the epilog succeeded, and its stderr lines (pure). It fails (exit 1: Slurm drains the node)
-    when a GPU holder of the job survives, or when a process the reap took as a target survives it (SIGKILL
-    did not end it, or it could not be signalled), as Slurm drains a node whose job step cannot be killed.
-    A survivor the reap left alone on purpose (protected, or past the deadline) and that holds no GPU is a
-    warning: it was not a target."""
+    """Whether the epilog succeeded, and its stderr lines (pure). ``survivors``: the job's processes alive
+    after the reap (ProcInfo). It fails (exit 1: Slurm drains the node) when a GPU holder of the job
+    survives, or when a process the reap took as a target survives it (SIGKILL did not end it, or it could
+    not be signalled), as Slurm drains a node whose job step cannot be killed. A target is a member of the
+    reap's plan or a process it signalled, matched by (pid, start time): a process that reuses a target's
+    PID is not blamed for it. When a reap failed before it planned, every survivor fails the epilog. A
+    survivor the reap did not target (left alone on purpose: protected, past the deadline; or started
+    after it) and that holds no GPU is a warning."""
     gpu = {h.pid for h in gpu_survivors}
-    failed = [r for r in results if not r.ok]
-    targeted = {p for r in results for p in (r.details.get("survivors") or [])}
+    blind = any(not r.ok and not _planned(r) for r in results)
     errors = [f"Slurm job {job}: GPU holder pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) survived the "
-              f"epilog: {_why(results, h.pid)}; the node should be drained and checked" for h in gpu_survivors]
+              f"epilog: {_why(results, h.pid, getattr(h, 'proc', None))}; the node should be drained and checked"
+              for h in gpu_survivors]
     bad = bool(gpu)
     for p in survivors:
         if p.pid in gpu:
             continue
-        if p.pid in targeted or failed:
+        if blind or _targeted(results, p):
             bad = True
             errors.append(f"Slurm job {job}: pid {p.pid} ({visible(p.name)}) survived the epilog: "
-                          f"{_why(results, p.pid)}; the node should be drained and checked")
+                          f"{_why(results, p.pid, p)}; the node should be drained and checked")
         else:
             errors.append(f"warning: pid {p.pid} ({visible(p.name)}) of job {job} is still alive (it holds no "
-                          f"GPU): {_why(results, p.pid)}")
+                          f"GPU): {_why(results, p.pid, p)}")
     return not bad, errors
+
+
+def _planned(r) -> bool:
+    """True when reap result ``r`` got as far as a plan (it names its targets)."""
+    return bool(r.details.get("plan") or r.details.get("members"))
+
+
+def _targets(r) -> list[tuple[int, float | None]]:
+    """(pid, start time) of every target of reap result ``r``: what it signalled, and its plan's members
+    (one it could not signal included) but those it released on re-planning (left alone on purpose)."""
+    d = r.details
+    released = set(d.get("released") or ())
+    planned = [m for m in (d.get("plan") or {}).get("members") or [] if m and m.get("pid") not in released]
+    return [(m["pid"], m.get("start_time")) for m in [*(d.get("members") or []), *planned] if m]
+
+
+def _targeted(results: list, p) -> bool:
+    return any(_is(p, pid, start) for r in results for pid, start in _targets(r))
+
+
+def _is(p, pid: int, start: float | None) -> bool:
+    """True when process ``p`` is the process (pid, start); an unknown start matches by pid alone."""
+    from gputop.actions.common import same_start
+
+    return p.pid == pid and (start is None or p.start_time is None or same_start(p.start_time, start))
+
+
+def _holder_is(h, p) -> bool:
+    """True when GPU holder ``h`` (a later sample) is process ``p``."""
+    return _is(p, h.pid, h.proc.start_time if h.proc is not None else None)
 
 
 def _pdict(p) -> dict:
@@ -179,13 +213,17 @@ def _pdict(p) -> dict:
             "user": p.user, "cmdline": list(p.cmdline)}
 
 
-def _why(results, pid: int) -> str:
+def _why(results, pid: int, p=None) -> str:
+    """Why ``pid`` (process ``p`` when known) is still there, from the reap results."""
     for r in results:
-        if r.pid == pid or pid in (r.details.get("survivors") or []):
+        if p is not None and any(_is(p, t, s) for t, s in _targets(r)) or p is None and (
+                r.pid == pid or pid in (r.details.get("survivors") or [])):
             return f"{r.outcome}: {visible(r.message)}"
         for e in (r.details.get("left_alone") or []) + ((r.details.get("plan") or {}).get("left_alone") or []):
             if pid == e.get("pid") or pid in (e.get("subtree") or []):
                 return f"left alone ({e.get('rule')}): {visible(str(e.get('reason')))}"
+    if any(_planned(r) for r in results):
+        return "the reap did not take it (it started after the reap, or it reuses a reaped process's PID)"
     failed = [r for r in results if not r.ok]
     if failed:
         return f"{failed[0].outcome}: {visible(failed[0].message)}"
@@ -195,9 +233,10 @@ def _why(results, pid: int) -> str:
 def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float, deadline: float) -> list:
     """Every leftover of the job as one group, through the reap executor (gputop.actions.jobreap): all
     stopped together, planned again, SIGTERM together, one grace, SIGKILL for the rest; the job's
-    membership (cgroup or environment, gputop.slurm.job_processes) is read again in every round, so what
-    the job starts meanwhile is taken too. A protected process is left alone and reported; a process of
-    another job or user, or one of the epilog's ancestors, is never a member."""
+    membership (cgroup or environment, gputop.slurm.job_processes) is read again in every round, from the
+    table that round scanned, so what the job starts meanwhile is taken too. A protected process is left
+    alone and reported; a process of another job or user, or one of the epilog's ancestors, is never a
+    member."""
     from gputop import slurm as sl
     from gputop.actions.jobreap import reap_group
     from gputop.procs import self_and_ancestors

@@ -164,3 +164,107 @@ def test_a_protected_leftover_is_left_alone_and_reported(procs, scenario, tmp_pa
     assert _alive(keep) and not _alive(go)
     left = out["results"][0]["details"]["left_alone"]
     assert [e["pid"] for e in left] == [keep] and left[0]["rule"] == "protected"
+
+
+# A protected leftover of the job (its command line names "-keep"). It starts, through a helper outside
+# the job (its environment has no SLURM_JOB_ID), a process of the job again at once (x1), and another (x2)
+# once it sees the job's other leftover ($3) stopped, that is while the epilog reaps. Both are under the
+# protected process: left alone with it, as the first plan leaves its subtree.
+KEEPER = """job=$1; m=$2; g=$3; out=$4; inner=$5
+env -u SLURM_JOB_ID sh "$inner" "$job" "$m-x1" &
+while :; do
+  s=$(cut -d' ' -f3 /proc/$g/stat 2>/dev/null)
+  case "$s" in T) echo T > "$out"; break;; "") echo gone > "$out"; break;; esac
+  sleep 0.05
+done
+env -u SLURM_JOB_ID sh "$inner" "$job" "$m-x2" &
+wait
+"""
+# The helper outside the job: its child is in the job again (SLURM_JOB_ID set back).
+INNER = """SLURM_JOB_ID=$1 sh -c "while :; do sleep 1; done; : $2"
+:
+"""
+
+
+def test_members_under_a_protected_leftover_survive_the_group_reap_and_every_round(procs, scenario, tmp_path,
+                                                                                   monkeypatch, marker):
+    write_config(tmp_path / "config.yaml", monkeypatch, protect_cmdline=[f"{marker}-keep"])
+    audit = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("GPUTOP_AUDIT_LOG", str(audit))
+    job, other_job = 4265, 4266
+    go = _ignorers(procs, job, marker, 1)[0]  # the job's leftover that is reaped (it ignores SIGTERM)
+    keeper, inner, seen = tmp_path / "keeper.sh", tmp_path / "inner.sh", tmp_path / "seen"
+    keeper.write_text(KEEPER)
+    inner.write_text(INNER)
+    procs.spawn(["setsid", "sh", "-c", f"sh {keeper} {job} {marker} {go} {seen} {inner} {marker}-keep & exit 0"],
+                env=_job_env(job)).wait(10)
+    keep = procs.wait_for(f"sh {keeper} {job}")
+    x1 = procs.wait_for(f"sh -c while :; do sleep 1; done; : {marker}-x1")
+    by = _ignorers(procs, other_job, marker + "-by", 1)[0]  # the same user's process in another job
+    nojob = procs.orphan(f"sh -c 'sleep 600; : {marker}-nojob'", f"sh -c sleep 600; : {marker}-nojob")
+    scenario(holders=[{"pid": go, "gpu": 0, "memory": "1GiB"}, {"pid": by, "gpu": 1, "memory": "1GiB"}])
+    rc, out, err, _ = _epilog(job, "--grace", "2")
+    assert seen.read_text().strip() == "T", "the keeper did not start x2 while the reap held the job stopped"
+    x2 = procs.wait_for(f"sh -c while :; do sleep 1; done; : {marker}-x2")
+    assert not _alive(go), err
+    signalled = _signalled(audit)
+    for pid in (keep, x1, x2, by, nojob):
+        assert _alive(pid) and pid not in signalled, (pid, err)
+    assert rc == 0, err  # nothing it targeted survived; the protected subtree is a warning
+    group = [json.loads(x) for x in audit.read_text().splitlines() if '"reap-group"' in x][-1]
+    assert {m["pid"] for m in group["details"]["members"]}.isdisjoint({keep, x1, x2})
+    left = group["details"]["left_alone"]
+    assert [e["pid"] for e in left] == [keep] and x1 in left[0]["subtree"]
+
+
+def test_the_group_reap_lists_proc_once_per_round(procs, scenario, tmp_path, monkeypatch, marker):
+    # Membership is read from each round's own table (the one the executor scanned), and the plan's scan is
+    # also the lineage baseline: every listing of /proc is a table scan, one at the start and one a round.
+    import dataclasses
+
+    from gputop import slurm as sl
+    from gputop.actions import executor
+    from gputop.backends.simulated import SimulatedBackend
+    from gputop.commands.slurm import _reap_job
+    from gputop.config import Config
+    from gputop.procs import ProcTable, self_and_ancestors
+    from gputop.snapshot import Sampler
+
+    monkeypatch.setenv("GPUTOP_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
+    job, other_job = 4267, 4268
+    ign = _ignorers(procs, job, marker, 3)
+    by = _ignorers(procs, other_job, marker + "-by", 1)[0]
+    path = scenario(holders=[{"pid": ign[0], "gpu": 0, "memory": "1GiB"}, {"pid": by, "gpu": 1, "memory": "1GiB"}])
+    config = dataclasses.replace(Config(), protect=(), protect_cmdline=(), nohup_protects=False)
+    members = sl.job_processes(job, os.getuid(), ProcTable(), exclude=self_and_ancestors())
+    sampler = Sampler([SimulatedBackend(str(path))], config=config)
+    sampler.job_states.assume(job, "COMPLETING", "its epilog is running")
+    snap = sampler.sample()
+    counts = {"listdir": 0, "scan": 0, "round": 0}
+    real_listdir, real_scan, real_round = os.listdir, ProcTable.scan_all, executor.Executor.new_members
+
+    def listdir(path="."):
+        counts["listdir"] += str(path) == "/proc"
+        return real_listdir(path)
+
+    def scan_all(self):
+        counts["scan"] += 1
+        return real_scan(self)
+
+    def new_members(self):
+        counts["round"] += 1
+        return real_round(self)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(ProcTable, "scan_all", scan_all)
+    monkeypatch.setattr(executor.Executor, "new_members", new_members)
+    try:
+        (result,) = _reap_job(sampler, config, snap, members, job, os.getuid(), 1.0, time.monotonic() + 60)
+    finally:
+        monkeypatch.undo()
+        sampler.close()
+    assert result.ok, result.message
+    assert not any(_alive(p) for p in ign) and _alive(by)
+    print(f"group reap: {counts['round']} rounds, {counts['scan']} scans, {counts['listdir']} listings of /proc")
+    assert counts["round"] >= 3
+    assert counts["listdir"] == counts["scan"] == counts["round"] + 1, counts

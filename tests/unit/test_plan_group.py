@@ -35,3 +35,30 @@ def test_gone_and_zombie_members_are_skipped():
     t = FixtureTable(INIT, P(81, 1, "bash", 50, 80, state="Z"), P(91, 1, "python", 70, 90))
     plan = plan_group(t, [81, 91, 12345], t[91], _rules(t))
     assert plan.pids == (91,)
+
+
+def test_a_member_under_a_top_left_alone_is_left_alone_even_through_a_process_outside_the_group():
+    # 81 (protected, in the group) -> 82 (not in the group: its environment was cleared) -> 83 (in the
+    # group again). 83 is not a top: it is under 81, and left alone with 81's subtree.
+    t = FixtureTable(INIT, P(81, 1, "tmux", 50, 80), P(82, 81, "env", 60, 80), P(83, 82, "python", 61, 80),
+                     P(91, 1, "python", 70, 90))
+    plan = plan_group(t, [81, 83, 91], t[91], _rules(t, protect=["tmux"]))
+    assert plan.pids == (91,)
+    assert [(e.pid, e.subtree) for e in plan.left_alone] == [(81, (82, 83))]
+
+
+def test_a_round_with_known_members_takes_only_new_ones_under_the_same_rule():
+    # The executor's rounds call plan_group with what they track (``known``): a known top is not listed
+    # again, a new top is judged, and a member under a top left alone stays left alone though its own
+    # verdict (here: an orphan, judged alone) would let it be signalled.
+    from gputop.orphans import ORPHAN, PROTECTED, Verdict
+
+    t = FixtureTable(INIT, P(81, 1, "keep", 50, 80), P(82, 81, "python", 60, 80), P(91, 1, "python", 70, 90),
+                     P(92, 91, "python", 71, 90), P(95, 1, "python", 72, 95))
+    verdicts = {81: Verdict(PROTECTED, "protected by pattern 'keep'")}
+    rules = Rules(lambda pid: verdicts.get(pid, Verdict(ORPHAN, "orphan", root=pid)), frozenset({4242}),
+                  frozenset(), t.hidden)
+    plan = plan_group(t, [81, 82, 91, 92, 95], t[91], rules, known={91, 92})
+    assert plan.pids == (95,)
+    assert [(e.pid, e.rule, e.subtree) for e in plan.left_alone] == [(81, "protected", (82,))]
+    assert plan_group(t, [81, 82, 91, 92, 95], t[91], rules).pids == (91, 95, 92)

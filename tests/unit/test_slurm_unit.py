@@ -234,23 +234,31 @@ def test_classify_a_leftover_of_an_earlier_run_of_a_running_job_is_an_orphan():
 
 # ---- the epilog's verdict (pure) -------------------------------------------------------------------
 
-def _left(pid, name="w"):
+def _left(pid, name="w", start=1.0):
     from gputop.procs import ProcInfo
 
-    return ProcInfo(pid=pid, ppid=1, name=name, cmdline=(name,), start_time=1.0, uid=1000, user="u")
+    return ProcInfo(pid=pid, ppid=1, name=name, cmdline=(name,), start_time=start, uid=1000, user="u")
 
 
-def _result(ok, survivors=(), left_alone=()):
+def _member(pid, start=1.0):
+    return {"pid": pid, "ppid": 1, "start_time": start, "name": "w", "cmdline": ["w"], "user": "u", "uid": 1000}
+
+
+def _result(ok, survivors=(), left_alone=(), members=(), planned=(), released=()):
+    """A reap-group result as the executor leaves it: ``members`` signalled (pid, start 1.0), ``planned``
+    the first plan's members, ``survivors`` the pids it saw alive at its end."""
     from gputop.actions.common import ActionResult
 
-    return ActionResult("reap-group", ok, "reaped" if ok else "still-alive", "m",
-                        details={"survivors": list(survivors), "left_alone": list(left_alone)})
+    details = {"survivors": list(survivors), "left_alone": list(left_alone), "released": list(released),
+               "members": [_member(p) for p in members],
+               "plan": {"members": [_member(p) for p in planned], "left_alone": []}}
+    return ActionResult("reap-group", ok, "reaped" if ok else "still-alive", "m", details=details)
 
 
 def test_epilog_fails_when_a_signalled_process_that_holds_no_gpu_survives():
     from gputop.commands.slurm import epilog_verdict
 
-    ok, errors = epilog_verdict(7, [_left(10, "stuck")], [], [_result(False, survivors=[10])])
+    ok, errors = epilog_verdict(7, [_left(10, "stuck")], [], [_result(False, survivors=[10], members=[10])])
     assert not ok
     assert errors and "pid 10 (stuck) survived the epilog" in errors[0] and not errors[0].startswith("warning")
 
@@ -277,6 +285,42 @@ def test_epilog_warns_only_for_a_survivor_left_alone_on_purpose_that_holds_no_gp
     holder = type("H", (), {"pid": 14, "name": "python", "user": "u"})()
     ok, errors = epilog_verdict(7, [_left(14, "python")], [holder], [])
     assert not ok and "GPU holder pid 14" in errors[0]
+
+
+def test_epilog_fails_when_a_member_survives_that_the_reap_counted_gone():
+    # The executor's survivors name nothing (it saw the member gone, or lost track of it), yet the same
+    # process (pid and start time) is alive after the reap: a target survived, the node is drained.
+    from gputop.commands.slurm import epilog_verdict
+
+    ok, errors = epilog_verdict(7, [_left(10, "stuck")], [], [_result(True, members=[10], planned=[10])])
+    assert not ok and "pid 10 (stuck) survived the epilog: reaped" in errors[0]
+    # A member of the plan it could not signal (no permission) is a target as well.
+    ok, _ = epilog_verdict(7, [_left(11)], [], [_result(False, planned=[11])])
+    assert not ok
+
+
+def test_epilog_does_not_blame_a_process_that_reuses_a_reaped_members_pid():
+    # The reap saw pid 10 alive at its end (still-alive), then it died and a new process of the job took
+    # its PID (start time 7.0): that process was never a target; it holds no GPU, so it is a warning.
+    from gputop.commands.slurm import epilog_verdict
+
+    result = _result(False, survivors=[10], members=[10, 12], planned=[10, 12])
+    ok, errors = epilog_verdict(7, [_left(10, "new", start=7.0)], [], [result])
+    assert ok, errors
+    assert errors == ["warning: pid 10 (new) of job 7 is still alive (it holds no GPU): the reap did not take it "
+                      "(it started after the reap, or it reuses a reaped process's PID)"]
+    # The same process as the target (same start) fails the epilog.
+    assert not epilog_verdict(7, [_left(10, "stuck")], [], [result])[0]
+
+
+def test_epilog_warns_for_a_member_released_on_re_planning():
+    # Planned first, then left alone on purpose when the frozen group was planned again: not a target.
+    from gputop.commands.slurm import epilog_verdict
+
+    left = {"pid": 10, "subtree": [], "rule": "protected", "reason": "protected by pattern 'keep'"}
+    ok, errors = epilog_verdict(7, [_left(10)], [], [_result(True, planned=[10, 12], members=[12],
+                                                             released=[10], left_alone=[left])])
+    assert ok and errors[0].startswith("warning: pid 10") and "left alone (protected)" in errors[0]
 
 
 def test_epilog_succeeds_when_nothing_is_left():
