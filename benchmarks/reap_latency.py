@@ -149,9 +149,10 @@ def _record_signals() -> list[tuple[str, float]]:
 
 def round_cost(rounds: int = 40) -> dict[str, float]:
     """Milliseconds per executor round spent reading /proc, at this host's process count: the table's scan
-    with its lineage fields (now), and the same scan followed by a second stat scan (before). Alternated."""
-    from gputop.actions.executor import scan_stats
+    with its lineage fields (now), and the same scan followed by a second stat scan (before; the tests'
+    reference reader). Alternated."""
     from gputop.procs import ProcTable
+    from tests.functional.actions_helpers import scan_stats
 
     now, before = [], []
     for i in range(rounds * 2):
