@@ -205,7 +205,8 @@ def test_a_live_process_whose_proc_entry_cannot_be_read_is_never_gone(procs, mon
 
 
 def _thread_states(pid: int) -> list[str]:
-    return [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(") ", 1)[1][0] for t in os.listdir(f"/proc/{pid}/task")]
+    tasks = os.listdir(f"/proc/{pid}/task")
+    return [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(") ", 1)[1][0] for t in tasks]
 
 
 def test_wait_stopped_sees_a_half_exited_member_stop_without_waiting_out_its_timeout(procs, tmp_path):
