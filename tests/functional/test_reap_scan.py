@@ -222,7 +222,7 @@ def test_wait_stopped_sees_a_half_exited_member_stop_without_waiting_out_its_tim
         took = time.monotonic() - t0
         states = _thread_states(parent)
         assert "T" in states and all(s in "TZ" for s in states), states
-        assert took < 1.0, f"waited {took:.2f} s for a half-exited process that stopped"
+        assert took < 2.0, f"waited {took:.2f} s for a half-exited process that stopped"
     finally:
         os.kill(parent, signal.SIGCONT)
         ex.close()
@@ -261,7 +261,7 @@ def test_wait_stopped_waits_until_every_thread_of_a_member_is_stopped(procs):
         ex.send_all(signal.SIGSTOP, [many.pid, plain.pid])
         t0 = time.monotonic()
         ex.wait_stopped([many.pid, plain.pid], timeout=5.0)
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 2.0
         assert set(_thread_states(many.pid)) == {"T"} and len(_thread_states(many.pid)) == 9
         assert _thread_states(plain.pid) == ["T"]
     finally:
