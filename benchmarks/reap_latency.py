@@ -80,7 +80,43 @@ def kill_tree(tree: dict) -> None:
             pass
 
 
-def worker(tree_json: str, grace: float, profile: str | None = None) -> dict:
+def _poll_proc(members: list[int], gone_at: dict[int, float], stop: threading.Event) -> None:
+    """Read every live member's /proc/PID/stat every 2 ms (the default watcher)."""
+    left = set(members)
+    while left and not stop.is_set():
+        now = time.perf_counter()
+        for pid in list(left):
+            if not _alive(pid):
+                gone_at[pid] = now
+                left.discard(pid)
+        time.sleep(0.002)
+
+
+def _poll_pidfd(members: list[int], gone_at: dict[int, float], stop: threading.Event) -> None:
+    """Sleep in poll() on a pidfd per member, which turns readable when the process exits (the moment
+    it turns zombie): no /proc reads, and the reaping thread keeps the interpreter lock meanwhile."""
+    import select
+
+    poller, fds = select.poll(), {}
+    for pid in members:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            gone_at[pid] = time.perf_counter()
+            continue
+        fds[fd] = pid
+        poller.register(fd, select.POLLIN)
+    while fds and not stop.is_set():
+        for fd, _ in poller.poll(100):
+            gone_at[fds[fd]] = time.perf_counter()
+            poller.unregister(fd)
+            del fds[fd]
+            os.close(fd)
+    for fd in fds:
+        os.close(fd)
+
+
+def worker(tree_json: str, grace: float, profile: str | None = None, watch: str = "proc") -> dict:
     from gputop.actions import reap_tree
     from gputop.procs import read_proc
 
@@ -89,18 +125,8 @@ def worker(tree_json: str, grace: float, profile: str | None = None) -> dict:
     root = read_proc(tree["loop"])
     gone_at: dict[int, float] = {}
     stop = threading.Event()
-
-    def poll():
-        left = set(members)
-        while left and not stop.is_set():
-            now = time.perf_counter()
-            for pid in list(left):
-                if not _alive(pid):
-                    gone_at[pid] = now
-                    left.discard(pid)
-            time.sleep(0.002)
-
-    t = threading.Thread(target=poll, daemon=True)
+    t = threading.Thread(target=_poll_pidfd if watch == "pidfd" else _poll_proc, args=(members, gone_at, stop),
+                         daemon=True)
     sent = _record_signals()
     prof = None
     if profile:
@@ -149,9 +175,10 @@ def _record_signals() -> list[tuple[str, float]]:
 
 def round_cost(rounds: int = 40) -> dict[str, float]:
     """Milliseconds per executor round spent reading /proc, at this host's process count: the table's scan
-    with its lineage fields (now), and the same scan followed by a second stat scan (before). Alternated."""
-    from gputop.actions.executor import scan_stats
+    with its lineage fields (now), and the same scan followed by a second stat scan (before; the tests'
+    reference reader). Alternated."""
     from gputop.procs import ProcTable
+    from tests.functional.actions_helpers import scan_stats
 
     now, before = [], []
     for i in range(rounds * 2):
@@ -166,7 +193,7 @@ def round_cost(rounds: int = 40) -> dict[str, float]:
             "load": os.getloadavg()[0]}
 
 
-def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None = None) -> str:
+def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None = None, watch: str = "proc") -> str:
     backend = "nvml" if fake_nvml_dir() is not None else "simulated"
     rows, notes, results = [], [], {}
     with Sleepers(host - host_process_count() - 100):
@@ -179,7 +206,7 @@ def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None
                         field = make_field(1, [(0, tree["workers"][0])])
                         out = subprocess.run(
                             [PY, "-m", "benchmarks.reap_latency", "--worker", json.dumps(tree),
-                             "--grace", str(grace),
+                             "--grace", str(grace), "--watch", watch,
                              *(["--profile", f"{profile}.{variant}{i}"] if profile else [])],
                             cwd=ROOT, env=field.env(backend), capture_output=True, text=True, timeout=120)
                         if out.returncode != 0:
@@ -204,9 +231,10 @@ def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None
         notes.append(f"{variant}: first SIGTERM at {median(term):.3f} s (median)"
                      + (f", first SIGKILL at {median(kill):.3f} s" if kill else "") + "; load average "
                      + f"{os.getloadavg()[0]:.2f}")
+    how = ("each member's pidfd turning readable (its exit), waited for in poll()" if watch == "pidfd" else
+           "the last of the 100 PIDs leaving /proc (or turning zombie), polled every 2 ms")
     notes.append(f"{runs} runs per variant, {rs[0]['host']:,} host processes, backend {backend}; 'all gone' is "
-                 "measured from the reap_tree() call to the last of the 100 PIDs leaving /proc (or turning "
-                 "zombie), polled every 2 ms.")
+                 f"measured from the reap_tree() call to {how}.")
     return print_table(
         "4. Reap latency: orphan tree of 100 processes with a retry loop at the root (budget: grace + 0.5 s)",
         ["variant", "procs", "grace", "all gone (median)", "all gone (worst)", "reap_tree returned",
@@ -221,6 +249,9 @@ def main(argv=None) -> int:
     ap.add_argument("--host", type=int, default=2000)
     ap.add_argument("--profile", metavar="FILE",
                     help="write a cProfile of each reap_tree() call to FILE.<variant><run>")
+    ap.add_argument("--watch", choices=("proc", "pidfd"), default="proc",
+                    help="how the worker sees members go: read /proc every 2 ms (default), or wait on pidfds "
+                         "(no reads competing with the reap in the same interpreter)")
     ap.add_argument("--round-cost", action="store_true",
                     help="print the /proc cost of one executor round, here and with --host sleepers")
     args = ap.parse_args(argv)
@@ -228,14 +259,14 @@ def main(argv=None) -> int:
 
     exit_cleanly_on_sigterm()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.grace, args.profile)))
+        print(json.dumps(worker(args.worker, args.grace, args.profile, args.watch)))
         return 0
     if args.round_cost:
         print(json.dumps(round_cost()))
         with Sleepers(args.host - host_process_count()):
             print(json.dumps(round_cost()))
         return 0
-    run(args.runs, args.grace, args.host, args.profile)
+    run(args.runs, args.grace, args.host, args.profile, args.watch)
     return 0
 
 

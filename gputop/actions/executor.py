@@ -27,37 +27,14 @@ import time
 
 from gputop.actions.common import Ctx, proc_dict, same_start, sig_event
 from gputop.actions.identity import Handle, wait_gone
-from gputop.actions.plan import Lineage, ReapPlan, Stat, joiners, lineage, plan_reap, walk
+from gputop.actions.plan import Lineage, ReapPlan, joiners, lineage, plan_reap, walk
 from gputop.errors import EXIT_FAILURE, EXIT_PERMISSION, EXIT_REFUSED
-from gputop.procs import IS_LINUX, ProcInfo, ProcTable, read_proc, stat_state
-
-
-def scan_stats(proc_root: str = "/proc") -> dict[int, Stat]:
-    """(ppid, process group, session, start) of every process, from a stat scan of its own; empty off Linux.
-
-    The executor does not use it: it takes the same fields from its table's scan (``ProcTable.stat_fields``),
-    so that a round reads /proc once. Kept as the independent reader the tests check the table against."""
-    if not IS_LINUX:
-        return {}
-    out: dict[int, Stat] = {}
-    try:
-        pids = [d for d in os.listdir(proc_root) if d.isdigit()]
-    except OSError:
-        return out
-    for d in pids:
-        try:
-            with open(f"{proc_root}/{d}/stat", "rb") as f:
-                raw = f.read()
-            f_ = raw[raw.rindex(b")") + 2:].split()
-            out[int(d)] = Stat(int(f_[1]), int(f_[2]), int(f_[3]), int(f_[19]))
-        except (OSError, ValueError, IndexError):
-            continue  # gone or unreadable: as the table does
-    return out
+from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StatFields, read_proc, self_and_ancestors, stat_state
 
 
 class Executor:
     def __init__(self, ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
-                 stats: dict[int, Stat] | None = None):
+                 stats: dict[int, StatFields] | None = None):
         self.ctx, self.run, self.plan, self.snapshot = ctx, run, plan, snapshot
         self.planner = planner  # (table) -> ReapPlan over that scanned table; None: the tree planner
         self.rescan = rescan  # (table, rules, known pids) -> (members, left alone) that joined by membership
@@ -74,6 +51,7 @@ class Executor:
         self.joined: set[int] = set()  # found by session and group, not under a live member
         self.last_scan: tuple[ProcTable, object] | None = None  # (table, rules) of the last new_members()
         self.scan_s = 0.0  # how long the last new_members() took (a scan of every process, mostly)
+        self._never: frozenset[int] | None = None  # plan_never, once read
 
     # ---- signals ----
     def adopt(self, procs: list[ProcInfo], sigs: list[int]) -> list[int]:
@@ -122,20 +100,20 @@ class Executor:
         return [p for p, h in self.handles.items() if p not in self.gone and p not in self.released and h.alive()]
 
     def wait_stopped(self, pids: list[int], timeout: float = 2.0) -> None:
-        """SIGSTOP is asynchronous: wait until each process is really stopped (or gone)."""
+        """SIGSTOP is asynchronous: wait until every live thread of each process is stopped (or it is gone).
+
+        All of them together: a round reads the stat line of each one not stopped yet, and the pause
+        between rounds grows from 1 ms to 8 ms (most stop within a few ms; only stragglers cost a read).
+        A half-exited process (main thread exited, state Z) is stopped when its live threads are."""
         deadline = time.monotonic() + timeout
         left = list(pids)
-        while left and time.monotonic() < deadline:
-            nxt = []
-            for pid in left:
-                now = stat_state(pid)  # (state, start); None: gone or exited
-                start = self.handles[pid].info.start_time
-                if now is None or now[0] in ("T", "t") or not same_start(now[1], start):
-                    continue
-                nxt.append(pid)
-            left = nxt
-            if left:
-                time.sleep(0.005)
+        pause = 0.001
+        while left:
+            time.sleep(pause)  # first let them run into the stop: a check right after SIGSTOP finds few
+            left = [p for p in left if not _stopped(p, self.handles[p].info)]
+            if time.monotonic() >= deadline:
+                return
+            pause = min(pause * 2, 0.008)
 
     # ---- planning against the live table ----
     def new_members(self) -> list[ProcInfo]:
@@ -171,9 +149,11 @@ class Executor:
 
     @property
     def plan_never(self) -> frozenset[int]:
-        from gputop.procs import self_and_ancestors
-
-        return frozenset(self_and_ancestors())
+        """gputop and its ancestors, read once per reap: an ancestor can only exit, and a PID of one that
+        exited stays refused (never signalled) for the rest of the reap."""
+        if self._never is None:
+            self._never = frozenset(self_and_ancestors())
+        return self._never
 
     def freeze(self, first: list[int]) -> None:
         """Stop ``first``, then every new member (under the tracked ones, or joined by session and group),
@@ -291,6 +271,48 @@ def _scanned() -> ProcTable:
     return table
 
 
+def _stopped(pid: int, info: ProcInfo) -> bool:
+    """True once process ``info`` can neither run nor fork: every live thread is stopped (T, or t when
+    traced); or it is gone, exited, or its PID names another process (not ours to wait for; whether it
+    lives is its pidfd's question, asked elsewhere). A half-exited process (main thread exited, state Z,
+    threads still running) is alive: stopped only when each thread that has not exited is."""
+    if not IS_LINUX or info.start_ticks is None:
+        now = stat_state(pid)
+        return now is None or now[0] in ("T", "t") or not same_start(now[1], info.start_time)
+    f = _stat_fields(f"/proc/{pid}/stat")
+    if f is None or len(f) < 20 or f[19] != str(info.start_ticks).encode():
+        return True
+    if f[0] in (b"T", b"t") and f[17] == b"1":
+        return True
+    if f[0] not in (b"Z", b"X") and f[17] == b"1":
+        return False
+    # Several threads (a group stop reaches each in turn), or a main thread that has exited: look at each.
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    states = [t[0] for t in (_stat_fields(f"/proc/{pid}/task/{tid}/stat") for tid in tids) if t]
+    return all(st in (b"T", b"t", b"Z", b"X") for st in states)
+
+
+def _stat_fields(path: str) -> list[bytes] | None:
+    """The fields of a stat line after the command name (state first); None if it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return raw[raw.rindex(b")") + 2:].split(None, 20)
+    except ValueError:
+        return None
+
+
 def _is_mine(pid: int, table: ProcTable) -> bool:
     """True for gputop's own descendants (a helper it runs while reaping from a dead session)."""
     me = os.getpid()
@@ -298,7 +320,7 @@ def _is_mine(pid: int, table: ProcTable) -> bool:
 
 
 def execute(ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
-            stats: dict[int, Stat] | None = None):
+            stats: dict[int, StatFields] | None = None):
     """Carry out ``plan``. Returns a finished ActionResult on refusal or failure to start, else None with
     ``run.details`` saying what happened (members, survivors, left alone, sigkill). ``planner`` and
     ``rescan``: see Executor (a plan without a single root). ``stats``: the lineage fields of the table

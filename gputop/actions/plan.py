@@ -11,8 +11,9 @@ plan; apply recomputes it after freezing the tree and signals only its members.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping, Protocol
 
 from gputop.actions.common import other_user, proc_dict, safety_refusal, same_start
 from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict
@@ -251,9 +252,8 @@ def _root_refusal(root: ProcInfo, rules: Rules) -> tuple[str, str] | None:
 
 # ---- processes the tree starts during the reap, found by session and process group ----
 
-# The fields of /proc/PID/stat a lineage check needs (ppid, pgid, sid, start in clock ticks since boot):
-# ProcTable.stat_fields() gives them for every process from the table's own scan.
-Stat = StatFields
+# A lineage check reads the fields of /proc/PID/stat in StatFields (ppid, pgid, sid, start in clock ticks
+# since boot): ProcTable.stat_fields() gives them for every process from the table's own scan.
 
 
 @dataclass(frozen=True)
@@ -267,25 +267,28 @@ class Lineage:
     sessions: frozenset[int]  # the members' sessions (a dead session, for an orphan tree)
     groups: frozenset[int]  # the members' process groups
     foreign_groups: frozenset[int]  # groups, in those sessions, of processes that are not the tree's
-    baseline: frozenset[tuple[int, int]]  # (pid, start) of every process when the reap began
+    # Every process when the reap began (pid -> its fields): a read-only view of the scan's own table, not
+    # a copy (a copy of every process cost a few ms before the first signal).
+    baseline: Mapping[int, StatFields] = field(hash=False)
 
-    def is_new(self, pid: int, st: Stat) -> bool:
-        return (pid, st.start) not in self.baseline
+    def is_new(self, pid: int, st: StatFields) -> bool:
+        old = self.baseline.get(pid)
+        return old is None or old.start != st.start
 
-    def group_is_ours(self, st: Stat) -> bool:
+    def group_is_ours(self, st: StatFields) -> bool:
         return st.pgid in self.groups or st.pgid not in self.foreign_groups
 
 
-def lineage(stats: dict[int, Stat], members: Iterable[int]) -> Lineage:
+def lineage(stats: dict[int, StatFields], members: Iterable[int]) -> Lineage:
     """The lineage of a tree whose members are ``members``, from a stat scan taken before any signal."""
     mine = {p for p in members if p in stats}
     sessions = frozenset(stats[p].sid for p in mine if stats[p].sid > 0)
     groups = frozenset(stats[p].pgid for p in mine)
     foreign = frozenset(s.pgid for p, s in stats.items() if s.sid in sessions and p not in mine) - groups
-    return Lineage(sessions, groups, foreign, frozenset((p, s.start) for p, s in stats.items()))
+    return Lineage(sessions, groups, foreign, MappingProxyType(stats))
 
 
-def joiners(stats: dict[int, Stat], table: TreeTable, lin: Lineage, ours: set[int], owner: ProcInfo,
+def joiners(stats: dict[int, StatFields], table: TreeTable, lin: Lineage, ours: set[int], owner: ProcInfo,
             rules: Rules, foreign: set[tuple[int, int]]) -> tuple[list[ProcInfo], list[LeftAlone]]:
     """Processes that joined the tree during the reap without being under a live member.
 
@@ -313,8 +316,8 @@ def joiners(stats: dict[int, Stat], table: TreeTable, lin: Lineage, ours: set[in
     return members + more, left + more_left
 
 
-def _candidates(stats: dict[int, Stat], lin: Lineage, ours: set[int],
-                foreign: set[tuple[int, int]]) -> dict[int, Stat]:
+def _candidates(stats: dict[int, StatFields], lin: Lineage, ours: set[int],
+                foreign: set[tuple[int, int]]) -> dict[int, StatFields]:
     fresh = {p: st for p, st in stats.items()
              if st.sid in lin.sessions and p not in ours and lin.is_new(p, st) and (p, st.start) not in foreign
              and lin.group_is_ours(st)}

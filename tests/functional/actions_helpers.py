@@ -252,3 +252,24 @@ class SwapAfterSample:
 
     def __getattr__(self, name):
         return getattr(self._s, name)
+
+
+def scan_stats(proc_root: str = "/proc") -> dict:
+    """(ppid, process group, session, start ticks) of every process, from a stat scan of its own: the
+    independent reader that the executor's one-scan rounds (``ProcTable.stat_fields``) are checked against."""
+    from gputop.procs import StatFields
+
+    out = {}
+    try:
+        pids = [d for d in os.listdir(proc_root) if d.isdigit()]
+    except OSError:
+        return out
+    for d in pids:
+        try:
+            with open(f"{proc_root}/{d}/stat", "rb") as f:
+                raw = f.read()
+            f_ = raw[raw.rindex(b")") + 2:].split()
+            out[int(d)] = StatFields(int(f_[1]), int(f_[2]), int(f_[3]), int(f_[19]))
+        except (OSError, ValueError, IndexError):
+            continue  # gone or unreadable: as the table does
+    return out

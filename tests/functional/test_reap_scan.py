@@ -1,6 +1,6 @@
 """One read of /proc per reap round: the lineage fields (ppid, process group, session, start ticks) that the
 escape check needs come from the table's own scan (ProcTable.stat_fields), not from a second stat scan.
-They must be exactly what that second scan (executor.scan_stats, kept as the reference reader) reads."""
+They must be exactly what a second scan (actions_helpers.scan_stats, the reference reader) reads."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from gputop.actions.executor import Executor, scan_stats
+from gputop.actions.executor import Executor
 from gputop.actions import identity
 from gputop.actions.identity import Handle, wait_gone
 from gputop.actions.plan import ReapPlan
 from gputop.config import load_config
 from gputop.procs import IS_LINUX, ProcTable, read_proc, start_time, stat_state
-from tests.functional.actions_helpers import unique
+from tests.functional.actions_helpers import scan_stats, unique
 from tests.functional.test_reap_safety import find, half_exited
 
 pytestmark = pytest.mark.skipif(not IS_LINUX, reason="reads /proc")
@@ -202,3 +202,69 @@ def test_a_live_process_whose_proc_entry_cannot_be_read_is_never_gone(procs, mon
         before.close()
     monkeypatch.undo()
     assert read_proc(victim.pid).state not in ("T", "t", "Z")  # alive, never stopped
+
+
+def _thread_states(pid: int) -> list[str]:
+    tasks = os.listdir(f"/proc/{pid}/task")
+    return [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(") ", 1)[1][0] for t in tasks]
+
+
+def test_wait_stopped_sees_a_half_exited_member_stop_without_waiting_out_its_timeout(procs, tmp_path):
+    """A half-exited member (main thread exited: state Z, a thread still running) never shows T itself; it
+    is stopped once its live thread is. Before, wait_stopped waited its whole timeout (2 s) for it."""
+    parent, holder = half_exited(procs, tmp_path, ["setsid"])
+    ex = _executor(parent)
+    try:
+        assert ex.adopt([read_proc(parent)], []) == [parent]
+        t0 = time.monotonic()
+        ex.send_all(signal.SIGSTOP, [parent])
+        ex.wait_stopped([parent], timeout=5.0)
+        took = time.monotonic() - t0
+        states = _thread_states(parent)
+        assert "T" in states and all(s in "TZ" for s in states), states
+        assert took < 2.0, f"waited {took:.2f} s for a half-exited process that stopped"
+    finally:
+        os.kill(parent, signal.SIGCONT)
+        ex.close()
+    assert read_proc(holder) is not None  # the member's child was never signalled
+
+
+def test_wait_stopped_waits_for_a_half_exited_member_that_runs(procs, tmp_path):
+    """A half-exited process is alive: while its live thread runs it is not stopped, so the wait goes on
+    until its timeout (state Z alone is never taken for stopped, nor for gone)."""
+    parent, _ = half_exited(procs, tmp_path, ["setsid"])
+    ex = _executor(parent)
+    try:
+        ex.adopt([read_proc(parent)], [])
+        t0 = time.monotonic()
+        ex.wait_stopped([parent], timeout=0.4)
+        assert time.monotonic() - t0 >= 0.4
+        assert "S" in _thread_states(parent) and ex.handles[parent].alive()
+    finally:
+        ex.close()
+
+
+def test_wait_stopped_waits_until_every_thread_of_a_member_is_stopped(procs):
+    """A group stop reaches each thread in turn: a member is stopped when all its threads are (one still
+    running could fork), and a member with several threads that is stopped is seen as stopped."""
+    many = procs.spawn([PY, "-c", "import threading, time\n"
+                        "for _ in range(8): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                        "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    assert many.stdout.readline().strip() == b"ready"
+    plain = procs.spawn(["sleep", "60"])
+    ex = _executor(many.pid)
+    try:
+        ex.adopt([read_proc(many.pid), read_proc(plain.pid)], [])
+        t0 = time.monotonic()
+        ex.wait_stopped([many.pid, plain.pid], timeout=0.3)  # not stopped: the wait runs its course
+        assert time.monotonic() - t0 >= 0.3
+        ex.send_all(signal.SIGSTOP, [many.pid, plain.pid])
+        t0 = time.monotonic()
+        ex.wait_stopped([many.pid, plain.pid], timeout=5.0)
+        assert time.monotonic() - t0 < 2.0
+        assert set(_thread_states(many.pid)) == {"T"} and len(_thread_states(many.pid)) == 9
+        assert _thread_states(plain.pid) == ["T"]
+    finally:
+        for p in (many.pid, plain.pid):
+            os.kill(p, signal.SIGCONT)
+        ex.close()
