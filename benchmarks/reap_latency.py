@@ -5,8 +5,13 @@ it dies: root sh (the loop) -> python job -> forked python -> 97 ``sleep`` worke
 (fake) GPU. Two variants: "polite" (everything dies on SIGTERM) and "stubborn" (the whole tree ignores
 SIGTERM, so only SIGKILL after the grace ends it).
 
-gputop.actions.reap_tree runs in a worker process on the fake NVML library (or the simulated backend);
-a poller thread there watches all 100 PIDs every 2 ms. Budget: every process gone within grace + 0.5 s.
+gputop.actions.reap_tree runs in a worker process on the fake NVML library (or the simulated backend),
+given an open sampler that has sampled once, as every face that reaps has one (the TUI, the guard, the
+API, the watchdog; ``gputop reap --apply`` opens its own before it plans). A watcher thread there waits on
+a pidfd per member, which turns readable when the process exits (``--watch proc`` reads every member's
+/proc/PID/stat every 2 ms instead: those reads compete with the reap for the interpreter lock and delay
+it, 0.85 s against 0.23 s to the first SIGTERM in one measured round). Budget: every process gone within
+grace + 0.5 s.
 The run also checks that the retry loop did not start a new job afterwards.
 """
 
@@ -116,9 +121,15 @@ def _poll_pidfd(members: list[int], gone_at: dict[int, float], stop: threading.E
         os.close(fd)
 
 
-def worker(tree_json: str, grace: float, profile: str | None = None, watch: str = "proc") -> dict:
+def worker(tree_json: str, grace: float, profile: str | None = None, watch: str = "pidfd",
+           sampler: str = "warm") -> dict:
     from gputop.actions import reap_tree
     from gputop.procs import read_proc
+    from gputop.snapshot import Sampler
+
+    open_sampler = Sampler.open() if sampler == "warm" else None
+    if open_sampler is not None:
+        open_sampler.sample()
 
     tree = json.loads(tree_json)
     members = tree["members"]
@@ -138,7 +149,7 @@ def worker(tree_json: str, grace: float, profile: str | None = None, watch: str 
     if prof is not None:
         prof.enable()
     result = reap_tree(root.pid, expected_start=root.start_time, face="cli", grace=grace,
-                       reason="benchmark")
+                       reason="benchmark", sampler=open_sampler)
     t1 = time.perf_counter()
     if prof is not None:
         prof.disable()
@@ -146,6 +157,8 @@ def worker(tree_json: str, grace: float, profile: str | None = None, watch: str 
     t.join(grace + 10)
     stop.set()
     time.sleep(0.5)  # would the retry loop have started a new job?
+    if open_sampler is not None:
+        open_sampler.close()
     respawned = Path(tree["out"]).exists()
     return {
         "ok": result.ok, "outcome": result.outcome, "message": result.message,
@@ -193,7 +206,8 @@ def round_cost(rounds: int = 40) -> dict[str, float]:
             "load": os.getloadavg()[0]}
 
 
-def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None = None, watch: str = "proc") -> str:
+def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None = None, watch: str = "pidfd",
+        sampler: str = "warm") -> str:
     backend = "nvml" if fake_nvml_dir() is not None else "simulated"
     rows, notes, results = [], [], {}
     with Sleepers(host - host_process_count() - 100):
@@ -206,7 +220,7 @@ def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None
                         field = make_field(1, [(0, tree["workers"][0])])
                         out = subprocess.run(
                             [PY, "-m", "benchmarks.reap_latency", "--worker", json.dumps(tree),
-                             "--grace", str(grace), "--watch", watch,
+                             "--grace", str(grace), "--watch", watch, "--sampler", sampler,
                              *(["--profile", f"{profile}.{variant}{i}"] if profile else [])],
                             cwd=ROOT, env=field.env(backend), capture_output=True, text=True, timeout=120)
                         if out.returncode != 0:
@@ -234,7 +248,9 @@ def run(runs: int = 3, grace: float = 1.0, host: int = 2000, profile: str | None
     how = ("each member's pidfd turning readable (its exit), waited for in poll()" if watch == "pidfd" else
            "the last of the 100 PIDs leaving /proc (or turning zombie), polled every 2 ms")
     notes.append(f"{runs} runs per variant, {rs[0]['host']:,} host processes, backend {backend}; 'all gone' is "
-                 f"measured from the reap_tree() call to {how}.")
+                 f"measured from the reap_tree() call to {how}; "
+                 + ("reap_tree() is given an open sampler that has sampled once, as the TUI, guard, API and "
+                    "watchdog have." if sampler == "warm" else "reap_tree() opens its own sampler."))
     return print_table(
         "4. Reap latency: orphan tree of 100 processes with a retry loop at the root (budget: grace + 0.5 s)",
         ["variant", "procs", "grace", "all gone (median)", "all gone (worst)", "reap_tree returned",
@@ -249,9 +265,12 @@ def main(argv=None) -> int:
     ap.add_argument("--host", type=int, default=2000)
     ap.add_argument("--profile", metavar="FILE",
                     help="write a cProfile of each reap_tree() call to FILE.<variant><run>")
-    ap.add_argument("--watch", choices=("proc", "pidfd"), default="proc",
-                    help="how the worker sees members go: read /proc every 2 ms (default), or wait on pidfds "
-                         "(no reads competing with the reap in the same interpreter)")
+    ap.add_argument("--watch", choices=("proc", "pidfd"), default="pidfd",
+                    help="how the worker sees members go: wait on pidfds (default; no reads competing with the "
+                         "reap in the same interpreter), or read /proc every 2 ms")
+    ap.add_argument("--sampler", choices=("warm", "none"), default="warm",
+                    help="give reap_tree() an open sampler that has sampled once, as every face has (default), "
+                         "or none, so that it opens its own inside the measured call")
     ap.add_argument("--round-cost", action="store_true",
                     help="print the /proc cost of one executor round, here and with --host sleepers")
     args = ap.parse_args(argv)
@@ -259,14 +278,14 @@ def main(argv=None) -> int:
 
     exit_cleanly_on_sigterm()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.grace, args.profile, args.watch)))
+        print(json.dumps(worker(args.worker, args.grace, args.profile, args.watch, args.sampler)))
         return 0
     if args.round_cost:
         print(json.dumps(round_cost()))
         with Sleepers(args.host - host_process_count()):
             print(json.dumps(round_cost()))
         return 0
-    run(args.runs, args.grace, args.host, args.profile, args.watch)
+    run(args.runs, args.grace, args.host, args.profile, args.watch, args.sampler)
     return 0
 
 
