@@ -19,6 +19,7 @@ import inspect
 
 from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
+from textual.strip import Strip
 
 
 def _compatible() -> bool:
@@ -31,6 +32,9 @@ def _compatible() -> bool:
                 and hasattr(Compositor(), "_dirty_regions"))
     except (TypeError, ValueError):
         return False
+
+
+_NOTHING = Strip([])
 
 
 class SpanCompositor(Compositor):
@@ -52,16 +56,23 @@ class SpanCompositor(Compositor):
         by_row: dict[int, list[tuple[int, int]]] = {}
         for y, x1, x2 in spans:
             by_row.setdefault(y, []).append((x1, x2))
+        for y, row_spans in by_row.items():
+            # A chop that no span on its line reaches into is written as nothing, or as one cursor move
+            # (a chop starting where a span ends), whatever it holds: an empty strip, rendered by nobody.
+            line, cut_set = chops[y], cuts[y]
+            for cut, end in zip(cut_set, cut_set[1:]):
+                if not any(x1 < end and x2 > cut for x1, x2 in row_spans):
+                    line[cut] = _NOTHING
         for widget, (region, clip) in self.visible_widgets.items():
             x, y0, width, height = region.intersection(clip)
             if not (width and height):
                 continue
             right = x + width
-            # A line crossed by a dirty span, and not already covered by the widgets in front (a
-            # container behind its children, the screen behind everything, draws nothing there).
+            # A line where a chop of this widget's columns is still wanted: crossed by a dirty span and
+            # not already covered by the widgets in front (a container behind its children, the screen
+            # behind everything, draws nothing there).
             rows = [y for y in range(y0, y0 + height)
-                    if any(x1 < right and x2 > x for x1, x2 in by_row.get(y, ()))
-                    and any(chops[y].get(cut, 0) is None for cut in cuts[y] if x <= cut < right)]
+                    if y in by_row and any(chops[y][cut] is None for cut in cuts[y] if x <= cut < right)]
             if not rows:
                 continue
             first = rows[0]

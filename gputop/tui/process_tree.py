@@ -534,7 +534,8 @@ class ProcessTree(Tree[Node]):
         if structural:
             self.refresh()
         elif self._changed:
-            top, (width, height) = self.scroll_offset.y, self.size
+            top, height = self.scroll_offset.y, self.size.height
+            width = self.scrollable_content_region.width  # not the scroll bar: it did not change
             lines = {tnode.line for tnode in self._changed}
             regions = [Region(0, line - top, width, 1) for line in sorted(lines) if top <= line < top + height]
             if regions:
