@@ -90,6 +90,18 @@ def test_side_panel_shows_whole_severity_names():
     assert "MEDIUM" in text
 
 
+def test_side_panel_lists_the_most_severe_findings_and_counts_the_rest():
+    from gputop.rogue import Finding
+    from gputop.tui.side_panel import MAX_FINDINGS, PanelData, audit_text
+
+    findings = tuple(Finding("low", "orphaned-holder", 1000 + i, f"orphan {1000 + i}", "") for i in range(512))
+    text = audit_text(PanelData(audit_available=True, findings=findings)).plain
+    assert f"orphan {1000 + MAX_FINDINGS - 1}" in text and f"orphan {1000 + MAX_FINDINGS}" not in text
+    assert text.endswith(f"… {512 - MAX_FINDINGS} more (gputop audit lists all)")
+    few = audit_text(PanelData(audit_available=True, findings=findings[:MAX_FINDINGS])).plain
+    assert "more" not in few and f"orphan {1000 + MAX_FINDINGS - 1}" in few
+
+
 def test_sort_mark_for_pid_and_for_a_hidden_column():
     from gputop.tui.process_tree import COMPACT, NARROW, WIDE, header_text
 
