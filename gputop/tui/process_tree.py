@@ -6,6 +6,7 @@ expansion of every node survive a refresh. Names and command lines are wrapped i
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -170,6 +171,24 @@ def text_from_cells(cells: tuple) -> Text:
         out.stylize("dim", len(head) + 1, len(plain))
     out.append(Text(cmd, style="" if is_holder else "dim"))  # a command line is never parsed as markup
     return out
+
+
+def _width(text: str) -> int:
+    # Not rich's cell_len for ASCII: its cache would keep every row's string alive (thousands of them).
+    return len(text) if text.isascii() else cell_len(text)
+
+
+def cells_width(cells: tuple) -> int:
+    """The cells of text_from_cells(cells) (what a label is drawn in), without building the Text."""
+    if cells[0] == "group":
+        return _width(cells[1])
+    head, values, cmd = cells[3], cells[4], cells[6]
+    return _width(head) + 1 + sum(_width(v) + 1 for v in values) + _width(cmd)
+
+
+# The label of a row not drawn yet: its Text is built from its cells when it is first drawn (see _label_of),
+# so that a thousand rows off screen hold no Text (peak RSS, issue 13).
+_UNDRAWN = Text()
 
 
 def row_text(node: Node, depth: int, max_depth: int, tagged: bool, compact: bool) -> Text:
@@ -425,6 +444,10 @@ class ProcessTree(Tree[Node]):
         return tnode._label
 
     def get_label_width(self, node: TreeNode[Node]) -> int:  # what render_label would draw, without drawing it
+        pending = self.__dict__.get("_pending")
+        cells = pending.get(id(node)) if pending else None
+        if cells is not None:  # not drawn since its cells changed (or ever): its width is theirs
+            return EXPANDER + cells_width(cells)
         stale = self.__dict__.get("_stale")
         if stale and id(node) in stale:
             # An off-screen row whose values changed: its width is that of its columns and command, which
@@ -610,8 +633,9 @@ class ProcessTree(Tree[Node]):
             if tnode is None:
                 cells = row_cells(w, depth, self._max_depth, w.pid in self.tagged and w.kind == "holder",
                                   self.compact)
-                tnode = parent.add(text_from_cells(cells), data=w, before=i,
+                tnode = parent.add(_UNDRAWN, data=w, before=i,
                                    expand=w.key not in self._collapsed, allow_expand=bool(w.children))
+                self._pending[id(tnode)] = cells  # its Text is built when it is drawn
                 self.nodes_by_key[w.key] = tnode
                 self._labels[w.key] = cells
                 self._structural = True

@@ -156,3 +156,11 @@ def test_a_nan_or_out_of_range_reading_is_drawn_not_raised():
 
     assert block(float("nan")) == "?" and block(None) == "?"
     assert block(-5.0) == BLOCKS[0] and block(250.0) == BLOCKS[8]
+
+
+def test_cells_width_is_the_width_of_the_label_they_make():
+    from gputop.tui.process_tree import cells_width, text_from_cells
+
+    row = ("row", "", False, " O  12345  ", ("user", "C ", "0", "1.0GiB", "50%"), "C", "python 訓練.py", True)
+    for cells in (row, ("group", "GPU 0 · NVIDIA H200"), row[:6] + ("plain ascii",) + row[7:]):
+        assert cells_width(cells) == text_from_cells(cells).cell_len
