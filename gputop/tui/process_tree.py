@@ -6,6 +6,8 @@ expansion of every node survive a refresh. Names and command lines are wrapped i
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
@@ -210,6 +212,15 @@ def _splice(strip: Strip, at: int, text: str) -> Strip:
     return Strip(out, strip.cell_length)
 
 
+@lru_cache(maxsize=64)
+def _time_column(layout) -> tuple[int, int, str] | None:
+    """(index among the cells, width, align) of TIME in a layout; None when it is not shown."""
+    for i, (title, width, align) in enumerate(_COLS[layout][:-1]):
+        if title == "TIME":
+            return i, width, align
+    return None
+
+
 class ColumnHeader(Static):
     """The header over the tree (kept separate so the tree can scroll under it)."""
 
@@ -237,6 +248,7 @@ class ProcessTree(Tree[Node]):
         self.guide_depth = GUIDE
         self.nodes_by_key: dict[str, TreeNode[Node]] = {}
         self._labels: dict[str, tuple] = {}  # key -> the cells its label shows
+        self._inputs: dict[str, tuple] = {}  # key -> what a holder row shows but its TIME (see _time_only)
         self._collapsed: set[str] = set()
         self.cursor_key: str | None = None
         self.tagged: set[int] = set()
@@ -575,9 +587,12 @@ class ProcessTree(Tree[Node]):
 
     def _cells(self, tnode: TreeNode[Node], node: Node, depth: int) -> bool:
         """Work out a row's cells; if they changed, queue its Text (built when drawn). True if changed."""
-        cells = row_cells(node, depth, self._max_depth, node.pid in self.tagged and node.kind == "holder",
-                          self.compact)
-        if self._labels.get(node.key) == cells:
+        tagged = node.pid in self.tagged and node.kind == "holder"
+        old = self._labels.get(node.key)
+        cells = self._time_only(node, depth, tagged, old)
+        if cells is None:
+            cells = row_cells(node, depth, self._max_depth, tagged, self.compact)
+        if old == cells:
             return False
         self._labels[node.key] = cells
         # Batched: TreeNode.set_label schedules one refresh per node; here the tree repaints once after
@@ -585,6 +600,26 @@ class ProcessTree(Tree[Node]):
         self._pending[id(tnode)] = cells
         tnode._updates += 1
         return True
+
+    def _time_only(self, node: Node, depth: int, tagged: bool, old: tuple | None) -> tuple | None:
+        """A holder row's cells from its last ones when all it shows but TIME is as it was (most rows, every
+        second): only TIME is formatted. None: work them out again (row_cells)."""
+        h = node.holder
+        at = _time_column(self.compact)
+        if h is None:
+            return None
+        inputs = (h.verdict.kind, h.user, h.ctx, h.gpus, h.gpu_memory, h.sm_util, h.cpu_percent, h.rss, h.job,
+                  h.cmd, node.pid, depth, self._max_depth, tagged, self.compact)
+        same = self._inputs.get(node.key) == inputs
+        self._inputs[node.key] = inputs
+        if not same or at is None or old is None or old[0] != "row":
+            return None
+        i, width, align = at
+        values = old[4]
+        time_cell = _cell(fmt_duration(h.runtime), width, align)
+        if values[i] == time_cell:
+            return old
+        return old[:4] + (values[:i] + (time_cell,) + values[i + 1:],) + old[5:]
 
     def _replace_children(self, parent: TreeNode[Node], wanted_list: list[str]) -> None:
         """Remove the children that are no longer wanted; if the rest are out of order, remove them all
@@ -611,6 +646,7 @@ class ProcessTree(Tree[Node]):
             if n.data is not None:
                 self.nodes_by_key.pop(n.data.key, None)
                 self._labels.pop(n.data.key, None)
+                self._inputs.pop(n.data.key, None)
             self._pending.pop(id(n), None)
             self._stale.pop(id(n), None)
             self._drawn.pop(id(n), None)

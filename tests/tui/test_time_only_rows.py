@@ -100,3 +100,48 @@ async def test_a_row_that_changes_more_than_its_time_is_drawn_in_full():
         assert tree.tagged
         for pid in tree.tagged:  # a tag shows at once, though the row's TIME changed too
             assert re.search(rf"\*. *{pid} ", row_line(app, pid) or ""), screen_text(app)
+
+
+@run_async
+async def test_cells_worked_out_from_the_last_ones_equal_a_fresh_row_cells():
+    """ProcessTree._time_only formats only TIME when nothing else a row shows changed: after refreshes
+    where TIME advances and, for two holders, the command or CPU% changes too, every row's cells are what
+    row_cells makes from scratch."""
+    import dataclasses
+
+    from gputop.tui.process_tree import row_cells
+
+    sampler = FakeSampler(snapshot())
+    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
+    async with app.run_test(size=(120, 40)) as pilot:
+        tree = app.query_one(ProcessTree)
+        assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
+        fast = 0
+        original = tree._time_only
+
+        def counted(*a):
+            nonlocal fast
+            out = original(*a)
+            fast += out is not None
+            return out
+
+        tree._time_only = counted
+        for shift in (1, 2, 65):
+            snap = snapshot(shift)
+            if shift == 65:  # one holder shows another command line, another uses more CPU
+                hs = list(snap.holders)
+                h = hs[3]
+                proc = dataclasses.replace(h.proc, cmdline=("python", "other.py"))
+                hs[3] = Holder(h.pid, h.uses, proc, h.chain, h.verdict, h.cpu_percent, h.runtime)
+                h = hs[5]
+                hs[5] = Holder(h.pid, h.uses, h.proc, h.chain, h.verdict, 99.0, h.runtime)
+                snap = dataclasses.replace(snap, holders=tuple(hs))
+            await switch_snapshot(pilot, app, sampler, snap)
+            await pilot.pause()
+            for key, tnode in tree.nodes_by_key.items():
+                if id(tnode) in tree._stale:
+                    continue
+                want = row_cells(tnode.data, tree._depth(tnode), tree._max_depth, False, tree.compact)
+                assert tree._labels[key] == want, key
+        assert fast >= N  # the fast path ran (rows whose TIME alone advanced)
+        assert "python other.py" in row_line(app, 20003) and " 99%" in row_line(app, 20005)
