@@ -286,9 +286,48 @@ class ProcessTree(Tree[Node]):
         # it is read once per frame.
         self._frame_style = self.rich_style
         try:
+            self._pseudo_class_state = self.get_pseudo_class_state()  # as Tree.render_lines, before _shape
+            self._splice_styled(crop)
             return super().render_lines(crop)
         finally:
             self._frame_style = None
+
+    def _splice_styled(self, crop) -> None:
+        """A line whose only change is its TIME is spliced in the line Textual styled last time too (its
+        widget cache): the line is neither rendered (see _respliced) nor styled again. Only where the styled
+        line has the characters of the drawn one at the same offsets (no padding, border or side scroll)."""
+        cache = self._styles_cache
+        dirty, styled = cache._dirty_lines, cache._cache
+        if not dirty or not self._drawn or any(self.styles.gutter) or self.scroll_offset.x:
+            return
+        scroll_y, width = self.scroll_offset.y, self.size.width
+        tree_lines = self._tree_lines
+        for y in crop.line_range:
+            old = styled.get(y)
+            if y not in dirty or old is None or y + scroll_y >= len(tree_lines):
+                continue
+            line = tree_lines[y + scroll_y]
+            drawn = self._drawn.get(id(line.node))
+            if drawn is None or (self._stale and id(line.node) in self._stale):
+                continue
+            is_hover = self.hover_line >= 0 and any(node._hover for node in line.path)
+            cache_key = self._cache_key(y + scroll_y, line, is_hover, width)
+            if cache_key in self._line_cache or old.text != drawn[2].text[:width]:
+                continue
+            strip = self._respliced(y + scroll_y, line, is_hover, width)
+            if strip is None:
+                continue
+            at, text = self._drawn[id(line.node)][3], strip.text
+            if at + 8 > width:  # TIME (7 cells) reaches past the edge: cropped there
+                continue
+            self._line_cache[cache_key] = strip
+            cell = text[at:at + len(drawn[0][4][drawn[4]])]
+            styled[y] = _splice(old, at, cell)
+            dirty.discard(y)
+
+    def _cache_key(self, y: int, line, is_hover: bool, width: int) -> tuple:
+        return (y, is_hover, width, self._updates, self._pseudo_class_state,
+                tuple(node._updates for node in line.path))
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
@@ -340,8 +379,7 @@ class ProcessTree(Tree[Node]):
         if self._stale and id(line.node) in self._stale:
             self._label_of(line.node)  # format a stale row now, before its cache key is taken
         is_hover = self.hover_line >= 0 and any(node._hover for node in line.path)
-        cache_key = (y, is_hover, width, self._updates, self._pseudo_class_state,
-                     tuple(node._updates for node in line.path))
+        cache_key = self._cache_key(y, line, is_hover, width)
         strip = self._line_cache.get(cache_key)
         if strip is None:
             strip = self._respliced(y, line, is_hover, width)

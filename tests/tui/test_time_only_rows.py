@@ -44,9 +44,10 @@ def drawn_strips(tree: ProcessTree) -> list:
 
 
 def full_render(tree: ProcessTree) -> list:
-    """The tree's lines rendered from scratch (no cached or spliced strip)."""
+    """The tree's lines rendered and styled from scratch (no cached or spliced strip)."""
     tree._line_cache.clear()
     tree._drawn.clear()
+    tree._styles_cache.clear()
     return drawn_strips(tree)
 
 
@@ -66,7 +67,18 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
             spliced += out is not None
             return out
 
+        from gputop.tui import process_tree
+
+        splices = 0
+        real_splice = process_tree._splice
+
+        def counting_splice(*a):
+            nonlocal splices
+            splices += 1
+            return real_splice(*a)
+
         ProcessTree._respliced = counting
+        process_tree._splice = counting_splice
         try:
             for shift in (1, 2, 61, 3600):  # seconds, a minute, an hour: TIME's text changes each time
                 await switch_snapshot(pilot, app, sampler, snapshot(shift))
@@ -78,7 +90,9 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
                 assert shown == full_render(tree), shift
         finally:
             ProcessTree._respliced = real
+            process_tree._splice = real_splice
         assert spliced >= N  # the rows were spliced, not rendered again (else this test checks nothing)
+        assert splices >= spliced + N  # ... and in the styled lines too (ProcessTree._splice_styled)
         # The top bar's clock follows the snapshot's time.
         clock = time.strftime("%H:%M:%S", time.localtime(AT + 3600))
         assert clock in screen_text(app).splitlines()[0]
