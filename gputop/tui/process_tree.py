@@ -158,6 +158,11 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
     return ("row", style, tagged, head, cells, h.ctx if h is not None else None, cmd, h is not None)
 
 
+def value_offset(cells: tuple, i: int) -> int:
+    """Where the ``i``-th value of a row's cells starts in its label text (see text_from_cells)."""
+    return len(cells[3]) + 1 + sum(len(v) + 1 for v in cells[4][:i])
+
+
 def text_from_cells(cells: tuple) -> Text:
     if cells[0] == "group":
         return Text(cells[1], style="bold")
@@ -167,7 +172,7 @@ def text_from_cells(cells: tuple) -> Text:
     if tagged:
         out.stylize("bold reverse", 0, 1)
     if ctx is not None:  # the T column: the second value
-        start = len(head) + 1 + len(values[0]) + 1
+        start = value_offset(cells, 1)
         out.stylize(CTX_STYLE.get(ctx, ""), start, start + len(values[1]))
     else:  # an ancestor row: its few values are secondary
         out.stylize("dim", len(head) + 1, len(plain))
@@ -473,12 +478,12 @@ class ProcessTree(Tree[Node]):
         if cells is None or cells[0] != "row":
             self._drawn.pop(id(node), None)
             return
-        titles = [c[0] for c in _COLS[self.compact][:-1]]
-        if "TIME" not in titles:
+        time_at = _time_column(self.compact)
+        if time_at is None:
             self._drawn.pop(id(node), None)
             return
-        ti = titles.index("TIME")
-        at = label_at + len(cells[3]) + 1 + sum(len(v) + 1 for v in cells[4][:ti])
+        ti = time_at[0]
+        at = label_at + value_offset(cells, ti)
         self._drawn[id(node)] = (cells, self._shape(y, line, is_hover, width), strip, at, ti)
 
     def _label_of(self, tnode: TreeNode[Node]) -> Text:
