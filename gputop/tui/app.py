@@ -268,6 +268,7 @@ class GputopApp(App):
         frame; without them the sampling thread reads them first (see _sample_devices_first).
         ``first_frame``: gputop.tui.first_frame already put the terminal on the alternate screen."""
         super().__init__(driver_class=_driver_after_first_frame(self) if first_frame else None)
+        keymap.install_key_characters()
         use_palette(self.no_color)  # App reads NO_COLOR in __init__
         self.sampler = LockedSampler(sampler)
         self.config = config or Config()

@@ -164,3 +164,20 @@ def test_cells_width_is_the_width_of_the_label_they_make():
     row = ("row", "", False, " O  12345  ", ("user", "C ", "0", "1.0GiB", "50%"), "C", "python 訓練.py", True)
     for cells in (row, ("group", "GPU 0 · NVIDIA H200"), row[:6] + ("plain ascii",) + row[7:]):
         assert cells_width(cells) == text_from_cells(cells).cell_len
+
+
+def test_key_names_and_characters_written_out_are_textuals():
+    """keymap answers for Textual's format_key and key_to_character (without unicodedata.lookup): the
+    answers must be Textual's own, for every key bound on the main screen and for the screen's tab."""
+    from textual.keys import format_key, key_to_character
+
+    from gputop.tui import keymap
+
+    keys = [key for k in keymap.KEYS for key in k.key.split(",")]
+    shown = [key for key in keys if keymap.key_display(key) is not None]
+    assert "question_mark" in shown and "slash" in shown and "q" in shown
+    for key in shown:
+        assert keymap.key_display(key) == format_key(key), key
+    for key in keymap.KEY_CHARACTERS:
+        assert keymap.KEY_CHARACTERS[key] == key_to_character(key), key
+    assert {b.key for b in keymap.bindings()} == set(keys)  # one binding a key, none lost
