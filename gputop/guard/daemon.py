@@ -32,14 +32,7 @@ from gputop.guard.policy import Issue, Policy, PolicyError, load_policy
 from gputop.procs import start_time
 
 
-def _file_sig(path: str | None) -> tuple | None:
-    if not path:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ("missing",)
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+_file_sig = _state.file_sig
 
 
 def _load(path: str) -> Policy:

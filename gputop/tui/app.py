@@ -7,7 +7,6 @@ handler blocks: a handler only reads the latest snapshot, updates widgets, or st
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -172,21 +171,13 @@ class PanelSource:
         GUARD_EVERY seconds; ``config`` (the app's, --config included) names the policy when the state
         does not. The daemon's liveness is not cached (see __call__)."""
         d = guard_state.guard_dir()
-        key = (d, _file_key(d / guard_state.STATE_FILE), _file_key(d / guard_state.HITS_FILE))
+        key = (d, guard_state.file_sig(d / guard_state.STATE_FILE), guard_state.file_sig(d / guard_state.HITS_FILE))
         now = time.monotonic()
         if key != self._guard_key or now - self._guard_at >= self.GUARD_EVERY:
             self._guard = (guard_state.get_mode(), tuple(guard_state.recent_hits(50)),
                            guard_state.get_policy_path(config))
             self._guard_key, self._guard_at = key, now
         return self._guard
-
-
-def _file_key(path: Path) -> tuple | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 # The actions module speaks to the CLI (flags); on this screen the same way out is a button or a key.
@@ -268,6 +259,7 @@ class GputopApp(App):
         frame; without them the sampling thread reads them first (see _sample_devices_first).
         ``first_frame``: gputop.tui.first_frame already put the terminal on the alternate screen."""
         super().__init__(driver_class=_driver_after_first_frame(self) if first_frame else None)
+        keymap.install_key_characters()
         use_palette(self.no_color)  # App reads NO_COLOR in __init__
         self.sampler = LockedSampler(sampler)
         self.config = config or Config()

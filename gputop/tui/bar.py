@@ -17,6 +17,38 @@ from textual.style import Style as VisualStyle
 from textual.widget import Widget
 
 
+class LineStyles:
+    """The styles a widget draws its pieces with, kept for one base style and theme: a piece's style (a Rich
+    style or its string) becomes the widget's style plus the piece's, marked with the piece's offset
+    (Textual's text selection reads it). Shared by the top bar and the device board."""
+
+    def __init__(self):
+        self._key: tuple | None = None  # (base, theme) the styles were made for
+        self._styles: dict = {}  # piece style -> base + it
+        self._placed: dict = {}  # (piece style, x, y) -> that plus its offset
+
+    def strip(self, pieces, y: int, base: VisualStyle, theme) -> Strip:
+        """Line ``y`` of ``(text, style)`` pieces as Textual draws a Text (a style "" or None is none)."""
+        if (base, theme) != self._key or len(self._placed) > 4096:
+            self._key, self._styles, self._placed = (base, theme), {}, {}
+        styles, placed = self._styles, self._placed
+        segments, x = [], 0
+        for text, name in pieces:
+            if not text:
+                continue
+            drawn = placed.get((name, x, y))
+            if drawn is None:
+                style = styles.get(name)
+                if style is None:
+                    rich = RichStyle.parse(name) if isinstance(name, str) else name
+                    visual = VisualStyle.from_rich_style(rich, theme) if rich else VisualStyle()
+                    style = styles[name] = (base + visual).rich_style
+                drawn = placed[(name, x, y)] = style + RichStyle.from_meta({"offset": (x, y)})
+            segments.append(Segment(text, drawn))
+            x += len(text)
+        return Strip(segments)
+
+
 class TextBar(Widget):
     DEFAULT_CSS = "TextBar { height: 1; }"
 
@@ -25,6 +57,7 @@ class TextBar(Widget):
         self.shown = Text()
         self._strip: Strip | None = None
         self._key: tuple | None = None  # the Text, width and styles the strip was made for
+        self._styles = LineStyles()
 
     def update(self, text: Text) -> None:
         if text != self.shown:
@@ -39,16 +72,10 @@ class TextBar(Widget):
         if y or text.cell_len > width or not text.plain.isprintable():
             return super().render_line(y)
         base = self.visual_style
-        key = (text, width, base, self.app.ansi_theme)
-        if self._strip is None or key != self._key:
-            self._strip, self._key = self._line(text, base), key
-        return self._strip
-
-    def _line(self, text: Text, base: VisualStyle) -> Strip:
         theme = self.app.ansi_theme
-        segments, x = [], 0
-        for seg in text.render(self.app.console, end=""):
-            visual = VisualStyle.from_rich_style(seg.style, theme) if seg.style else VisualStyle()
-            segments.append(Segment(seg.text, (base + visual).rich_style + RichStyle.from_meta({"offset": (x, 0)})))
-            x += len(seg.text)
-        return Strip(segments)
+        key = (text, width, base, theme)
+        if self._strip is None or key != self._key:
+            segments = text.render(self.app.console, end="")
+            self._strip = self._styles.strip([(seg.text, seg.style) for seg in segments], 0, base, theme)
+            self._key = key
+        return self._strip

@@ -16,9 +16,11 @@ otherwise Textual's own update runs.
 from __future__ import annotations
 
 import inspect
+from bisect import bisect_left
 
 from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
+from textual.strip import Strip
 
 
 def _compatible() -> bool:
@@ -31,6 +33,9 @@ def _compatible() -> bool:
                 and hasattr(Compositor(), "_dirty_regions"))
     except (TypeError, ValueError):
         return False
+
+
+_NOTHING = Strip([])
 
 
 class SpanCompositor(Compositor):
@@ -48,20 +53,29 @@ class SpanCompositor(Compositor):
     def _span_chops(self, spans: list[tuple[int, int, int]]) -> list[dict]:
         """Textual's _render_chops, front widget first, for the lines and columns the spans cross."""
         cuts = self.cuts
-        chops = [dict.fromkeys(cut_set[:-1]) for cut_set in cuts]
+        chops: list[dict] = [{}] * len(cuts)  # ChopsUpdate reads only the lines of the spans
         by_row: dict[int, list[tuple[int, int]]] = {}
         for y, x1, x2 in spans:
             by_row.setdefault(y, []).append((x1, x2))
+        for y, row_spans in by_row.items():
+            # A chop that no span on its line reaches into is written as nothing, or as one cursor move
+            # (a chop starting where a span ends), whatever it holds: an empty strip, rendered by nobody.
+            cut_set = cuts[y]
+            chops[y] = line = dict.fromkeys(cut_set[:-1])
+            for cut, end in zip(cut_set, cut_set[1:]):
+                if not any(x1 < end and x2 > cut for x1, x2 in row_spans):
+                    line[cut] = _NOTHING
+        dirty_rows = sorted(by_row)
         for widget, (region, clip) in self.visible_widgets.items():
             x, y0, width, height = region.intersection(clip)
             if not (width and height):
                 continue
             right = x + width
-            # A line crossed by a dirty span, and not already covered by the widgets in front (a
-            # container behind its children, the screen behind everything, draws nothing there).
-            rows = [y for y in range(y0, y0 + height)
-                    if any(x1 < right and x2 > x for x1, x2 in by_row.get(y, ()))
-                    and any(chops[y].get(cut, 0) is None for cut in cuts[y] if x <= cut < right)]
+            # A line where a chop of this widget's columns is still wanted: crossed by a dirty span and
+            # not already covered by the widgets in front (a container behind its children, the screen
+            # behind everything, draws nothing there).
+            rows = [y for y in dirty_rows[bisect_left(dirty_rows, y0):bisect_left(dirty_rows, y0 + height)]
+                    if any(chops[y][cut] is None for cut in cuts[y] if x <= cut < right)]
             if not rows:
                 continue
             first = rows[0]

@@ -12,24 +12,18 @@ which the tests compare with).
 from __future__ import annotations
 
 from rich.cells import cell_len
-from rich.segment import Segment
-from rich.style import Style as RichStyle
 from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
-from textual.style import Style as VisualStyle
 from textual.widget import Widget
 
 from gputop.backends.base import DeviceSample
 from gputop.textsafe import visible
+from gputop.tui.bar import LineStyles
 from gputop.tui.history import DeviceHistory
-from gputop.units import fmt_bytes
+from gputop.units import fmt_bytes, fmt_opt
 
 Line = tuple  # of (text, style) pieces
-
-
-def _na(v, fmt: str) -> str:
-    return "N/A" if v is None else fmt.format(v)
 
 
 def _level_style(v: float | None) -> str:
@@ -45,7 +39,7 @@ def _level_style(v: float | None) -> str:
 def _levels(d: DeviceSample) -> tuple[str, str, str, str]:
     """Utilisation and memory: their texts and styles."""
     mem_pct = 100.0 * d.memory_used / d.memory_total if d.memory_used is not None and d.memory_total else None
-    util_txt = _na(d.util_gpu, "{:.0f}%").rjust(4)
+    util_txt = fmt_opt(d.util_gpu, "{:.0f}%").rjust(4)
     mem_txt = f"{fmt_bytes(d.memory_used)}/{fmt_bytes(d.memory_total)}".rjust(13)
     return util_txt, _level_style(d.util_gpu), mem_txt, _level_style(mem_pct)
 
@@ -61,7 +55,7 @@ def line_pieces(d: DeviceSample, history: DeviceHistory, width: int) -> Line:
     if d.lost:
         return ((head, "bold"), ("  LOST: " + _reason(d, "unreachable"), "bold red"))
     util_txt, util_style, mem_txt, mem_style = _levels(d)
-    tail = f" {_na(d.temperature, '{:.0f}°C'):>5} {_na(d.power_w, '{:.0f}W'):>5}"
+    tail = f" {fmt_opt(d.temperature, '{:.0f}°C'):>5} {fmt_opt(d.power_w, '{:.0f}W'):>5}"
     fixed = cell_len(head) + 1 + len(util_txt) + 1 + 1 + len(mem_txt) + len(tail) + 2
     strip_w = max(3, (width - fixed) // 2) if width else 10
     util_strip, mem_strip = history.strips(d.index, strip_w)
@@ -74,15 +68,15 @@ def _pair(a, b, unit: str, what: str) -> str:
     if a is None and b is None:
         return f"{what} N/A"
     if a is None or b is None:
-        return f"{_na(a, '{:.0f}' + unit)}/{_na(b, '{:.0f}' + unit)}"
+        return f"{fmt_opt(a, '{:.0f}' + unit)}/{fmt_opt(b, '{:.0f}' + unit)}"
     return f"{a:.0f}/{b:.0f}{unit}"
 
 
 def sensors_text(d: DeviceSample) -> str:
     """Every sensor of a device on one line: temperature, power and limit, fan, SM and memory clocks."""
-    temp = _na(d.temperature, "{:.0f}°C")
+    temp = fmt_opt(d.temperature, "{:.0f}°C")
     power = _pair(d.power_w, d.power_limit_w, "W", "power")
-    fan = f"fan {_na(d.fan_pct, '{:.0f}%')}"
+    fan = f"fan {fmt_opt(d.fan_pct, '{:.0f}%')}"
     clocks = _pair(d.clock_sm_mhz, d.clock_mem_mhz, "MHz", "clocks")
     return f"{temp}  {power}  {fan}  {clocks}"
 
@@ -136,8 +130,7 @@ class DeviceBoard(Widget):
         self._built_for = (0, 0)  # the (width, lines per device) _lines were made for
         self._strips: dict[int, tuple[Line, Strip]] = {}  # y -> the line and its Strip
         self._strips_key: tuple | None = None  # the width and styles the strips were made with
-        self._styles: dict[str, RichStyle] = {}  # piece style -> the style Textual draws it with
-        self._placed: dict = {}  # (piece style, x, y) -> that style plus its offset
+        self._line_styles = LineStyles()  # piece style -> the style Textual draws it with
 
     def show(self, devices, lines: int) -> None:
         """Take a new sample; repaint only the lines that would look different."""
@@ -180,36 +173,13 @@ class DeviceBoard(Widget):
         base = self.visual_style
         key = (width, base, self.app.ansi_theme)
         if key != self._strips_key:
-            self._strips, self._strips_key, self._styles, self._placed = {}, key, {}, {}
+            self._strips, self._strips_key = {}, key
         if y >= len(self._lines):
             return Strip.blank(width, base.rich_style)
         line = self._lines[y]
         cached = self._strips.get(y)
         if cached is not None and cached[0] == line:
             return cached[1]
-        strip = self._line_strip(line, y, base).crop(0, width)
+        strip = self._line_styles.strip(line, y, base, self.app.ansi_theme).crop(0, width)
         self._strips[y] = (line, strip)
         return strip
-
-    def _line_strip(self, line: Line, y: int, base: VisualStyle) -> Strip:
-        """Line ``y`` as Textual draws a Text: each piece in the widget's style plus its own, marked with
-        its offset (Textual's text selection reads it)."""
-        styles, placed = self._styles, self._placed
-        if len(placed) > 4096:
-            placed.clear()
-        theme = self.app.ansi_theme
-        segments = []
-        x = 0
-        for text, name in line:
-            if not text:
-                continue
-            drawn = placed.get((name, x, y))
-            if drawn is None:
-                style = styles.get(name)
-                if style is None:
-                    visual = VisualStyle.from_rich_style(RichStyle.parse(name), theme) if name else VisualStyle()
-                    style = styles[name] = (base + visual).rich_style
-                drawn = placed[(name, x, y)] = style + RichStyle.from_meta({"offset": (x, y)})
-            segments.append(Segment(text, drawn))
-            x += len(text)
-        return Strip(segments)

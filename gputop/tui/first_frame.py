@@ -15,7 +15,7 @@ import os
 import sys
 
 from gputop.textsafe import visible
-from gputop.units import fmt_bytes
+from gputop.units import fmt_bytes, fmt_opt
 
 MIN_WIDTH, MIN_HEIGHT = 60, 15  # below this the app shows a too-small message instead of its screen
 
@@ -24,18 +24,14 @@ LEAVE = "\x1b[?1049l\x1b[?25h"  # back to the normal screen and its cursor, curs
 BOLD_REVERSE, RESET = "\x1b[1;7m", "\x1b[0m"
 
 
-def _na(v, fmt: str) -> str:
-    return "N/A" if v is None else fmt.format(v)
-
-
 def device_line(d, width: int) -> str:
     """One device on one line: index, name, utilisation, memory, temperature, power."""
     head = f"GPU {d.index}  {visible(d.name or 'unknown device')}"
     if d.lost:
         return f"{head}  LOST"[:width]
     mem = f"{fmt_bytes(d.memory_used)}/{fmt_bytes(d.memory_total)}"
-    rest = (f"  util {_na(d.util_gpu, '{:.0f}%')}  mem {mem}  {_na(d.temperature, '{:.0f}°C')}"
-            f"  {_na(d.power_w, '{:.0f}W')}")
+    rest = (f"  util {fmt_opt(d.util_gpu, '{:.0f}%')}  mem {mem}  {fmt_opt(d.temperature, '{:.0f}°C')}"
+            f"  {fmt_opt(d.power_w, '{:.0f}W')}")
     return (head + rest)[:width]
 
 

@@ -89,8 +89,7 @@ class DeviceHistory:
         if width <= 0:
             return "", ""
         u, m = self._blocks.get(index, ((), ()))
-        skip = max(0, len(u) - width)
-        return ("".join(islice(u, skip, None)).rjust(width, " "), "".join(islice(m, skip, None)).rjust(width, " "))
+        return _tail(u, width), _tail(m, width)
 
     def series(self, index: int) -> list[Point]:
         s = self._series.get(index)
@@ -113,7 +112,13 @@ def block(v: float | None) -> str:
     return BLOCKS[max(0, min(8, round(min(max(v, 0.0), 100.0) / 100 * 8)))]
 
 
+def _tail(blocks, width: int) -> str:
+    """The last ``width`` block characters, right-aligned in ``width`` cells."""
+    skip = max(0, len(blocks) - width)
+    return "".join(islice(blocks, skip, None)).rjust(width, " ")
+
+
 def strip(values: list[float | None], width: int) -> str:
-    """A fixed 0-100 scale strip, newest on the right; unknown samples are '?'. Cheap: no plotting."""
-    vals = values[-width:] if width > 0 else []
-    return "".join([block(v) for v in vals]).rjust(width, " ") if width > 0 else ""
+    """A fixed 0-100 scale strip, newest on the right; unknown samples are '?'. Cheap: no plotting.
+    (DeviceHistory.strips draws the same from the blocks it keeps.)"""
+    return _tail([block(v) for v in values[-width:]], width) if width > 0 else ""

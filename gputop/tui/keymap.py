@@ -65,8 +65,45 @@ KEYS: tuple[Key, ...] = (
 DESTRUCTIVE = frozenset(k.action for k in KEYS if k.destructive)
 
 
+# Textual names a key for the footer (textual.keys.format_key) and finds the character a key types
+# (key_to_character, for every binding on the screen) with unicodedata.lookup, which pages in ~0.8 MiB of
+# Unicode name tables (peak RSS, issue 13). For the keys bound here, and the screen's own tab, their answers
+# are written out; tests/unit/test_tui_model.py checks them against Textual's.
+KEY_DISPLAY = {"question_mark": "?", "slash": "/", "space": "space"}
+KEY_CHARACTERS = {"question_mark": "?", "slash": None, "space": " ", "tab": "\t",
+                  **{f"f{i}": None for i in range(1, 13)}}
+
+
+def key_display(key: str) -> str | None:
+    """What Textual's footer shows for a key without modifiers; None: let Textual work it out."""
+    if key in KEY_DISPLAY:
+        return KEY_DISPLAY[key]
+    if (len(key) == 1 and key.isalnum()) or (key[:1] == "f" and key[1:].isdigit()):
+        return key
+    return None
+
+
 def bindings() -> list[Binding]:
-    return [Binding(k.key, k.action, k.description, show=k.show, tooltip=k.help) for k in KEYS]
+    """One Binding a key (Textual splits "a,b" alike), each with the name the footer shows."""
+    return [Binding(key, k.action, k.description, show=k.show, tooltip=k.help, key_display=key_display(key))
+            for k in KEYS for key in k.key.split(",")]
+
+
+def install_key_characters() -> None:
+    """Answer textual.screen's key_to_character from KEY_CHARACTERS where it can (see above)."""
+    import textual.keys
+    import textual.screen
+
+    textual_lookup = textual.keys.key_to_character
+    if textual.screen.key_to_character is not textual_lookup:
+        return  # already installed, or not the Textual this was written for
+
+    def key_to_character(key: str) -> str | None:
+        if key in KEY_CHARACTERS:
+            return KEY_CHARACTERS[key]
+        return textual_lookup(key)
+
+    textual.screen.key_to_character = key_to_character
 
 
 # Keys inside the device plot screen.

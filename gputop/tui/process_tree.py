@@ -6,6 +6,9 @@ expansion of every node survive a refresh. Names and command lines are wrapped i
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -155,6 +158,11 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
     return ("row", style, tagged, head, cells, h.ctx if h is not None else None, cmd, h is not None)
 
 
+def value_offset(cells: tuple, i: int) -> int:
+    """Where the ``i``-th value of a row's cells starts in its label text (see text_from_cells)."""
+    return len(cells[3]) + 1 + sum(len(v) + 1 for v in cells[4][:i])
+
+
 def text_from_cells(cells: tuple) -> Text:
     if cells[0] == "group":
         return Text(cells[1], style="bold")
@@ -164,12 +172,30 @@ def text_from_cells(cells: tuple) -> Text:
     if tagged:
         out.stylize("bold reverse", 0, 1)
     if ctx is not None:  # the T column: the second value
-        start = len(head) + 1 + len(values[0]) + 1
+        start = value_offset(cells, 1)
         out.stylize(CTX_STYLE.get(ctx, ""), start, start + len(values[1]))
     else:  # an ancestor row: its few values are secondary
         out.stylize("dim", len(head) + 1, len(plain))
     out.append(Text(cmd, style="" if is_holder else "dim"))  # a command line is never parsed as markup
     return out
+
+
+def _width(text: str) -> int:
+    # Not rich's cell_len for ASCII: its cache would keep every row's string alive (thousands of them).
+    return len(text) if text.isascii() else cell_len(text)
+
+
+def cells_width(cells: tuple) -> int:
+    """The cells of text_from_cells(cells) (what a label is drawn in), without building the Text."""
+    if cells[0] == "group":
+        return _width(cells[1])
+    head, values, cmd = cells[3], cells[4], cells[6]
+    return _width(head) + 1 + sum(_width(v) + 1 for v in values) + _width(cmd)
+
+
+# The label of a row not drawn yet: its Text is built from its cells when it is first drawn (see _label_of),
+# so that a thousand rows off screen hold no Text (peak RSS, issue 13).
+_UNDRAWN = Text()
 
 
 def row_text(node: Node, depth: int, max_depth: int, tagged: bool, compact: bool) -> Text:
@@ -189,6 +215,15 @@ def _splice(strip: Strip, at: int, text: str) -> Strip:
         out.append(seg)
         pos = seg_end
     return Strip(out, strip.cell_length)
+
+
+@lru_cache(maxsize=64)
+def _time_column(layout) -> tuple[int, int, str] | None:
+    """(index among the cells, width, align) of TIME in a layout; None when it is not shown."""
+    for i, (title, width, align) in enumerate(_COLS[layout][:-1]):
+        if title == "TIME":
+            return i, width, align
+    return None
 
 
 class ColumnHeader(Static):
@@ -218,6 +253,7 @@ class ProcessTree(Tree[Node]):
         self.guide_depth = GUIDE
         self.nodes_by_key: dict[str, TreeNode[Node]] = {}
         self._labels: dict[str, tuple] = {}  # key -> the cells its label shows
+        self._inputs: dict[str, tuple] = {}  # key -> what a holder row shows but its TIME (see _time_only)
         self._collapsed: set[str] = set()
         self.cursor_key: str | None = None
         self.tagged: set[int] = set()
@@ -255,9 +291,48 @@ class ProcessTree(Tree[Node]):
         # it is read once per frame.
         self._frame_style = self.rich_style
         try:
+            self._pseudo_class_state = self.get_pseudo_class_state()  # as Tree.render_lines, before _shape
+            self._splice_styled(crop)
             return super().render_lines(crop)
         finally:
             self._frame_style = None
+
+    def _splice_styled(self, crop) -> None:
+        """A line whose only change is its TIME is spliced in the line Textual styled last time too (its
+        widget cache): the line is neither rendered (see _respliced) nor styled again. Only where the styled
+        line has the characters of the drawn one at the same offsets (no padding, border or side scroll)."""
+        cache = self._styles_cache
+        dirty, styled = cache._dirty_lines, cache._cache
+        if not dirty or not self._drawn or any(self.styles.gutter) or self.scroll_offset.x:
+            return
+        scroll_y, width = self.scroll_offset.y, self.size.width
+        tree_lines = self._tree_lines
+        for y in crop.line_range:
+            old = styled.get(y)
+            if y not in dirty or old is None or y + scroll_y >= len(tree_lines):
+                continue
+            line = tree_lines[y + scroll_y]
+            drawn = self._drawn.get(id(line.node))
+            if drawn is None or (self._stale and id(line.node) in self._stale):
+                continue
+            is_hover = self.hover_line >= 0 and any(node._hover for node in line.path)
+            cache_key = self._cache_key(y + scroll_y, line, is_hover, width)
+            if cache_key in self._line_cache or old.text != drawn[2].text[:width]:
+                continue
+            strip = self._respliced(y + scroll_y, line, is_hover, width)
+            if strip is None:
+                continue
+            at, text = self._drawn[id(line.node)][3], strip.text
+            if at + 8 > width:  # TIME (7 cells) reaches past the edge: cropped there
+                continue
+            self._line_cache[cache_key] = strip
+            cell = text[at:at + len(drawn[0][4][drawn[4]])]
+            styled[y] = _splice(old, at, cell)
+            dirty.discard(y)
+
+    def _cache_key(self, y: int, line, is_hover: bool, width: int) -> tuple:
+        return (y, is_hover, width, self._updates, self._pseudo_class_state,
+                tuple(node._updates for node in line.path))
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
@@ -309,8 +384,7 @@ class ProcessTree(Tree[Node]):
         if self._stale and id(line.node) in self._stale:
             self._label_of(line.node)  # format a stale row now, before its cache key is taken
         is_hover = self.hover_line >= 0 and any(node._hover for node in line.path)
-        cache_key = (y, is_hover, width, self._updates, self._pseudo_class_state,
-                     tuple(node._updates for node in line.path))
+        cache_key = self._cache_key(y, line, is_hover, width)
         strip = self._line_cache.get(cache_key)
         if strip is None:
             strip = self._respliced(y, line, is_hover, width)
@@ -404,12 +478,12 @@ class ProcessTree(Tree[Node]):
         if cells is None or cells[0] != "row":
             self._drawn.pop(id(node), None)
             return
-        titles = [c[0] for c in _COLS[self.compact][:-1]]
-        if "TIME" not in titles:
+        time_at = _time_column(self.compact)
+        if time_at is None:
             self._drawn.pop(id(node), None)
             return
-        ti = titles.index("TIME")
-        at = label_at + len(cells[3]) + 1 + sum(len(v) + 1 for v in cells[4][:ti])
+        ti = time_at[0]
+        at = label_at + value_offset(cells, ti)
         self._drawn[id(node)] = (cells, self._shape(y, line, is_hover, width), strip, at, ti)
 
     def _label_of(self, tnode: TreeNode[Node]) -> Text:
@@ -425,6 +499,10 @@ class ProcessTree(Tree[Node]):
         return tnode._label
 
     def get_label_width(self, node: TreeNode[Node]) -> int:  # what render_label would draw, without drawing it
+        pending = self.__dict__.get("_pending")
+        cells = pending.get(id(node)) if pending else None
+        if cells is not None:  # not drawn since its cells changed (or ever): its width is theirs
+            return EXPANDER + cells_width(cells)
         stale = self.__dict__.get("_stale")
         if stale and id(node) in stale:
             # An off-screen row whose values changed: its width is that of its columns and command, which
@@ -534,7 +612,8 @@ class ProcessTree(Tree[Node]):
         if structural:
             self.refresh()
         elif self._changed:
-            top, (width, height) = self.scroll_offset.y, self.size
+            top, height = self.scroll_offset.y, self.size.height
+            width = self.scrollable_content_region.width  # not the scroll bar: it did not change
             lines = {tnode.line for tnode in self._changed}
             regions = [Region(0, line - top, width, 1) for line in sorted(lines) if top <= line < top + height]
             if regions:
@@ -551,9 +630,12 @@ class ProcessTree(Tree[Node]):
 
     def _cells(self, tnode: TreeNode[Node], node: Node, depth: int) -> bool:
         """Work out a row's cells; if they changed, queue its Text (built when drawn). True if changed."""
-        cells = row_cells(node, depth, self._max_depth, node.pid in self.tagged and node.kind == "holder",
-                          self.compact)
-        if self._labels.get(node.key) == cells:
+        tagged = node.pid in self.tagged and node.kind == "holder"
+        old = self._labels.get(node.key)
+        cells = self._time_only(node, depth, tagged, old)
+        if cells is None:
+            cells = row_cells(node, depth, self._max_depth, tagged, self.compact)
+        if old == cells:
             return False
         self._labels[node.key] = cells
         # Batched: TreeNode.set_label schedules one refresh per node; here the tree repaints once after
@@ -561,6 +643,26 @@ class ProcessTree(Tree[Node]):
         self._pending[id(tnode)] = cells
         tnode._updates += 1
         return True
+
+    def _time_only(self, node: Node, depth: int, tagged: bool, old: tuple | None) -> tuple | None:
+        """A holder row's cells from its last ones when all it shows but TIME is as it was (most rows, every
+        second): only TIME is formatted. None: work them out again (row_cells)."""
+        h = node.holder
+        at = _time_column(self.compact)
+        if h is None:
+            return None
+        inputs = (h.verdict.kind, h.user, h.ctx, h.gpus, h.gpu_memory, h.sm_util, h.cpu_percent, h.rss, h.job,
+                  h.cmd, node.pid, depth, self._max_depth, tagged, self.compact)
+        same = self._inputs.get(node.key) == inputs
+        self._inputs[node.key] = inputs
+        if not same or at is None or old is None or old[0] != "row":
+            return None
+        i, width, align = at
+        values = old[4]
+        time_cell = _cell(fmt_duration(h.runtime), width, align)
+        if values[i] == time_cell:
+            return old
+        return old[:4] + (values[:i] + (time_cell,) + values[i + 1:],) + old[5:]
 
     def _replace_children(self, parent: TreeNode[Node], wanted_list: list[str]) -> None:
         """Remove the children that are no longer wanted; if the rest are out of order, remove them all
@@ -587,6 +689,7 @@ class ProcessTree(Tree[Node]):
             if n.data is not None:
                 self.nodes_by_key.pop(n.data.key, None)
                 self._labels.pop(n.data.key, None)
+                self._inputs.pop(n.data.key, None)
             self._pending.pop(id(n), None)
             self._stale.pop(id(n), None)
             self._drawn.pop(id(n), None)
@@ -609,8 +712,9 @@ class ProcessTree(Tree[Node]):
             if tnode is None:
                 cells = row_cells(w, depth, self._max_depth, w.pid in self.tagged and w.kind == "holder",
                                   self.compact)
-                tnode = parent.add(text_from_cells(cells), data=w, before=i,
+                tnode = parent.add(_UNDRAWN, data=w, before=i,
                                    expand=w.key not in self._collapsed, allow_expand=bool(w.children))
+                self._pending[id(tnode)] = cells  # its Text is built when it is drawn
                 self.nodes_by_key[w.key] = tnode
                 self._labels[w.key] = cells
                 self._structural = True

@@ -17,6 +17,11 @@ from textual.widgets import Static
 GUARD_PENDING = "reading the guard state…"
 AUDIT_PENDING = "auditing processes…"
 
+# Findings listed in the panel (most severe first); the rest are counted on one line. A node with hundreds of
+# orphaned holders has a finding each: laid out in full they are thousands of wrapped lines (~2 MiB at
+# 1,024 holders, peak RSS, issue 13) that nobody scrolls through; `gputop audit` lists them all.
+MAX_FINDINGS = 50
+
 SEVERITY_STYLE = {"critical": "bold reverse red", "high": "bold red", "medium": "yellow", "low": "cyan",
                   "info": "dim"}
 
@@ -103,13 +108,17 @@ def audit_text(d: PanelData) -> Text:
     if not d.findings:
         t.append("\n")
         t.append("no findings", style="dim")
-    for f in d.findings:
+    for f in d.findings[:MAX_FINDINGS]:
         sev = str(getattr(f, "severity", "?"))
         t.append("\n")
         t.append(sev.upper().ljust(6), style=SEVERITY_STYLE.get(sev.lower(), "bold"))  # MEDIUM, not MEDI
         pid = getattr(f, "pid", None)
         t.append(f" {pid if pid is not None else '-':>7} ")
         t.append(Text(visible(getattr(f, "reason", "") or getattr(f, "rule", ""))))
+    more = len(d.findings) - MAX_FINDINGS
+    if more > 0:
+        t.append("\n")
+        t.append(f"… {more} more (gputop audit lists all)", style="dim")
     return t
 
 

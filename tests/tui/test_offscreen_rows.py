@@ -89,3 +89,26 @@ async def test_a_device_pane_value_change_shows():
         gpu3 = next(line for line in screen_text(app).splitlines() if line.lstrip().startswith("3 NVIDIA"))
         assert "97%" in gpu3 and "81°C" in gpu3, gpu3
         assert "█" in gpu3  # the history strip has the new (high) point
+
+
+@run_async
+async def test_rows_never_drawn_hold_no_label_text_and_are_drawn_right_when_scrolled_to():
+    from gputop.tui import process_tree
+
+    sampler = FakeSampler(big_snapshot())
+    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
+    async with app.run_test(size=(120, 40)) as pilot:
+        tree = app.query_one(ProcessTree)
+        last = 10000 + N - 1
+        assert await wait_until(pilot, lambda: f"gpu7/{last}" in tree.nodes_by_key)
+        await pilot.pause(0.2)
+        undrawn = [n for n in tree.nodes_by_key.values() if n._label is process_tree._UNDRAWN]
+        assert len(undrawn) > N - 100  # only the rows in view built their Text
+        node = tree.nodes_by_key[f"gpu7/{last}"]
+        assert tree.get_label_width(node) == process_tree.EXPANDER + len(process_tree.text_from_cells(
+            tree._labels[node.data.key]).plain)
+        tree.focus()
+        await pilot.press("end")
+        assert await wait_until(pilot, lambda: row_line(app, last) is not None)
+        assert node._label is not process_tree._UNDRAWN and f"job{N - 1}.py" in row_line(app, last)
+        assert fmt_duration(1000.0 + N - 1) in row_line(app, last)

@@ -44,9 +44,10 @@ def drawn_strips(tree: ProcessTree) -> list:
 
 
 def full_render(tree: ProcessTree) -> list:
-    """The tree's lines rendered from scratch (no cached or spliced strip)."""
+    """The tree's lines rendered and styled from scratch (no cached or spliced strip)."""
     tree._line_cache.clear()
     tree._drawn.clear()
+    tree._styles_cache.clear()
     return drawn_strips(tree)
 
 
@@ -66,7 +67,18 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
             spliced += out is not None
             return out
 
+        from gputop.tui import process_tree
+
+        splices = 0
+        real_splice = process_tree._splice
+
+        def counting_splice(*a):
+            nonlocal splices
+            splices += 1
+            return real_splice(*a)
+
         ProcessTree._respliced = counting
+        process_tree._splice = counting_splice
         try:
             for shift in (1, 2, 61, 3600):  # seconds, a minute, an hour: TIME's text changes each time
                 await switch_snapshot(pilot, app, sampler, snapshot(shift))
@@ -78,7 +90,9 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
                 assert shown == full_render(tree), shift
         finally:
             ProcessTree._respliced = real
+            process_tree._splice = real_splice
         assert spliced >= N  # the rows were spliced, not rendered again (else this test checks nothing)
+        assert splices >= spliced + N  # ... and in the styled lines too (ProcessTree._splice_styled)
         # The top bar's clock follows the snapshot's time.
         clock = time.strftime("%H:%M:%S", time.localtime(AT + 3600))
         assert clock in screen_text(app).splitlines()[0]
@@ -100,3 +114,48 @@ async def test_a_row_that_changes_more_than_its_time_is_drawn_in_full():
         assert tree.tagged
         for pid in tree.tagged:  # a tag shows at once, though the row's TIME changed too
             assert re.search(rf"\*. *{pid} ", row_line(app, pid) or ""), screen_text(app)
+
+
+@run_async
+async def test_cells_worked_out_from_the_last_ones_equal_a_fresh_row_cells():
+    """ProcessTree._time_only formats only TIME when nothing else a row shows changed: after refreshes
+    where TIME advances and, for two holders, the command or CPU% changes too, every row's cells are what
+    row_cells makes from scratch."""
+    import dataclasses
+
+    from gputop.tui.process_tree import row_cells
+
+    sampler = FakeSampler(snapshot())
+    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
+    async with app.run_test(size=(120, 40)) as pilot:
+        tree = app.query_one(ProcessTree)
+        assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
+        fast = 0
+        original = tree._time_only
+
+        def counted(*a):
+            nonlocal fast
+            out = original(*a)
+            fast += out is not None
+            return out
+
+        tree._time_only = counted
+        for shift in (1, 2, 65):
+            snap = snapshot(shift)
+            if shift == 65:  # one holder shows another command line, another uses more CPU
+                hs = list(snap.holders)
+                h = hs[3]
+                proc = dataclasses.replace(h.proc, cmdline=("python", "other.py"))
+                hs[3] = Holder(h.pid, h.uses, proc, h.chain, h.verdict, h.cpu_percent, h.runtime)
+                h = hs[5]
+                hs[5] = Holder(h.pid, h.uses, h.proc, h.chain, h.verdict, 99.0, h.runtime)
+                snap = dataclasses.replace(snap, holders=tuple(hs))
+            await switch_snapshot(pilot, app, sampler, snap)
+            await pilot.pause()
+            for key, tnode in tree.nodes_by_key.items():
+                if id(tnode) in tree._stale:
+                    continue
+                want = row_cells(tnode.data, tree._depth(tnode), tree._max_depth, False, tree.compact)
+                assert tree._labels[key] == want, key
+        assert fast >= N  # the fast path ran (rows whose TIME alone advanced)
+        assert "python other.py" in row_line(app, 20003) and " 99%" in row_line(app, 20005)

@@ -90,6 +90,18 @@ def test_side_panel_shows_whole_severity_names():
     assert "MEDIUM" in text
 
 
+def test_side_panel_lists_the_most_severe_findings_and_counts_the_rest():
+    from gputop.rogue import Finding
+    from gputop.tui.side_panel import MAX_FINDINGS, PanelData, audit_text
+
+    findings = tuple(Finding("low", "orphaned-holder", 1000 + i, f"orphan {1000 + i}", "") for i in range(512))
+    text = audit_text(PanelData(audit_available=True, findings=findings)).plain
+    assert f"orphan {1000 + MAX_FINDINGS - 1}" in text and f"orphan {1000 + MAX_FINDINGS}" not in text
+    assert text.endswith(f"… {512 - MAX_FINDINGS} more (gputop audit lists all)")
+    few = audit_text(PanelData(audit_available=True, findings=findings[:MAX_FINDINGS])).plain
+    assert "more" not in few and f"orphan {1000 + MAX_FINDINGS - 1}" in few
+
+
 def test_sort_mark_for_pid_and_for_a_hidden_column():
     from gputop.tui.process_tree import COMPACT, NARROW, WIDE, header_text
 
@@ -144,3 +156,28 @@ def test_a_nan_or_out_of_range_reading_is_drawn_not_raised():
 
     assert block(float("nan")) == "?" and block(None) == "?"
     assert block(-5.0) == BLOCKS[0] and block(250.0) == BLOCKS[8]
+
+
+def test_cells_width_is_the_width_of_the_label_they_make():
+    from gputop.tui.process_tree import cells_width, text_from_cells
+
+    row = ("row", "", False, " O  12345  ", ("user", "C ", "0", "1.0GiB", "50%"), "C", "python 訓練.py", True)
+    for cells in (row, ("group", "GPU 0 · NVIDIA H200"), row[:6] + ("plain ascii",) + row[7:]):
+        assert cells_width(cells) == text_from_cells(cells).cell_len
+
+
+def test_key_names_and_characters_written_out_are_textuals():
+    """keymap answers for Textual's format_key and key_to_character (without unicodedata.lookup): the
+    answers must be Textual's own, for every key bound on the main screen and for the screen's tab."""
+    from textual.keys import format_key, key_to_character
+
+    from gputop.tui import keymap
+
+    keys = [key for k in keymap.KEYS for key in k.key.split(",")]
+    shown = [key for key in keys if keymap.key_display(key) is not None]
+    assert "question_mark" in shown and "slash" in shown and "q" in shown
+    for key in shown:
+        assert keymap.key_display(key) == format_key(key), key
+    for key in keymap.KEY_CHARACTERS:
+        assert keymap.KEY_CHARACTERS[key] == key_to_character(key), key
+    assert {b.key for b in keymap.bindings()} == set(keys)  # one binding a key, none lost
