@@ -243,12 +243,13 @@ class _Context:
         return True
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Memo:
     """One holder's verdict, with every input it was computed from: the holder's own record (its
     verdict inputs), its owner, and the answers it shares with its tree (_Context). classify() is a pure
     function of these and of the rules (config), so while every one of them gives the same answer
-    again, it would return the same verdict."""
+    again, it would return the same verdict. ``info`` is the newest record found to have those inputs
+    (moved on by _verdict, so that the next sample's identity check usually answers)."""
 
     info: ProcInfo
     inputs: tuple  # verdict_inputs(info)
@@ -410,11 +411,13 @@ class Sampler:
             verdict, chain, _ = self._classify(pid, table, table, jobs, job_states)
             return verdict, chain, None
         memo = self._memo.get(pid)
-        if (memo is not None and pid not in jobs and (info is memo.info or verdict_inputs(info) == memo.inputs)
-                and (owner is memo.owner or owner == memo.owner)):
-            shared = self._context_now(memo.ctx, table)
-            if shared is not None:
-                return memo.verdict, shared[0], shared[1]
+        if memo is not None and pid not in jobs and (owner is memo.owner or owner == memo.owner):
+            if info is not memo.info and verdict_inputs(info) == memo.inputs:
+                memo.info = info  # the same inputs: compare by identity next time
+            if info is memo.info:
+                shared = self._context_now(memo.ctx, table)
+                if shared is not None:
+                    return memo.verdict, shared[0], shared[1]
         rec = _Recording(table)
         rec.get(pid)  # the holder first: its answer is the memo's own, the rest are the tree's
         verdict, chain, walked = self._classify(pid, rec, table, jobs, job_states)
@@ -519,6 +522,9 @@ class Sampler:
         table = ProcTable(self.proc_root, static=self._static)
         if self._static is not None:
             self._static.tgids.clear()  # this refresh's reads only (prune clears it too, unless one failed)
+            self._static.begin()  # one clock reading for this refresh's freshness checks
+        if self._owners is not None:
+            self._owners.begin()
         for gi, (backend, local) in enumerate(self._index_map()):
             dev = self._device(gi, backend, local)
             devices.append(dev)

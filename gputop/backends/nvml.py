@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import struct
 import subprocess
 import threading
 from typing import Any, Callable
@@ -118,6 +119,10 @@ def merge_process_lists(compute: list[tuple[int, int | None]],
                 out[pid] = mem
         return out
 
+    if not graphics:  # the usual case: compute contexts only, one entry a process
+        merged = {pid: (CTX_COMPUTE, mem) for pid, mem in compute}
+        if len(merged) == len(compute):
+            return merged
     c, g = per_pid(compute), per_pid(graphics)
     merged: dict[int, tuple[str, int | None]] = {}
     for pid, mem in c.items():
@@ -154,6 +159,21 @@ class _ProcessUtilizationSample(ctypes.Structure):  # nvmlProcessUtilizationSamp
 
 
 _PROC_STRUCT = {"_v3": _ProcessInfoV2, "_v2": _ProcessInfoV2, "": _ProcessInfoV1}
+# The same layouts for struct.iter_unpack, which turns a whole filled buffer into tuples in C: reading the
+# fields through ctypes makes a struct view per entry and a descriptor call per field (~1 us an entry).
+# Native alignment ("@") is the C compiler's, as ctypes lays the structs out; the sizes are checked here.
+_PROC_FORMAT = {_ProcessInfoV1: struct.Struct("@IQ"), _ProcessInfoV2: struct.Struct("@IQII"),
+                _ProcessUtilizationSample: struct.Struct("@IQIIII")}
+assert all(f.size == ctypes.sizeof(t) for t, f in _PROC_FORMAT.items())
+
+
+def _unpack(buf, n: int) -> list[tuple]:
+    """The first ``n`` entries of a filled ctypes array of one of _PROC_FORMAT's structs, as tuples of
+    their fields in declaration order."""
+    if not n:
+        return []
+    fmt = _PROC_FORMAT[buf._type_]
+    return list(fmt.iter_unpack(ctypes.string_at(buf, n * fmt.size)))
 NVML_SUCCESS, ERR_INSUFFICIENT_SIZE = 0, 7
 
 
@@ -510,8 +530,9 @@ class NvmlBackend(Backend):
             try:
                 fn = self._fn(name)
                 buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
-                # One struct view per entry (buf[i] makes a new one per field read); no buffer yet when n is 0.
-                return [(e.pid, _mem(e.usedGpuMemory)) for e in buf[:n]] if n else []
+                # No buffer yet when n is 0. NOT_AVAILABLE memory is None (unknown).
+                na = NOT_AVAILABLE
+                return [(e[0], None if e[1] == na else e[1]) for e in _unpack(buf, n)]
             except NvmlError as e:
                 if e.value == ERR_FUNCTION_NOT_FOUND and \
                         self._proc_version[kind] + 1 < len(PROC_VERSIONS):
@@ -525,7 +546,7 @@ class NvmlBackend(Backend):
             fn = self._fn("nvmlDeviceGetProcessUtilization")
             buf, n = self._fill(("nvmlDeviceGetProcessUtilization", index), _ProcessUtilizationSample,
                                 lambda b, c: fn(h, b, c, since))
-            samples = buf[:n] if n else []
+            samples = _unpack(buf, n)  # (pid, timeStamp, smUtil, memUtil, encUtil, decUtil)
         except NvmlError as e:
             code = e.value
             if code == ERR_GPU_IS_LOST:
@@ -535,12 +556,12 @@ class NvmlBackend(Backend):
             return {}  # NOT_FOUND: no samples since the last one seen
         latest: dict[int, tuple[int, float]] = {}
         newest = self._last_seen.get(index, 0)
-        for s in samples:
-            ts, pid = s.timeStamp, s.pid
+        for pid, ts, sm_util, *_ in samples:
             if ts > newest:
                 newest = ts
-            if pid not in latest or ts >= latest[pid][0]:
-                latest[pid] = (ts, float(s.smUtil))
+            prev = latest.get(pid)
+            if prev is None or ts >= prev[0]:
+                latest[pid] = (ts, float(sm_util))
         self._last_seen[index] = newest
         return {pid: sm for pid, (_, sm) in latest.items()}
 
