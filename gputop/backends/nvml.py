@@ -13,6 +13,7 @@ no display and that no process uses, our own NVML handle included: so NVML is sh
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import shutil
 import struct
@@ -162,19 +163,27 @@ _PROC_STRUCT = {"_v3": _ProcessInfoV2, "_v2": _ProcessInfoV2, "": _ProcessInfoV1
 # The same layouts for struct.iter_unpack, which turns a whole filled buffer into tuples in C: reading the
 # fields through ctypes makes a struct view per entry and a descriptor call per field (~1 us an entry).
 # Native alignment ("@") is the C compiler's, as ctypes lays the structs out; the sizes are checked here.
-_PROC_FORMAT = {_ProcessInfoV1: struct.Struct("@IQ"), _ProcessInfoV2: struct.Struct("@IQII"),
-                _ProcessUtilizationSample: struct.Struct("@IQIIII")}
+# Only the fields gputop reads are unpacked ("x": skipped bytes): process infos give (pid, usedGpuMemory),
+# utilisation samples (pid, timeStamp, smUtil).
+_PROC_FORMAT = {_ProcessInfoV1: struct.Struct("@IQ"), _ProcessInfoV2: struct.Struct("@IQ8x"),
+                _ProcessUtilizationSample: struct.Struct("@IQI12x")}
 assert all(f.size == ctypes.sizeof(t) for t, f in _PROC_FORMAT.items())
+assert all(getattr(t, name).offset == off for t in _PROC_FORMAT
+           for name, off in (("pid", 0), ("usedGpuMemory" if t is not _ProcessUtilizationSample else "timeStamp", 8)))
+assert _ProcessUtilizationSample.smUtil.offset == 16
+_NOT_AVAILABLE_BYTES = NOT_AVAILABLE.to_bytes(8, "little")  # all ones: the same in either byte order
 
 
-def _unpack(buf, n: int) -> list[tuple]:
+def _unpack(buf, n: int) -> tuple[list[tuple], bytes]:
     """The first ``n`` entries of a filled ctypes array of one of _PROC_FORMAT's structs, as tuples of
-    their fields in declaration order."""
+    the fields _PROC_FORMAT reads, and the raw bytes they came from."""
     if not n:
-        return []
+        return [], b""
     fmt = _PROC_FORMAT[buf._type_]
-    return list(fmt.iter_unpack(ctypes.string_at(buf, n * fmt.size)))
+    raw = bytes(memoryview(buf).cast("B")[:n * fmt.size])
+    return list(fmt.iter_unpack(raw)), raw
 NVML_SUCCESS, ERR_INSUFFICIENT_SIZE = 0, 7
+_TIMESTAMP = operator.itemgetter(1)  # of an unpacked utilisation sample
 
 
 # The device fields, read straight through ctypes into these (nvml.h layouts): nvidia-ml-py's structs
@@ -530,9 +539,13 @@ class NvmlBackend(Backend):
             try:
                 fn = self._fn(name)
                 buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
-                # No buffer yet when n is 0. NOT_AVAILABLE memory is None (unknown).
-                na = NOT_AVAILABLE
-                return [(e[0], None if e[1] == na else e[1]) for e in _unpack(buf, n)]
+                # No buffer yet when n is 0. NOT_AVAILABLE memory is None (unknown): the entries are
+                # looked at one by one only when those bytes occur anywhere in the list.
+                entries, raw = _unpack(buf, n)
+                if _NOT_AVAILABLE_BYTES in raw:
+                    na = NOT_AVAILABLE
+                    return [(pid, None if mem == na else mem) for pid, mem in entries]
+                return entries
             except NvmlError as e:
                 if e.value == ERR_FUNCTION_NOT_FOUND and \
                         self._proc_version[kind] + 1 < len(PROC_VERSIONS):
@@ -546,7 +559,7 @@ class NvmlBackend(Backend):
             fn = self._fn("nvmlDeviceGetProcessUtilization")
             buf, n = self._fill(("nvmlDeviceGetProcessUtilization", index), _ProcessUtilizationSample,
                                 lambda b, c: fn(h, b, c, since))
-            samples = _unpack(buf, n)  # (pid, timeStamp, smUtil, memUtil, encUtil, decUtil)
+            samples = _unpack(buf, n)[0]  # (pid, timeStamp, smUtil)
         except NvmlError as e:
             code = e.value
             if code == ERR_GPU_IS_LOST:
@@ -554,16 +567,15 @@ class NvmlBackend(Backend):
             if code not in (ERR_NOT_FOUND, ERR_NOT_SUPPORTED, ERR_FUNCTION_NOT_FOUND):
                 self._warnings.append(f"nvml: GPU {index} per-process utilisation: {error_name(code)}")
             return {}  # NOT_FOUND: no samples since the last one seen
-        latest: dict[int, tuple[int, float]] = {}
-        newest = self._last_seen.get(index, 0)
-        for pid, ts, sm_util, *_ in samples:
-            if ts > newest:
-                newest = ts
-            prev = latest.get(pid)
-            if prev is None or ts >= prev[0]:
-                latest[pid] = (ts, float(sm_util))
-        self._last_seen[index] = newest
-        return {pid: sm for pid, (_, sm) in latest.items()}
+        if not samples:
+            return {}
+        # Each PID's newest sample (of equal times, the later entry): sorted by time (stable), the last
+        # entry of a PID is the one the dict keeps.
+        samples.sort(key=_TIMESTAMP)
+        newest = samples[-1][1]
+        if newest > self._last_seen.get(index, 0):
+            self._last_seen[index] = newest
+        return {pid: float(sm) for pid, _, sm in samples}
 
     def processes(self, index: int) -> list[GpuProcess]:
         with self._lock:
@@ -581,14 +593,19 @@ class NvmlBackend(Backend):
                         if code != ERR_NOT_SUPPORTED:
                             self._warnings.append(f"nvml: GPU {index} {kind.lower()} process list: "
                                                   f"{error_name(code)}")
-                merged = merge_process_lists(lists["Compute"], lists["Graphics"])
-                sm = self._sm_utils(index, h) if merged else {}
+                compute, graphics = lists["Compute"], lists["Graphics"]
+                # The usual list: compute contexts only, one entry a process (no merging to do).
+                plain = not graphics and len(dict(compute)) == len(compute)
+                merged = {} if plain else merge_process_lists(compute, graphics)
+                sm = self._sm_utils(index, h) if compute or merged else {}
             except (_Lost, NvmlError):
                 return []
         # Whether this PID namespace can see the PID is decided by the sampler, which reads every
         # holder's /proc entry anyway (NVML reports host PIDs, even inside a container).
-        return [GpuProcess(pid=pid, index=index, ctx=ctx, used_memory=mem, sm_util=sm.get(pid))
-                for pid, (ctx, mem) in merged.items()]
+        smget = sm.get
+        if plain:
+            return [GpuProcess(pid, index, CTX_COMPUTE, mem, smget(pid)) for pid, mem in compute]
+        return [GpuProcess(pid, index, ctx, mem, smget(pid)) for pid, (ctx, mem) in merged.items()]
 
     def warnings(self) -> list[str]:
         with self._lock:
