@@ -549,14 +549,19 @@ class ProcTable:
         stat = self._scan_stat.pop(pid, None) if self._scan_stat else None
         if stat is not None:  # scan_all read its stat line: read the rest now
             info = _read_linux(pid, self.proc_root, static, stat)
-        elif static is not None and IS_LINUX and pid in static._last:  # static.knows(pid), inlined
+        elif static is not None and IS_LINUX and (last := static._last.get(pid)) is not None:
             # A process an earlier sample read (a long-lived sampler, every refresh): one stat read, and
-            # usually the same bytes as last time, so the same ProcInfo. Else as _read_linux() would.
+            # usually the same bytes as last time, so the same ProcInfo (static.unchanged(), inlined: it
+            # runs for every holder every refresh). Else as _read_linux() would.
             stat = _read(f"{self.proc_root}/{pid}/stat", None, STAT_CHUNK)
             info = None
             if stat:
-                info = (static.unchanged(pid, stat) if b") Z " not in stat else None) \
-                    or _read_linux(pid, self.proc_root, static, stat)
+                e = static._entries.get(last[2]) if stat == last[0] and b") Z " not in stat else None
+                if e is not None and static._time() - e[0] < static.ttl:
+                    static._used.add(last[2])
+                    info = last[1]
+                else:
+                    info = _read_linux(pid, self.proc_root, static, stat)
         else:
             info = read_proc(pid, self.proc_root, static)
         self._cache[pid] = info

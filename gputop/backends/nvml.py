@@ -160,6 +160,8 @@ class _ProcessUtilizationSample(ctypes.Structure):  # nvmlProcessUtilizationSamp
 
 
 _PROC_STRUCT = {"_v3": _ProcessInfoV2, "_v2": _ProcessInfoV2, "": _ProcessInfoV1}
+_LIST_CALLS = {(kind, suffix): f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+               for kind in ("Compute", "Graphics") for suffix in PROC_VERSIONS}
 # The same layouts for struct.iter_unpack, which turns a whole filled buffer into tuples in C: reading the
 # fields through ctypes makes a struct view per entry and a descriptor call per field (~1 us an entry).
 # Native alignment ("@") is the C compiler's, as ctypes lays the structs out; the sizes are checked here.
@@ -305,6 +307,11 @@ class NvmlBackend(Backend):
         self._mem_v2: bool | None = None  # None: not tried yet; False: fall back for good
         self._memory_v2, self._memory_v1, self._util = _MemoryV2(), _Memory(), _Utilization()
         self._temp_v1, self._uint = _TemperatureV1(), ctypes.c_uint()
+        self._list_count = ctypes.c_uint()  # _fill's element count, in and out
+        # byref() of each kept struct, made once: every refresh passes them again (calls run under _lock).
+        self._memory_v2_ref, self._memory_v1_ref = ctypes.byref(self._memory_v2), ctypes.byref(self._memory_v1)
+        self._util_ref, self._temp_v1_ref = ctypes.byref(self._util), ctypes.byref(self._temp_v1)
+        self._uint_ref, self._list_count_ref = ctypes.byref(self._uint), ctypes.byref(self._list_count)
         self._temp_v: bool | None = None
         self._warnings: list[str] = []
         self._initialised = False
@@ -406,16 +413,28 @@ class NvmlBackend(Backend):
         ret = self._ret(name, *args)
         if ret == NVML_SUCCESS:
             return True
+        self._failed(errors, label, ret)
+        return False
+
+    def _call(self, name: str, *args) -> int:
+        """``_ret`` for a refresh's calls: the kept C function straight away once it has been found (each
+        field is read many times a second; the function lookup and its error handling run once)."""
+        fn = self._fns.get(name)
+        return fn(*args) if fn is not None else self._ret(name, *args)
+
+    @staticmethod
+    def _failed(errors: list[str], label: str, ret: int) -> None:
+        """A field's call returned ``ret`` (not SUCCESS): GPU_IS_LOST raises _Lost, any other error is
+        noted in ``errors``; the field is unknown (None)."""
         if ret == ERR_GPU_IS_LOST:
             raise _Lost(label)
         errors.append(f"{label}: {error_name(ret)}")
-        return False
 
     def _memory(self, h, errors: list[str]) -> tuple[int | None, int | None]:
         if self._mem_v2 is not False:
             m = self._memory_v2
             m.version = MEMORY_V2
-            ret = self._ret("nvmlDeviceGetMemoryInfo_v2", h, ctypes.byref(m))
+            ret = self._call("nvmlDeviceGetMemoryInfo_v2", h, self._memory_v2_ref)
             if ret == NVML_SUCCESS:
                 self._mem_v2 = True
                 return int(m.total), int(m.used)  # v2 "used" leaves out the driver-reserved memory
@@ -426,8 +445,10 @@ class NvmlBackend(Backend):
                 return None, None
             self._mem_v2 = False
         m1 = self._memory_v1
-        if self._c(errors, "memory", "nvmlDeviceGetMemoryInfo", h, ctypes.byref(m1)):
+        ret = self._call("nvmlDeviceGetMemoryInfo", h, self._memory_v1_ref)
+        if ret == NVML_SUCCESS:
             return int(m1.total), int(m1.used)
+        self._failed(errors, "memory", ret)
         return None, None
 
     def _temperature(self, h, errors: list[str]) -> float | None:
@@ -435,7 +456,7 @@ class NvmlBackend(Backend):
         if self._temp_v is not False:
             t = self._temp_v1
             t.version, t.sensorType = TEMPERATURE_V1, TEMPERATURE_GPU
-            ret = self._ret("nvmlDeviceGetTemperatureV", h, ctypes.byref(t))
+            ret = self._call("nvmlDeviceGetTemperatureV", h, self._temp_v1_ref)
             if ret == NVML_SUCCESS:
                 self._temp_v = True
                 return t.temperature
@@ -449,8 +470,10 @@ class NvmlBackend(Backend):
 
     def _uint_field(self, errors: list[str], label: str, name: str, h, *args) -> int | None:
         """A call whose result is one unsigned int, after the handle and ``args``; None when unknown."""
-        u = self._uint
-        return u.value if self._c(errors, label, name, h, *args, ctypes.byref(u)) else None
+        ret = self._call(name, h, *args, self._uint_ref)
+        if ret == NVML_SUCCESS:
+            return self._uint.value
+        return self._failed(errors, label, ret)
 
     def sample(self, index: int) -> DeviceSample:
         with self._lock:
@@ -470,8 +493,8 @@ class NvmlBackend(Backend):
         f = self._uint_field
         total, used = self._memory(h, errors)
         u = self._util
-        util = (u.gpu, u.memory) if self._c(errors, "utilization", "nvmlDeviceGetUtilizationRates", h,
-                                            ctypes.byref(u)) else None
+        ret = self._call("nvmlDeviceGetUtilizationRates", h, self._util_ref)
+        util = (u.gpu, u.memory) if ret == NVML_SUCCESS else self._failed(errors, "utilization", ret)
         temp = self._temperature(h, errors)
         power = f(errors, "power", "nvmlDeviceGetPowerUsage", h)
         limit_errors: list[str] = []
@@ -521,9 +544,10 @@ class NvmlBackend(Backend):
         so a steady list costs one C call and no allocation.
         """
         buf = self._bufs.get(key)
+        count = self._list_count
         for _ in range(4):
-            count = ctypes.c_uint(len(buf) if buf is not None else 0)
-            ret = call(buf, ctypes.byref(count))
+            count.value = len(buf) if buf is not None else 0
+            ret = call(buf, self._list_count_ref)
             if ret == NVML_SUCCESS:
                 return buf, (count.value if buf is not None else 0)
             if ret != ERR_INSUFFICIENT_SIZE:
@@ -535,7 +559,7 @@ class NvmlBackend(Backend):
         """One process list ("Compute" or "Graphics"), trying _v3, _v2, then v1 on FunctionNotFound."""
         while True:
             suffix = PROC_VERSIONS[self._proc_version[kind]]
-            name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+            name = _LIST_CALLS[kind, suffix]
             try:
                 fn = self._fn(name)
                 buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
