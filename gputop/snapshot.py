@@ -224,11 +224,14 @@ class _Context:
     the same answers (the same ProcInfo objects), so the Sampler keeps one _Context for all of them
     (interned by the identity of those objects) and checks it once per sample instead of once a holder."""
 
-    __slots__ = ("gets", "hides", "chain")
+    __slots__ = ("gets", "hides", "chain", "same")
 
     def __init__(self, gets: tuple[tuple[int, ProcInfo | None], ...], hides: tuple[tuple[int, bool], ...],
                  chain: tuple[ProcInfo, ...]):
         self.gets, self.hides, self.chain = gets, hides, chain
+        # Per answer in gets, the newest record found to have the same verdict inputs (a record re-read
+        # once its command line was old, an exited process's): compared by identity from then on.
+        self.same: list[ProcInfo | None] = [info for _, info in gets]
 
     def key(self) -> tuple:
         """Equal for two contexts made of the very same answers (the objects are held by the context)."""
@@ -236,10 +239,14 @@ class _Context:
 
     def holds(self, table: ProcTable) -> bool:
         """Whether the current table answers every recorded question as before."""
-        for pid, old in self.gets:
+        same = self.same
+        for i, (pid, old) in enumerate(self.gets):
             cur = table.get(pid)
-            if cur is not old and (cur is None or old is None or verdict_inputs(cur) != verdict_inputs(old)):
+            if cur is old or cur is same[i]:
+                continue
+            if cur is None or old is None or verdict_inputs(cur) != verdict_inputs(old):
                 return False  # gone, appeared, replaced (pid, start), reparented, renamed, exec'd, exited...
+            same[i] = cur
         for pid, was in self.hides:
             if table.hidden(pid) != was:
                 return False
