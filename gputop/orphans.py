@@ -66,7 +66,7 @@ def _n(p: ProcInfo) -> str:
     return visible(p.name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     kind: str  # one of VERDICTS
     reason: str

@@ -81,7 +81,7 @@ _MAX_READ = 65536  # /proc/PID/cgroup is a few hundred bytes; a session file wel
 _MAX_ENVIRON = 4 << 20  # ARG_MAX-sized environments exist; read no more than this
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Owner:
     """Who owns one process, from its cgroup. ``kind`` is the most specific owner found; the other
     fields record everything found (a pod's container id, the user manager around a user service)."""
@@ -417,13 +417,20 @@ class OwnerCache:
         self.clock = clock or time.monotonic
         self._entries: dict[tuple[int, float], tuple[float, Owner | None]] = {}
         self._seen: set[tuple[int, float]] = set()  # looked up since the last prune (in this sample)
+        self._now: float | None = None  # begin()'s reading of the clock, until the next prune
+
+    def begin(self) -> None:
+        """A sample starts: its freshness checks use this one reading of the clock, until prune()."""
+        self._now = self.clock()
 
     def get(self, pid: int, start: float) -> Owner | None:
         key = (pid, start)
         if key in self._seen:  # holders share ancestors: one check per process per sample
             return self._entries[key][1]
         self._seen.add(key)
-        now = self.clock()
+        now = self._now
+        if now is None:
+            now = self.clock()
         e = self._entries.get(key)
         if e is not None and now - e[0] < self.ttl:
             return e[1]
@@ -450,3 +457,4 @@ class OwnerCache:
             used = self._seen | set(keep)
             self._entries = {k: v for k, v in self._entries.items() if k in used}
         self._seen = set()
+        self._now = None

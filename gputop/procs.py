@@ -23,7 +23,7 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 IS_LINUX = sys.platform.startswith("linux")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no __dict__: kept for every process a sampler knows
 class ProcInfo:
     """What gputop knows about one host process. ``(pid, start_time)`` is its identity."""
 
@@ -96,9 +96,12 @@ def _boot_time(proc_root: str) -> float:
 
 
 _READ_CHUNK = 16384
+# A stat line is at most ~1.1 KiB (52 numeric fields and a 15-byte name): one 4 KiB read holds it, and
+# os.read allocates the whole chunk before it shrinks it to what was read.
+STAT_CHUNK = 4096
 
 
-def _read(path: str, dir_fd: int | None = None) -> bytes | None:
+def _read(path: str, dir_fd: int | None = None, chunk: int = _READ_CHUNK) -> bytes | None:
     # os.open/os.read rather than open(): a buffered file object costs extra syscalls (fstat, ioctl,
     # lseek) and allocations, and a sample reads three small files per process. The /proc files read
     # here return everything that fits in one read, so a short read is the end of the file.
@@ -109,11 +112,11 @@ def _read(path: str, dir_fd: int | None = None) -> bytes | None:
     except PermissionError:
         return b""
     try:
-        data = os.read(fd, _READ_CHUNK)
-        if len(data) == _READ_CHUNK:
+        data = os.read(fd, chunk)
+        if len(data) == chunk:
             parts = [data]
-            while chunk := os.read(fd, _READ_CHUNK):
-                parts.append(chunk)
+            while more := os.read(fd, _READ_CHUNK):
+                parts.append(more)
             data = b"".join(parts)
         return data
     except (ProcessLookupError, FileNotFoundError):
@@ -156,10 +159,20 @@ class StaticCache:
         # pid -> Tgid, from the status files read since the last prune (a refresh): tgid_of() without
         # reading the file again.
         self.tgids: dict[int, int] = {}
+        self._now: float | None = None  # begin()'s reading of the clock, until the next prune
+
+    def begin(self) -> None:
+        """A refresh starts: its freshness checks all use this one reading of the clock (one clock call a
+        refresh, not one a process), until prune() ends the refresh."""
+        self._now = self.clock()
+
+    def _time(self) -> float:
+        now = self._now
+        return self.clock() if now is None else now
 
     def get(self, key: tuple[int, int]) -> tuple[tuple[str, ...], int | None] | None:
         e = self._entries.get(key)
-        if e is None or self.clock() - e[0] >= self.ttl:
+        if e is None or self._time() - e[0] >= self.ttl:
             return None
         self._used.add(key)
         return e[1], e[2]
@@ -174,7 +187,7 @@ class StaticCache:
         if last is None or last[0] != stat:
             return None
         e = self._entries.get(last[2])  # get(), inlined: called for every known process every refresh
-        if e is None or self.clock() - e[0] >= self.ttl:
+        if e is None or self._time() - e[0] >= self.ttl:
             return None
         self._used.add(last[2])
         return last[1]
@@ -194,6 +207,7 @@ class StaticCache:
             self._last = {p: v for p, v in self._last.items() if v[2] in used}
         self._used = set()
         self.tgids = {}
+        self._now = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -219,12 +233,12 @@ def _read_linux(pid: int, proc_root: str, static: StaticCache | None = None,
             # it by path; a cache miss pins the process before reading more (see _parse_linux).
             # (A process no sample has read yet is a certain miss: pinned at once below, so that its
             # stat line is not read twice, which the first sample would do for every process.)
-            stat = _read(f"{base}/stat")
+            stat = _read(f"{base}/stat", None, STAT_CHUNK)
         elif stat is None:
             dfd = _open_dir(base)
             if dfd is None:
                 return None
-            stat = _read("stat", dfd)
+            stat = _read("stat", dfd, STAT_CHUNK)
         if not stat:
             return None
         return _parse_linux(pid, proc_root, base, stat, static, dfd)
@@ -319,7 +333,7 @@ def _read_static(dfd: int, base: str, half: bool,
 
 def _read_linux_pinned(pid: int, proc_root: str, base: str, static: StaticCache | None, dfd: int,
                        start_ticks: int) -> ProcInfo | None:
-    stat = _read("stat", dfd)
+    stat = _read("stat", dfd, STAT_CHUNK)
     if not stat:
         return None
     try:
@@ -405,7 +419,7 @@ def stat_state(pid: int, proc_root: str = "/proc") -> tuple[str, float] | None:
     if not IS_LINUX:
         info = read_proc(pid, proc_root)
         return None if info is None or info.zombie else (info.state, info.start_time)
-    stat = _read(f"{proc_root}/{pid}/stat")
+    stat = _read(f"{proc_root}/{pid}/stat", None, STAT_CHUNK)
     if not stat:
         return None
     try:
@@ -535,14 +549,19 @@ class ProcTable:
         stat = self._scan_stat.pop(pid, None) if self._scan_stat else None
         if stat is not None:  # scan_all read its stat line: read the rest now
             info = _read_linux(pid, self.proc_root, static, stat)
-        elif static is not None and IS_LINUX and static.knows(pid):
+        elif static is not None and IS_LINUX and (last := static._last.get(pid)) is not None:
             # A process an earlier sample read (a long-lived sampler, every refresh): one stat read, and
-            # usually the same bytes as last time, so the same ProcInfo. Else as _read_linux() would.
-            stat = _read(f"{self.proc_root}/{pid}/stat")
+            # usually the same bytes as last time, so the same ProcInfo (static.unchanged(), inlined: it
+            # runs for every holder every refresh). Else as _read_linux() would.
+            stat = _read(f"{self.proc_root}/{pid}/stat", None, STAT_CHUNK)
             info = None
             if stat:
-                info = (static.unchanged(pid, stat) if b") Z " not in stat else None) \
-                    or _read_linux(pid, self.proc_root, static, stat)
+                e = static._entries.get(last[2]) if stat == last[0] and b") Z " not in stat else None
+                if e is not None and static._time() - e[0] < static.ttl:
+                    static._used.add(last[2])
+                    info = last[1]
+                else:
+                    info = _read_linux(pid, self.proc_root, static, stat)
         else:
             info = read_proc(pid, self.proc_root, static)
         self._cache[pid] = info
@@ -592,7 +611,7 @@ class ProcTable:
                     if info.pgid is not None and info.sid is not None and info.start_ticks is not None:
                         fields[pid] = StatFields(info.ppid, info.pgid, info.sid, info.start_ticks)
                 continue
-            stat = _read(f"{root}/{pid}/stat")
+            stat = _read(f"{root}/{pid}/stat", None, STAT_CHUNK)
             try:
                 f = stat[stat.rindex(b")") + 2:].split(None, 20)  # type: ignore[index]
                 ppid = int(f[1])

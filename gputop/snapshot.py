@@ -45,6 +45,9 @@ class cached_property:  # noqa: N801 (functools.cached_property, without its loc
         return value
 
 
+_set = object.__setattr__  # GpuUse and Holder set their __dict__ whole: one call, not one a field
+
+
 @dataclass(frozen=True, init=False)
 class GpuUse:
     """One process's context on one GPU (global index)."""
@@ -57,7 +60,7 @@ class GpuUse:
     def __init__(self, gpu: int, ctx: str, used_memory: int | None, sm_util: float | None):
         # Not the generated __init__ of a frozen dataclass (one object.__setattr__ call a field): a sample
         # makes one GpuUse and one Holder a holder, a thousand a refresh. Still frozen after this.
-        self.__dict__.update(gpu=gpu, ctx=ctx, used_memory=used_memory, sm_util=sm_util)
+        _set(self, "__dict__", {"gpu": gpu, "ctx": ctx, "used_memory": used_memory, "sm_util": sm_util})
 
 
 @dataclass(frozen=True, init=False)
@@ -80,13 +83,13 @@ class Holder:
                  verdict: Verdict, cpu_percent: float | None = None, runtime: float | None = None,
                  owner: Owner | None = None, chain_owners: tuple[Owner | None, ...] = (), job: JobRef | None = None,
                  job_state: JobState | None = None):
-        # As GpuUse.__init__: the fields in one update, not one object.__setattr__ call each.
-        d = self.__dict__
-        d.update(pid=pid, uses=uses, proc=proc, chain=chain, verdict=verdict, cpu_percent=cpu_percent,
-                 runtime=runtime, owner=owner, chain_owners=chain_owners, job=job, job_state=job_state)
+        # As GpuUse.__init__: the fields in one dict, not one object.__setattr__ call each.
+        d = {"pid": pid, "uses": uses, "proc": proc, "chain": chain, "verdict": verdict, "cpu_percent": cpu_percent,
+             "runtime": runtime, "owner": owner, "chain_owners": chain_owners, "job": job, "job_state": job_state}
         if len(uses) == 1:  # most holders use one GPU: the cached properties below are its use's values
             u = uses[0]
-            d.update(ctx=u.ctx or "C", gpus=(u.gpu,), gpu_memory=u.used_memory, sm_util=u.sm_util)
+            d["ctx"], d["gpus"], d["gpu_memory"], d["sm_util"] = u.ctx or "C", (u.gpu,), u.used_memory, u.sm_util
+        _set(self, "__dict__", d)
 
     @property
     def visible(self) -> bool:
@@ -221,11 +224,14 @@ class _Context:
     the same answers (the same ProcInfo objects), so the Sampler keeps one _Context for all of them
     (interned by the identity of those objects) and checks it once per sample instead of once a holder."""
 
-    __slots__ = ("gets", "hides", "chain")
+    __slots__ = ("gets", "hides", "chain", "same")
 
     def __init__(self, gets: tuple[tuple[int, ProcInfo | None], ...], hides: tuple[tuple[int, bool], ...],
                  chain: tuple[ProcInfo, ...]):
         self.gets, self.hides, self.chain = gets, hides, chain
+        # Per answer in gets, the newest record found to have the same verdict inputs (a record re-read
+        # once its command line was old, an exited process's): compared by identity from then on.
+        self.same: list[ProcInfo | None] = [info for _, info in gets]
 
     def key(self) -> tuple:
         """Equal for two contexts made of the very same answers (the objects are held by the context)."""
@@ -233,22 +239,27 @@ class _Context:
 
     def holds(self, table: ProcTable) -> bool:
         """Whether the current table answers every recorded question as before."""
-        for pid, old in self.gets:
+        same = self.same
+        for i, (pid, old) in enumerate(self.gets):
             cur = table.get(pid)
-            if cur is not old and (cur is None or old is None or verdict_inputs(cur) != verdict_inputs(old)):
+            if cur is old or cur is same[i]:
+                continue
+            if cur is None or old is None or verdict_inputs(cur) != verdict_inputs(old):
                 return False  # gone, appeared, replaced (pid, start), reparented, renamed, exec'd, exited...
+            same[i] = cur
         for pid, was in self.hides:
             if table.hidden(pid) != was:
                 return False
         return True
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Memo:
     """One holder's verdict, with every input it was computed from: the holder's own record (its
     verdict inputs), its owner, and the answers it shares with its tree (_Context). classify() is a pure
     function of these and of the rules (config), so while every one of them gives the same answer
-    again, it would return the same verdict."""
+    again, it would return the same verdict. ``info`` is the newest record found to have those inputs
+    (moved on by _verdict, so that the next sample's identity check usually answers)."""
 
     info: ProcInfo
     inputs: tuple  # verdict_inputs(info)
@@ -303,11 +314,13 @@ class Sampler:
         # one checked so far (id -> (the context, None or (chain now, its owners))).
         self._contexts: dict[tuple, _Context] = {}
         self._ctx_now: dict[int, tuple[_Context, tuple | None]] = {}
+        self._memo_changed = False  # a memo was made or dropped since the last _forget_memos
+        self._live_holders = 0  # the visible, live holders of the last sample
         self._rules_of: tuple[Config, str] = (self.config, self.platform)
 
     def _job_of(self, info: ProcInfo) -> JobRef | None:
         """The Slurm job of a process, read once per identity (a process's job never changes)."""
-        key = info.identity
+        key = (info.pid, info.start_time)  # info.identity, without the property call (once a holder)
         try:
             return self._job_refs[key]
         except KeyError:
@@ -379,21 +392,25 @@ class Sampler:
                 job_states: dict[int, JobState]) -> Holder:
         """One visible holder: its verdict, chain, CPU%, owners and Slurm job."""
         owners = self._owners
-        owner = owners.get(pid, info.start_time) if owners is not None else None
+        start, cpu_time = info.start_time, info.cpu_time
+        owner = owners.get(pid, start) if owners is not None else None
         verdict, chain, chain_owners = self._verdict(pid, info, table, owner, jobs, job_states)
-        job = jobs.get(pid)
+        job = jobs.get(pid) if jobs else None
         cpu = None
-        if info.cpu_time is not None:
-            key = (pid, info.start_time)
+        if cpu_time is not None:
+            key = (pid, start)
             prev = self._cpu_prev.get(key)
             if prev is not None and now > prev[1]:
-                cpu = max(0.0, (info.cpu_time - prev[0]) / (now - prev[1]) * 100.0)
-            elif now > info.start_time:  # first sight: lifetime average, as ps shows
-                cpu = info.cpu_time / max(now - info.start_time, 1e-3) * 100.0
-            cpu_seen[key] = (info.cpu_time, now)
+                cpu = (cpu_time - prev[0]) / (now - prev[1]) * 100.0
+                if not cpu > 0.0:  # max(0.0, cpu)
+                    cpu = 0.0
+            elif now > start:  # first sight: lifetime average, as ps shows
+                cpu = cpu_time / max(now - start, 1e-3) * 100.0
+            cpu_seen[key] = (cpu_time, now)
         if chain_owners is None:  # owners are read only for holders and their chains
             chain_owners = owners.of_all(chain) if owners is not None else ()
-        return Holder(pid, uses, info, chain, verdict, cpu, max(0.0, now - info.start_time), owner,
+        runtime = now - start if now > start else 0.0
+        return Holder(pid, uses, info, chain, verdict, cpu, runtime, owner,
                       chain_owners, job, job_states.get(job.job_id) if job is not None else None)
 
     def _verdict(self, pid: int, info: ProcInfo, table: ProcTable, owner: Owner | None,
@@ -410,14 +427,19 @@ class Sampler:
             verdict, chain, _ = self._classify(pid, table, table, jobs, job_states)
             return verdict, chain, None
         memo = self._memo.get(pid)
-        if (memo is not None and pid not in jobs and (info is memo.info or verdict_inputs(info) == memo.inputs)
-                and (owner is memo.owner or owner == memo.owner)):
-            shared = self._context_now(memo.ctx, table)
-            if shared is not None:
-                return memo.verdict, shared[0], shared[1]
+        if memo is not None and pid not in jobs and (owner is memo.owner or owner == memo.owner):
+            if info is not memo.info and verdict_inputs(info) == memo.inputs:
+                memo.info = info  # the same inputs: compare by identity next time
+            if info is memo.info:
+                ctx = memo.ctx  # _context_now, its usual answer (checked already this sample) inlined
+                seen = self._ctx_now.get(id(ctx))
+                shared = seen[1] if seen is not None and seen[0] is ctx else self._context_now(ctx, table)
+                if shared is not None:
+                    return memo.verdict, shared[0], shared[1]
         rec = _Recording(table)
         rec.get(pid)  # the holder first: its answer is the memo's own, the rest are the tree's
         verdict, chain, walked = self._classify(pid, rec, table, jobs, job_states)
+        self._memo_changed = True
         if pid in jobs or not walked:
             self._memo.pop(pid, None)
             return verdict, chain, None
@@ -498,6 +520,29 @@ class Sampler:
             self._leaders_seen.add(key)
         return tgid
 
+    def _add_uses(self, gi: int, procs: list, table: ProcTable, uses: dict[int, list[GpuUse]],
+                  visible: dict[int, bool]) -> None:
+        """One device's process list into ``uses`` and ``visible``, by thread group (NVML may report a
+        thread id). The hot loop of a sample: _tgid's usual answer (a known leader) is inlined."""
+        leaders, seen = self._leaders, self._leaders_seen
+        get = table.get if IS_LINUX else None
+        for p in procs:
+            pid = p.pid
+            if p.visible:
+                info = get(pid) if get is not None else None
+                if info is None or (pid, info.start_time) not in leaders:
+                    pid = self._tgid(pid, table)
+                else:
+                    seen.add((pid, info.start_time))
+            use = GpuUse(gi, p.ctx, p.used_memory, p.sm_util)
+            had = uses.get(pid)
+            if had is None:
+                uses[pid] = [use]
+                visible[pid] = p.visible
+            else:
+                had.append(use)
+                visible[pid] = visible[pid] and p.visible
+
     def sample_devices(self) -> tuple[DeviceSample, ...]:
         """The devices alone (no processes, no /proc): what a screen can show before the first full
         sample, which at a thousand holders takes most of a second to read and classify."""
@@ -519,6 +564,9 @@ class Sampler:
         table = ProcTable(self.proc_root, static=self._static)
         if self._static is not None:
             self._static.tgids.clear()  # this refresh's reads only (prune clears it too, unless one failed)
+            self._static.begin()  # one clock reading for this refresh's freshness checks
+        if self._owners is not None:
+            self._owners.begin()
         for gi, (backend, local) in enumerate(self._index_map()):
             dev = self._device(gi, backend, local)
             devices.append(dev)
@@ -530,10 +578,7 @@ class Sampler:
             except Exception as e:
                 warnings.append(f"GPU {gi}: process list failed: {e}")
                 procs = []
-            for p in procs:
-                pid = self._tgid(p.pid, table) if p.visible else p.pid  # NVML may report a thread id
-                uses.setdefault(pid, []).append(GpuUse(gi, p.ctx, p.used_memory, p.sm_util))
-                visible[pid] = visible.get(pid, True) and p.visible
+            self._add_uses(gi, procs, table, uses, visible)
         for b in self.backends:
             try:
                 warnings.extend(b.warnings())
@@ -542,9 +587,9 @@ class Sampler:
 
         holders = self._holders(table, uses, visible, now, warnings)
         self._leaders, self._leaders_seen = self._leaders_seen, set()
-        self._forget_memos(holders)
-        live = {h.proc.identity for h in holders if h.proc is not None}
-        if len(self._job_refs) > len(live):  # it holds every live holder's (_holder_jobs): more is exited
+        self._forget_memos(uses)
+        if len(self._job_refs) > self._live_holders:  # it holds every live holder's (_holder_jobs): more
+            live = {h.proc.identity for h in holders if h.proc is not None}  # is exited
             self._job_refs = {k: v for k, v in self._job_refs.items() if k in live}
         if self._static is not None:
             self._static.prune()
@@ -556,16 +601,22 @@ class Sampler:
             warnings=tuple(warnings), platform=self.platform, hooks=self.verdict_hooks(),
         )
 
-    def _forget_memos(self, holders: list[Holder]) -> None:
-        """Keep the memos of this sample's holders, and the contexts they share; end this sample's checks."""
+    def _forget_memos(self, holders: dict[int, list[GpuUse]]) -> None:
+        """Keep the memos of this sample's holders (``holders``: by pid), and the contexts they share;
+        end this sample's checks. A refresh that made no memo and whose holders kept theirs changes
+        neither (the usual refresh: nothing to rebuild)."""
         memo = self._memo
+        self._ctx_now = {}
         if memo is None:
             return
-        self._memo = memo = {h.pid: memo[h.pid] for h in holders if h.pid in memo}
-        live = {id(m.ctx) for m in memo.values()}
-        if len(live) < len(self._contexts):
-            self._contexts = {k: c for k, c in self._contexts.items() if id(c) in live}
-        self._ctx_now = {}
+        changed, self._memo_changed = self._memo_changed, False
+        if not memo.keys() <= holders.keys():  # some holder of an earlier sample is gone
+            self._memo = memo = {pid: m for pid, m in memo.items() if pid in holders}
+            changed = True
+        if changed:
+            live = {id(m.ctx) for m in memo.values()}
+            if len(live) < len(self._contexts):
+                self._contexts = {k: c for k, c in self._contexts.items() if id(c) in live}
 
     def _holders(self, table: ProcTable, uses: dict[int, list[GpuUse]], visible: dict[int, bool], now: float,
                  warnings: list[str]) -> list[Holder]:
@@ -574,21 +625,24 @@ class Sampler:
         cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
         infos: dict[int, ProcInfo] = {}  # the visible, live holders: one table lookup each
         order = sorted(uses)
+        get = table.get
         for pid in order:
-            info = table.get(pid) if visible[pid] else None
-            if info is not None and not info.zombie:
+            info = get(pid) if visible[pid] else None
+            if info is not None and (info.state not in ("Z", "X") or info.half_exited):  # not info.zombie
                 infos[pid] = info
+        self._live_holders = len(infos)
         jobs, job_states = self._holder_jobs(infos)
         warnings.extend(self._job_warnings(job_states))
+        holder, append = self._holder, holders.append
         for pid in order:
             info = infos.get(pid)
             if info is None:
                 verdict = Verdict(UNKNOWN, f"pid {pid} is not visible here (another PID namespace, or the "
                                            "driver still holds the memory of a process that exited)")
-                holders.append(Holder(pid, tuple(uses[pid]), None, (), verdict))
+                append(Holder(pid, tuple(uses[pid]), None, (), verdict))
                 warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
                 continue
-            holders.append(self._holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states))
+            append(holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states))
         self._cpu_prev = cpu_seen
         return holders
 

@@ -13,8 +13,10 @@ no display and that no process uses, our own NVML handle included: so NVML is sh
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import shutil
+import struct
 import subprocess
 import threading
 from typing import Any, Callable
@@ -118,6 +120,10 @@ def merge_process_lists(compute: list[tuple[int, int | None]],
                 out[pid] = mem
         return out
 
+    if not graphics:  # the usual case: compute contexts only, one entry a process
+        merged = {pid: (CTX_COMPUTE, mem) for pid, mem in compute}
+        if len(merged) == len(compute):
+            return merged
     c, g = per_pid(compute), per_pid(graphics)
     merged: dict[int, tuple[str, int | None]] = {}
     for pid, mem in c.items():
@@ -154,7 +160,32 @@ class _ProcessUtilizationSample(ctypes.Structure):  # nvmlProcessUtilizationSamp
 
 
 _PROC_STRUCT = {"_v3": _ProcessInfoV2, "_v2": _ProcessInfoV2, "": _ProcessInfoV1}
+_LIST_CALLS = {(kind, suffix): f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+               for kind in ("Compute", "Graphics") for suffix in PROC_VERSIONS}
+# The same layouts for struct.iter_unpack, which turns a whole filled buffer into tuples in C: reading the
+# fields through ctypes makes a struct view per entry and a descriptor call per field (~1 us an entry).
+# Native alignment ("@") is the C compiler's, as ctypes lays the structs out; the sizes are checked here.
+# Only the fields gputop reads are unpacked ("x": skipped bytes): process infos give (pid, usedGpuMemory),
+# utilisation samples (pid, timeStamp, smUtil).
+_PROC_FORMAT = {_ProcessInfoV1: struct.Struct("@IQ"), _ProcessInfoV2: struct.Struct("@IQ8x"),
+                _ProcessUtilizationSample: struct.Struct("@IQI12x")}
+assert all(f.size == ctypes.sizeof(t) for t, f in _PROC_FORMAT.items())
+assert all(getattr(t, name).offset == off for t in _PROC_FORMAT
+           for name, off in (("pid", 0), ("usedGpuMemory" if t is not _ProcessUtilizationSample else "timeStamp", 8)))
+assert _ProcessUtilizationSample.smUtil.offset == 16
+_NOT_AVAILABLE_BYTES = NOT_AVAILABLE.to_bytes(8, "little")  # all ones: the same in either byte order
+
+
+def _unpack(buf, n: int) -> tuple[list[tuple], bytes]:
+    """The first ``n`` entries of a filled ctypes array of one of _PROC_FORMAT's structs, as tuples of
+    the fields _PROC_FORMAT reads, and the raw bytes they came from."""
+    if not n:
+        return [], b""
+    fmt = _PROC_FORMAT[buf._type_]
+    raw = bytes(memoryview(buf).cast("B")[:n * fmt.size])
+    return list(fmt.iter_unpack(raw)), raw
 NVML_SUCCESS, ERR_INSUFFICIENT_SIZE = 0, 7
+_TIMESTAMP = operator.itemgetter(1)  # of an unpacked utilisation sample
 
 
 # The device fields, read straight through ctypes into these (nvml.h layouts): nvidia-ml-py's structs
@@ -276,6 +307,11 @@ class NvmlBackend(Backend):
         self._mem_v2: bool | None = None  # None: not tried yet; False: fall back for good
         self._memory_v2, self._memory_v1, self._util = _MemoryV2(), _Memory(), _Utilization()
         self._temp_v1, self._uint = _TemperatureV1(), ctypes.c_uint()
+        self._list_count = ctypes.c_uint()  # _fill's element count, in and out
+        # byref() of each kept struct, made once: every refresh passes them again (calls run under _lock).
+        self._memory_v2_ref, self._memory_v1_ref = ctypes.byref(self._memory_v2), ctypes.byref(self._memory_v1)
+        self._util_ref, self._temp_v1_ref = ctypes.byref(self._util), ctypes.byref(self._temp_v1)
+        self._uint_ref, self._list_count_ref = ctypes.byref(self._uint), ctypes.byref(self._list_count)
         self._temp_v: bool | None = None
         self._warnings: list[str] = []
         self._initialised = False
@@ -377,16 +413,28 @@ class NvmlBackend(Backend):
         ret = self._ret(name, *args)
         if ret == NVML_SUCCESS:
             return True
+        self._failed(errors, label, ret)
+        return False
+
+    def _call(self, name: str, *args) -> int:
+        """``_ret`` for a refresh's calls: the kept C function straight away once it has been found (each
+        field is read many times a second; the function lookup and its error handling run once)."""
+        fn = self._fns.get(name)
+        return fn(*args) if fn is not None else self._ret(name, *args)
+
+    @staticmethod
+    def _failed(errors: list[str], label: str, ret: int) -> None:
+        """A field's call returned ``ret`` (not SUCCESS): GPU_IS_LOST raises _Lost, any other error is
+        noted in ``errors``; the field is unknown (None)."""
         if ret == ERR_GPU_IS_LOST:
             raise _Lost(label)
         errors.append(f"{label}: {error_name(ret)}")
-        return False
 
     def _memory(self, h, errors: list[str]) -> tuple[int | None, int | None]:
         if self._mem_v2 is not False:
             m = self._memory_v2
             m.version = MEMORY_V2
-            ret = self._ret("nvmlDeviceGetMemoryInfo_v2", h, ctypes.byref(m))
+            ret = self._call("nvmlDeviceGetMemoryInfo_v2", h, self._memory_v2_ref)
             if ret == NVML_SUCCESS:
                 self._mem_v2 = True
                 return int(m.total), int(m.used)  # v2 "used" leaves out the driver-reserved memory
@@ -397,8 +445,10 @@ class NvmlBackend(Backend):
                 return None, None
             self._mem_v2 = False
         m1 = self._memory_v1
-        if self._c(errors, "memory", "nvmlDeviceGetMemoryInfo", h, ctypes.byref(m1)):
+        ret = self._call("nvmlDeviceGetMemoryInfo", h, self._memory_v1_ref)
+        if ret == NVML_SUCCESS:
             return int(m1.total), int(m1.used)
+        self._failed(errors, "memory", ret)
         return None, None
 
     def _temperature(self, h, errors: list[str]) -> float | None:
@@ -406,7 +456,7 @@ class NvmlBackend(Backend):
         if self._temp_v is not False:
             t = self._temp_v1
             t.version, t.sensorType = TEMPERATURE_V1, TEMPERATURE_GPU
-            ret = self._ret("nvmlDeviceGetTemperatureV", h, ctypes.byref(t))
+            ret = self._call("nvmlDeviceGetTemperatureV", h, self._temp_v1_ref)
             if ret == NVML_SUCCESS:
                 self._temp_v = True
                 return t.temperature
@@ -420,8 +470,10 @@ class NvmlBackend(Backend):
 
     def _uint_field(self, errors: list[str], label: str, name: str, h, *args) -> int | None:
         """A call whose result is one unsigned int, after the handle and ``args``; None when unknown."""
-        u = self._uint
-        return u.value if self._c(errors, label, name, h, *args, ctypes.byref(u)) else None
+        ret = self._call(name, h, *args, self._uint_ref)
+        if ret == NVML_SUCCESS:
+            return self._uint.value
+        return self._failed(errors, label, ret)
 
     def sample(self, index: int) -> DeviceSample:
         with self._lock:
@@ -441,8 +493,8 @@ class NvmlBackend(Backend):
         f = self._uint_field
         total, used = self._memory(h, errors)
         u = self._util
-        util = (u.gpu, u.memory) if self._c(errors, "utilization", "nvmlDeviceGetUtilizationRates", h,
-                                            ctypes.byref(u)) else None
+        ret = self._call("nvmlDeviceGetUtilizationRates", h, self._util_ref)
+        util = (u.gpu, u.memory) if ret == NVML_SUCCESS else self._failed(errors, "utilization", ret)
         temp = self._temperature(h, errors)
         power = f(errors, "power", "nvmlDeviceGetPowerUsage", h)
         limit_errors: list[str] = []
@@ -492,9 +544,10 @@ class NvmlBackend(Backend):
         so a steady list costs one C call and no allocation.
         """
         buf = self._bufs.get(key)
+        count = self._list_count
         for _ in range(4):
-            count = ctypes.c_uint(len(buf) if buf is not None else 0)
-            ret = call(buf, ctypes.byref(count))
+            count.value = len(buf) if buf is not None else 0
+            ret = call(buf, self._list_count_ref)
             if ret == NVML_SUCCESS:
                 return buf, (count.value if buf is not None else 0)
             if ret != ERR_INSUFFICIENT_SIZE:
@@ -506,12 +559,17 @@ class NvmlBackend(Backend):
         """One process list ("Compute" or "Graphics"), trying _v3, _v2, then v1 on FunctionNotFound."""
         while True:
             suffix = PROC_VERSIONS[self._proc_version[kind]]
-            name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+            name = _LIST_CALLS[kind, suffix]
             try:
                 fn = self._fn(name)
                 buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
-                # One struct view per entry (buf[i] makes a new one per field read); no buffer yet when n is 0.
-                return [(e.pid, _mem(e.usedGpuMemory)) for e in buf[:n]] if n else []
+                # No buffer yet when n is 0. NOT_AVAILABLE memory is None (unknown): the entries are
+                # looked at one by one only when those bytes occur anywhere in the list.
+                entries, raw = _unpack(buf, n)
+                if _NOT_AVAILABLE_BYTES in raw:
+                    na = NOT_AVAILABLE
+                    return [(pid, None if mem == na else mem) for pid, mem in entries]
+                return entries
             except NvmlError as e:
                 if e.value == ERR_FUNCTION_NOT_FOUND and \
                         self._proc_version[kind] + 1 < len(PROC_VERSIONS):
@@ -525,7 +583,7 @@ class NvmlBackend(Backend):
             fn = self._fn("nvmlDeviceGetProcessUtilization")
             buf, n = self._fill(("nvmlDeviceGetProcessUtilization", index), _ProcessUtilizationSample,
                                 lambda b, c: fn(h, b, c, since))
-            samples = buf[:n] if n else []
+            samples = _unpack(buf, n)[0]  # (pid, timeStamp, smUtil)
         except NvmlError as e:
             code = e.value
             if code == ERR_GPU_IS_LOST:
@@ -533,16 +591,15 @@ class NvmlBackend(Backend):
             if code not in (ERR_NOT_FOUND, ERR_NOT_SUPPORTED, ERR_FUNCTION_NOT_FOUND):
                 self._warnings.append(f"nvml: GPU {index} per-process utilisation: {error_name(code)}")
             return {}  # NOT_FOUND: no samples since the last one seen
-        latest: dict[int, tuple[int, float]] = {}
-        newest = self._last_seen.get(index, 0)
-        for s in samples:
-            ts, pid = s.timeStamp, s.pid
-            if ts > newest:
-                newest = ts
-            if pid not in latest or ts >= latest[pid][0]:
-                latest[pid] = (ts, float(s.smUtil))
-        self._last_seen[index] = newest
-        return {pid: sm for pid, (_, sm) in latest.items()}
+        if not samples:
+            return {}
+        # Each PID's newest sample (of equal times, the later entry): sorted by time (stable), the last
+        # entry of a PID is the one the dict keeps.
+        samples.sort(key=_TIMESTAMP)
+        newest = samples[-1][1]
+        if newest > self._last_seen.get(index, 0):
+            self._last_seen[index] = newest
+        return {pid: float(sm) for pid, _, sm in samples}
 
     def processes(self, index: int) -> list[GpuProcess]:
         with self._lock:
@@ -560,14 +617,19 @@ class NvmlBackend(Backend):
                         if code != ERR_NOT_SUPPORTED:
                             self._warnings.append(f"nvml: GPU {index} {kind.lower()} process list: "
                                                   f"{error_name(code)}")
-                merged = merge_process_lists(lists["Compute"], lists["Graphics"])
-                sm = self._sm_utils(index, h) if merged else {}
+                compute, graphics = lists["Compute"], lists["Graphics"]
+                # The usual list: compute contexts only, one entry a process (no merging to do).
+                plain = not graphics and len(dict(compute)) == len(compute)
+                merged = {} if plain else merge_process_lists(compute, graphics)
+                sm = self._sm_utils(index, h) if compute or merged else {}
             except (_Lost, NvmlError):
                 return []
         # Whether this PID namespace can see the PID is decided by the sampler, which reads every
         # holder's /proc entry anyway (NVML reports host PIDs, even inside a container).
-        return [GpuProcess(pid=pid, index=index, ctx=ctx, used_memory=mem, sm_util=sm.get(pid))
-                for pid, (ctx, mem) in merged.items()]
+        smget = sm.get
+        if plain:
+            return [GpuProcess(pid, index, CTX_COMPUTE, mem, smget(pid)) for pid, mem in compute]
+        return [GpuProcess(pid, index, ctx, mem, smget(pid)) for pid, (ctx, mem) in merged.items()]
 
     def warnings(self) -> list[str]:
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -19,7 +20,7 @@ class FakeClock:
 
 
 def _comparable(p):
-    d = dict(vars(p))
+    d = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}  # ProcInfo has slots, no vars()
     for volatile in ("cpu_time", "rss", "state"):
         d.pop(volatile)
     return d
@@ -187,9 +188,9 @@ def test_a_process_seen_for_the_first_time_has_its_stat_read_once(procs, monkeyp
     reads = []
     real = procs_mod._read
 
-    def counting(path, dir_fd=None):
+    def counting(path, dir_fd=None, *more):
         reads.append(path)
-        return real(path, dir_fd)
+        return real(path, dir_fd, *more)
 
     monkeypatch.setattr(procs_mod, "_read", counting)
     cache = StaticCache(ttl=60)
