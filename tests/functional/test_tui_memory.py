@@ -124,16 +124,13 @@ def test_threads_share_one_malloc_arena():
 def test_the_tree_keeps_a_bounded_number_of_drawn_lines():
     """Each refresh that advances the holders' TIME gives their lines new cache keys; the stale strips are
     dropped beyond the tree's height (or LINE_CACHE_ROWS), not kept up to Textual's 1,024."""
-    from gputop.tui.app import GputopApp
     from gputop.tui.process_tree import LINE_CACHE_ROWS, ProcessTree
-    from tests.tui.helpers import FakeSampler, frozen_panel, row_line, run_async, switch_snapshot, wait_until
+    from tests.tui.helpers import frozen_app, row_line, run_async, switch_snapshot, wait_until
     from tests.tui.test_time_only_rows import N, snapshot
 
     @run_async
     async def check():
-        sampler = FakeSampler(snapshot())
-        app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with frozen_app(snapshot()) as (app, pilot, sampler):
             tree = app.query_one(ProcessTree)
             assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
             for shift in range(1, 12):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 
@@ -141,6 +142,18 @@ def frozen_panel(snapshot, config) -> PanelData:
                      findings=findings, guard_policy="/etc/gputop/policy.yaml",
                      guard_daemon={"alive": True, "pid": 4242, "policy_file": "/etc/gputop/policy.yaml",
                                    "mode": "dry-run"})
+
+
+@contextlib.asynccontextmanager
+async def frozen_app(snapshot: Snapshot, size: tuple[int, int] = (120, 40)):
+    """A GputopApp on a FakeSampler handing out ``snapshot``, with a 30 s refresh (a test samples with
+    switch_snapshot) and a frozen side panel, running at ``size``; yields (app, pilot, sampler)."""
+    from gputop.tui.app import GputopApp
+
+    sampler = FakeSampler(snapshot)
+    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
+    async with app.run_test(size=size) as pilot:
+        yield app, pilot, sampler
 
 
 def seed_history(app, snapshot: Snapshot, n: int = 120) -> None:

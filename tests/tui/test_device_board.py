@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from gputop.tui.app import GputopApp
 from gputop.tui.device_pane import DeviceBoard
 
-from .helpers import FakeSampler, frozen_panel, run_async, screen_text, switch_snapshot, wait_until
+from .helpers import frozen_app, run_async, screen_text, switch_snapshot, wait_until
 from .test_offscreen_rows import big_snapshot
 
 
@@ -35,9 +34,7 @@ def _devices(snap, changes=None):
 @run_async
 async def test_the_board_shows_what_a_full_redraw_shows_after_each_change():
     base = big_snapshot(util=50.0)
-    sampler = FakeSampler(base)
-    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with frozen_app(base) as (app, pilot, sampler):
         assert await wait_until(pilot, lambda: " 50%" in screen_text(app))
         board = app.query_one(DeviceBoard)
         steps = [
@@ -66,9 +63,7 @@ async def test_the_board_shows_what_a_full_redraw_shows_after_each_change():
 @run_async
 async def test_a_changed_line_is_repainted_and_an_unchanged_one_is_not():
     base = big_snapshot(util=50.0)
-    sampler = FakeSampler(base)
-    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-    async with app.run_test(size=(120, 50)) as pilot:
+    async with frozen_app(base, size=(120, 50)) as (app, pilot, sampler):
         assert await wait_until(pilot, lambda: " 50%" in screen_text(app))
         await switch_snapshot(pilot, app, sampler, _devices(base))  # the history strips settle
         board = app.query_one(DeviceBoard)

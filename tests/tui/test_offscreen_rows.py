@@ -9,11 +9,10 @@ import dataclasses
 from gputop.backends.base import BackendStatus, DeviceSample
 from gputop.orphans import NOT_ORPHAN, Verdict
 from gputop.snapshot import GpuUse, Holder, Snapshot
-from gputop.tui.app import GputopApp
 from gputop.tui.process_tree import ProcessTree
 from gputop.units import fmt_duration
 
-from .helpers import (AT, FakeSampler, GiB, _p, frozen_panel, row_line, run_async, screen_text, switch_snapshot,
+from .helpers import (AT, GiB, _p, frozen_app, row_line, run_async, screen_text, switch_snapshot,
                       wait_until)
 
 N = 1024
@@ -38,9 +37,7 @@ def big_snapshot(runtime_shift: float = 0.0, util: float = 50.0, at: float = AT)
 
 @run_async
 async def test_the_bottom_of_a_big_tree_shows_the_latest_values_when_scrolled_to():
-    sampler = FakeSampler(big_snapshot())
-    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with frozen_app(big_snapshot()) as (app, pilot, sampler):
         tree = app.query_one(ProcessTree)
         assert await wait_until(pilot, lambda: f"gpu7/{10000 + N - 1}" in tree.nodes_by_key)
         await pilot.pause(0.2)
@@ -66,9 +63,7 @@ async def test_the_bottom_of_a_big_tree_shows_the_latest_values_when_scrolled_to
 
 @run_async
 async def test_a_value_change_in_a_row_on_screen_shows_on_the_next_refresh():
-    sampler = FakeSampler(big_snapshot())
-    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with frozen_app(big_snapshot()) as (app, pilot, sampler):
         assert await wait_until(pilot, lambda: row_line(app, 10000) is not None)
         assert fmt_duration(1000.0) in row_line(app, 10000)
         await switch_snapshot(pilot, app, sampler, big_snapshot(runtime_shift=61))
@@ -78,9 +73,7 @@ async def test_a_value_change_in_a_row_on_screen_shows_on_the_next_refresh():
 
 @run_async
 async def test_a_device_pane_value_change_shows():
-    sampler = FakeSampler(big_snapshot(util=50.0))
-    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with frozen_app(big_snapshot(util=50.0)) as (app, pilot, sampler):
         assert await wait_until(pilot, lambda: " 50%" in screen_text(app))
         changed = big_snapshot(util=50.0, at=AT + 1)
         devs = list(changed.devices)
@@ -95,9 +88,7 @@ async def test_a_device_pane_value_change_shows():
 async def test_rows_never_drawn_hold_no_label_text_and_are_drawn_right_when_scrolled_to():
     from gputop.tui import process_tree
 
-    sampler = FakeSampler(big_snapshot())
-    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with frozen_app(big_snapshot()) as (app, pilot, sampler):
         tree = app.query_one(ProcessTree)
         last = 10000 + N - 1
         assert await wait_until(pilot, lambda: f"gpu7/{last}" in tree.nodes_by_key)

@@ -11,11 +11,10 @@ import time
 from gputop.backends.base import BackendStatus, DeviceSample
 from gputop.orphans import NOT_ORPHAN, Verdict
 from gputop.snapshot import GpuUse, Holder, Snapshot
-from gputop.tui.app import GputopApp
 from gputop.tui.process_tree import ProcessTree
 from gputop.units import fmt_duration
 
-from .helpers import (AT, FakeSampler, GiB, _p, frozen_panel, row_line, run_async, screen_text, switch_snapshot,
+from .helpers import (AT, GiB, _p, frozen_app, row_line, run_async, screen_text, switch_snapshot,
                       wait_until)
 
 N = 16
@@ -53,9 +52,7 @@ def full_render(tree: ProcessTree) -> list:
 
 @run_async
 async def test_rows_whose_time_advances_show_what_a_full_render_shows():
-    sampler = FakeSampler(snapshot())
-    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with frozen_app(snapshot()) as (app, pilot, sampler):
         tree = app.query_one(ProcessTree)
         assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
         spliced = 0
@@ -100,9 +97,7 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
 
 @run_async
 async def test_a_row_that_changes_more_than_its_time_is_drawn_in_full():
-    sampler = FakeSampler(snapshot())
-    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with frozen_app(snapshot()) as (app, pilot, sampler):
         tree = app.query_one(ProcessTree)
         assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
         tree.focus()
@@ -125,9 +120,7 @@ async def test_cells_worked_out_from_the_last_ones_equal_a_fresh_row_cells():
 
     from gputop.tui.process_tree import row_cells
 
-    sampler = FakeSampler(snapshot())
-    app = GputopApp(sampler, interval=30, panel_source=frozen_panel)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with frozen_app(snapshot()) as (app, pilot, sampler):
         tree = app.query_one(ProcessTree)
         assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
         fast = 0
