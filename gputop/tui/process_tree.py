@@ -152,7 +152,7 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
         cmd = visible(h.cmd)
     else:
         values = {"USER": user, "HOST-MEM": fmt_bytes(p.rss) if p is not None else ""}
-        cmd = p.cmd if p is not None else ""
+        cmd = visible(p.cmd) if p is not None else ""
     head = ("*" if tagged else " ") + flag + str(node.pid).rjust(7) + " " * max(0, (max_depth - depth) * GUIDE)
     cells = tuple([_cell(values.get(title, ""), width, align) for title, width, align in _COLS[compact][:-1]])
     return ("row", style, tagged, head, cells, h.ctx if h is not None else None, cmd, h is not None)

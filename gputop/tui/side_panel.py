@@ -104,7 +104,7 @@ def audit_text(d: PanelData) -> Text:
         return t
     if d.audit_error:
         t.append("\n")
-        t.append(Text(d.audit_error, style="red"))
+        t.append(Text(visible(d.audit_error), style="red"))
     if not d.findings:
         t.append("\n")
         t.append("no findings", style="dim")

@@ -78,3 +78,19 @@ def test_guard_text_shows_hostile_hit_fields_and_paths_escaped():
                   guard_daemon={"alive": True, "pid": 7, "policy_file": f"/p{esc}"}, guard_policy=f"/q{esc}")
     plain = guard_text(d).plain
     assert "\x1b" not in plain and "\x07" not in plain and "owned" in plain
+
+
+def test_audit_error_and_an_ancestor_rows_command_are_shown_escaped():
+    """An audit error can quote what a process wrote; an ancestor row shows another process's command line."""
+    from gputop.procs import ProcInfo
+    from gputop.tui.process_tree import row_cells
+    from gputop.tui.rows import Node
+    from gputop.tui.side_panel import PanelData, audit_text
+
+    esc = "\x1b]0;owned\x07"
+    plain = audit_text(PanelData(audit_available=True, audit_error=f"cannot read {esc}")).plain
+    assert "\x1b" not in plain and "\x07" not in plain and "owned" in plain
+    parent = ProcInfo(pid=42, ppid=1, name="sh", cmdline=("sh", f"-c {esc}"), uid=0, user="root", start_time=1.0,
+                      sid=42)
+    cells = row_cells(Node("anc/42", "ancestor", pid=42, proc=parent), 0, 1, False, False)
+    assert cells[6] == "sh -c \\x1b]0;owned\\x07"
