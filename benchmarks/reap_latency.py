@@ -86,7 +86,7 @@ def kill_tree(tree: dict) -> None:
 
 
 def _poll_proc(members: list[int], gone_at: dict[int, float], stop: threading.Event) -> None:
-    """Read every live member's /proc/PID/stat every 2 ms (the default watcher)."""
+    """Read every live member's /proc/PID/stat every 2 ms (``--watch proc``; the default waits on pidfds)."""
     left = set(members)
     while left and not stop.is_set():
         now = time.perf_counter()

@@ -420,8 +420,10 @@ class OwnerCache:
         self._now: float | None = None  # begin()'s reading of the clock, until the next prune
 
     def begin(self) -> None:
-        """A sample starts: its freshness checks use this one reading of the clock, until prune()."""
+        """A sample starts: its freshness checks use this one reading of the clock, until prune(). What an
+        earlier sample looked up counts as unchecked again, even if that sample failed before its prune()."""
         self._now = self.clock()
+        self._seen = set()
 
     def get(self, pid: int, start: float) -> Owner | None:
         key = (pid, start)

@@ -120,10 +120,6 @@ def merge_process_lists(compute: list[tuple[int, int | None]],
                 out[pid] = mem
         return out
 
-    if not graphics:  # the usual case: compute contexts only, one entry a process
-        merged = {pid: (CTX_COMPUTE, mem) for pid, mem in compute}
-        if len(merged) == len(compute):
-            return merged
     c, g = per_pid(compute), per_pid(graphics)
     merged: dict[int, tuple[str, int | None]] = {}
     for pid, mem in c.items():
@@ -136,12 +132,6 @@ def merge_process_lists(compute: list[tuple[int, int | None]],
         if pid not in c:
             merged[pid] = (CTX_GRAPHICS, mem)
     return merged
-
-
-def _mem(value) -> int | None:
-    if value is None or value == NOT_AVAILABLE:
-        return None
-    return int(value)
 
 
 class _ProcessInfoV1(ctypes.Structure):

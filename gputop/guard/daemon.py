@@ -32,7 +32,6 @@ from gputop.guard.policy import Issue, Policy, PolicyError, load_policy
 from gputop.procs import start_time
 
 
-_file_sig = _state.file_sig
 
 
 def _load(path: str) -> Policy:
@@ -105,7 +104,7 @@ class _ModeWatch:
         self._data: dict = {}
 
     def read(self) -> dict:
-        sig = _file_sig(str(_state.state_path()))
+        sig = _state.file_sig(str(_state.state_path()))
         if sig != self._sig:
             self._sig = sig
             self._data = _state.read_state()
@@ -122,7 +121,7 @@ class GuardDaemon:
         self.out = out if out is not None else sys.stderr
         self.policy_path = str(Path(policy_path).resolve())
         self.policy: Policy = _load(self.policy_path)  # PolicyError at start-up: the caller exits 2
-        self.policy_sig = _file_sig(self.policy_path)
+        self.policy_sig = _state.file_sig(self.policy_path)
         self.policy_loaded_at = time.time()
         self.engine = Engine(self.policy, config=self.config, sampler=sampler, out=JournalStream(self.out))
         self.mode_watch = _ModeWatch()
@@ -173,7 +172,7 @@ class GuardDaemon:
             self.policy_sig = None  # force a load attempt below
 
     def check_policy(self) -> None:
-        sig = _file_sig(self.policy_path)
+        sig = _state.file_sig(self.policy_path)
         if sig == self.policy_sig:
             return
         self.policy_sig = sig

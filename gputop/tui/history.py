@@ -109,7 +109,7 @@ def block(v: float | None) -> str:
     """One point of a strip on the fixed 0-100 scale; '?' when unknown."""
     if v is None or v != v:  # NaN: unknown too
         return "?"
-    return BLOCKS[max(0, min(8, round(min(max(v, 0.0), 100.0) / 100 * 8)))]
+    return BLOCKS[round(min(max(v, 0.0), 100.0) / 100 * 8)]
 
 
 def _tail(blocks, width: int) -> str:

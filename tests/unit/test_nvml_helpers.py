@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from gputop.backends.nvml import (
-    ERR_DRIVER_NOT_LOADED, ERR_LIBRARY_NOT_FOUND, ERR_NO_PERMISSION, NOT_AVAILABLE, _mem, error_name,
+    ERR_DRIVER_NOT_LOADED, ERR_LIBRARY_NOT_FOUND, ERR_NO_PERMISSION, error_name,
     merge_process_lists, reset_error_kind, unavailable_reason,
 )
 
@@ -31,13 +31,6 @@ def test_merge_unknown_memory_stays_unknown():
 
 def test_merge_empty():
     assert merge_process_lists([], []) == {}
-
-
-def test_not_available_memory_is_none_not_zero():
-    assert _mem(NOT_AVAILABLE) is None
-    assert _mem(None) is None
-    assert _mem(0) == 0
-    assert _mem(4096) == 4096
 
 
 def test_unavailable_reasons_say_what_to_do():

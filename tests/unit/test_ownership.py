@@ -247,3 +247,15 @@ def test_read_bytes_stops_at_a_short_read_and_reads_a_long_file_whole(tmp_path, 
     monkeypatch.setattr(ownership.os, "read", lambda fd, n: reads.append(n) or real(fd, n))
     assert ownership._read_bytes(str(small)) == b"0::/user.slice\n"
     assert len(reads) == 1  # no second read to see the end
+
+
+def test_a_sample_that_failed_before_its_prune_leaves_nothing_unchecked(tmp_path):
+    d = tmp_path / str(PID)
+    d.mkdir()
+    (d / "cgroup").write_text("0::/system.slice/a.service\n")
+    cache = OwnerCache(str(tmp_path), str(tmp_path), ttl=0)
+    cache.begin()
+    assert cache.get(PID, 1.0).unit == "a.service"
+    (d / "cgroup").write_text("0::/system.slice/b.service\n")  # that sample raised: no prune()
+    cache.begin()
+    assert cache.get(PID, 1.0).unit == "b.service"
