@@ -173,9 +173,9 @@ def test_a_protected_leftover_is_left_alone_and_reported(procs, scenario, tmp_pa
 KEEPER = """job=$1; m=$2; g=$3; out=$4; inner=$5
 env -u SLURM_JOB_ID sh "$inner" "$job" "$m-x1" &
 while :; do
-  s=$(cut -d' ' -f3 /proc/$g/stat 2>/dev/null)
-  case "$s" in T) echo T > "$out"; break;; "") echo gone > "$out"; break;; esac
-  sleep 0.05
+  s=; read -r _p _c s _r < /proc/$g/stat 2>/dev/null
+  case "$s" in T) echo T > "$out"; break;; ""|Z) echo gone > "$out"; break;; esac
+  sleep 0.01
 done
 env -u SLURM_JOB_ID sh "$inner" "$job" "$m-x2" &
 wait
