@@ -163,6 +163,16 @@ assert all(f.size == ctypes.sizeof(t) for t, f in _PROC_FORMAT.items())
 assert all(getattr(t, name).offset == off for t in _PROC_FORMAT
            for name, off in (("pid", 0), ("usedGpuMemory" if t is not _ProcessUtilizationSample else "timeStamp", 8)))
 assert _ProcessUtilizationSample.smUtil.offset == 16
+# _read's plain fields, one C call each (the clock call twice: SM, then memory).
+_READ_CALLS = ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
+               "nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetFanSpeed", "nvmlDeviceGetClockInfo")
+
+
+def _missing(*_args) -> int:
+    """Stands in for a C function this driver's library lacks."""
+    return ERR_FUNCTION_NOT_FOUND
+
+
 _NOT_AVAILABLE_BYTES = NOT_AVAILABLE.to_bytes(8, "little")  # all ones: the same in either byte order
 
 
@@ -298,11 +308,13 @@ class NvmlBackend(Backend):
         self._memory_v2, self._memory_v1, self._util = _MemoryV2(), _Memory(), _Utilization()
         self._temp_v1, self._uint = _TemperatureV1(), ctypes.c_uint()
         self._list_count = ctypes.c_uint()  # _fill's element count, in and out
+        self._since = ctypes.c_ulonglong()  # _sm_utils' lastSeenTimeStamp (calls run under _lock)
         # byref() of each kept struct, made once: every refresh passes them again (calls run under _lock).
         self._memory_v2_ref, self._memory_v1_ref = ctypes.byref(self._memory_v2), ctypes.byref(self._memory_v1)
         self._util_ref, self._temp_v1_ref = ctypes.byref(self._util), ctypes.byref(self._temp_v1)
         self._uint_ref, self._list_count_ref = ctypes.byref(self._uint), ctypes.byref(self._list_count)
         self._temp_v: bool | None = None
+        self._read_calls: tuple | None = None  # _read_fns()
         self._warnings: list[str] = []
         self._initialised = False
         self._init()
@@ -479,34 +491,50 @@ class NvmlBackend(Backend):
                 self._handles.pop(index, None)
                 return DeviceSample(index=index, lost=True, errors=(f"handle: {error_name(e.value)}",), **info)
 
+    def _read_fns(self) -> tuple:
+        """The C functions of a refresh's plain fields (_READ_CALLS' order), looked up once; a function
+        this driver lacks answers FUNCTION_NOT_FOUND, as a missing field does."""
+        fns = self._read_calls
+        if fns is None:
+            out = []
+            for name in _READ_CALLS:
+                try:
+                    out.append(self._fn(name))
+                except NvmlError as e:
+                    if e.value != ERR_FUNCTION_NOT_FOUND:  # not loaded: look again next time
+                        raise
+                    out.append(_missing)
+            fns = self._read_calls = tuple(out)
+        return fns
+
     def _read(self, index: int, h, info: dict, errors: list[str]) -> DeviceSample:
-        f = self._uint_field
+        # Straight-line: eight fields a device a refresh, each one C call into a kept struct or uint; a
+        # failed call makes its field None through _failed (GPU_IS_LOST raises _Lost).
+        util_fn, power_fn, enforced_fn, limit_fn, fan_fn, clock_fn = self._read_fns()
         total, used = self._memory(h, errors)
-        u = self._util
-        ret = self._call("nvmlDeviceGetUtilizationRates", h, self._util_ref)
-        util = (u.gpu, u.memory) if ret == NVML_SUCCESS else self._failed(errors, "utilization", ret)
+        u, n, nref, failed = self._util, self._uint, self._uint_ref, self._failed
+        ret = util_fn(h, self._util_ref)
+        util_gpu, util_mem = (float(u.gpu), float(u.memory)) if not ret else (failed(errors, "utilization", ret),
+                                                                              None)
         temp = self._temperature(h, errors)
-        power = f(errors, "power", "nvmlDeviceGetPowerUsage", h)
-        limit_errors: list[str] = []
-        limit = f(limit_errors, "power limit", "nvmlDeviceGetEnforcedPowerLimit", h)
-        if limit is None:
-            limit = f(errors, "power limit", "nvmlDeviceGetPowerManagementLimit", h)
-        fan = f(errors, "fan", "nvmlDeviceGetFanSpeed", h)
-        sm = f(errors, "sm clock", "nvmlDeviceGetClockInfo", h, CLOCK_SM)
-        mem_clock = f(errors, "memory clock", "nvmlDeviceGetClockInfo", h, CLOCK_MEM)
+        ret = power_fn(h, nref)
+        power = n.value / 1000.0 if not ret else failed(errors, "power", ret)
+        ret = enforced_fn(h, nref)
+        if ret:  # the enforced limit unknown (not an error to report): the management limit
+            if ret == ERR_GPU_IS_LOST:
+                raise _Lost("power limit")
+            ret = limit_fn(h, nref)
+        limit = n.value / 1000.0 if not ret else failed(errors, "power limit", ret)
+        ret = fan_fn(h, nref)
+        fan = float(n.value) if not ret else failed(errors, "fan", ret)
+        ret = clock_fn(h, CLOCK_SM, nref)
+        sm = n.value if not ret else failed(errors, "sm clock", ret)
+        ret = clock_fn(h, CLOCK_MEM, nref)
+        mem_clock = n.value if not ret else failed(errors, "memory clock", ret)
         return DeviceSample(
-            index=index, name=info.get("name"), uuid=info.get("uuid"), pci_bus_id=info.get("pci_bus_id"),
-            memory_total=total, memory_used=used,
-            util_gpu=float(util[0]) if util is not None else None,
-            util_mem=float(util[1]) if util is not None else None,
-            temperature=float(temp) if temp is not None else None,
-            power_w=power / 1000.0 if power is not None else None,
-            power_limit_w=limit / 1000.0 if limit is not None else None,
-            fan_pct=float(fan) if fan is not None else None,
-            clock_sm_mhz=int(sm) if sm is not None else None,
-            clock_mem_mhz=int(mem_clock) if mem_clock is not None else None,
-            errors=tuple(errors), backend=self.name, backend_index=index,
-        )
+            index, info.get("name"), info.get("uuid"), info.get("pci_bus_id"), total, used, util_gpu, util_mem,
+            float(temp) if temp is not None else None, power, limit, fan, sm, mem_clock, False,
+            tuple(errors) if errors else (), self.name, index)
 
     # ---- processes ----
     def _fn(self, name: str):
@@ -526,18 +554,19 @@ class NvmlBackend(Backend):
                 continue
         return self._fn(names[-1])
 
-    def _fill(self, key: tuple[str, int], struct, call: Callable[[Any, Any], int]) -> tuple[Any, int]:
+    def _fill(self, key: tuple[str, int], struct, fn, h, since: Any = None) -> tuple[Any, int]:
         """Run an NVML list call into this key's buffer, growing it on INSUFFICIENT_SIZE.
 
-        ``call(buffer_or_None, byref(count))`` returns the NVML status. The first call asks for the size
-        (NULL buffer, count 0), like the library's own size-query protocol; later calls reuse the buffer,
-        so a steady list costs one C call and no allocation.
+        ``fn`` is a process-list call, ``fn(h, count*, array*)``, or with ``since`` the utilisation
+        samples call, ``fn(h, array*, count*, since)``; it returns the NVML status. The first call asks for
+        the size (NULL buffer, count 0), like the library's own size-query protocol; later calls reuse the
+        buffer, so a steady list costs one C call and no allocation.
         """
         buf = self._bufs.get(key)
-        count = self._list_count
+        count, ref = self._list_count, self._list_count_ref
         for _ in range(4):
             count.value = len(buf) if buf is not None else 0
-            ret = call(buf, self._list_count_ref)
+            ret = fn(h, ref, buf) if since is None else fn(h, buf, ref, since)
             if ret == NVML_SUCCESS:
                 return buf, (count.value if buf is not None else 0)
             if ret != ERR_INSUFFICIENT_SIZE:
@@ -551,8 +580,7 @@ class NvmlBackend(Backend):
             suffix = PROC_VERSIONS[self._proc_version[kind]]
             name = _LIST_CALLS[kind, suffix]
             try:
-                fn = self._fn(name)
-                buf, n = self._fill((name, index), _PROC_STRUCT[suffix], lambda b, c: fn(h, c, b))
+                buf, n = self._fill((name, index), _PROC_STRUCT[suffix], self._fn(name), h)
                 # No buffer yet when n is 0. NOT_AVAILABLE memory is None (unknown): the entries are
                 # looked at one by one only when those bytes occur anywhere in the list.
                 entries, raw = _unpack(buf, n)
@@ -568,11 +596,11 @@ class NvmlBackend(Backend):
                 raise
 
     def _sm_utils(self, index: int, h) -> dict[int, float]:
-        since = ctypes.c_ulonglong(self._last_seen.get(index, 0))
+        since = self._since
+        since.value = self._last_seen.get(index, 0)
         try:
-            fn = self._fn("nvmlDeviceGetProcessUtilization")
             buf, n = self._fill(("nvmlDeviceGetProcessUtilization", index), _ProcessUtilizationSample,
-                                lambda b, c: fn(h, b, c, since))
+                                self._fn("nvmlDeviceGetProcessUtilization"), h, since)
             samples = _unpack(buf, n)[0]  # (pid, timeStamp, smUtil)
         except NvmlError as e:
             code = e.value
