@@ -299,6 +299,7 @@ class NvmlBackend(Backend):
         self._static: dict[int, dict[str, Any]] = {}  # name, uuid, pci bus id: they do not change
         self._last_seen: dict[int, int] = {}  # device -> newest process-utilisation sample seen (us)
         self._proc_version: dict[str, int] = {"Compute": 0, "Graphics": 0}  # index into PROC_VERSIONS
+        self._list_calls: dict[str, tuple[str, Any, Any]] = {}  # _list_call()
         # The process and utilisation lists are read straight through ctypes into buffers kept per
         # (call, device): nvidia-ml-py sizes, allocates and converts a new array on every call, which
         # cost more than the rest of a sample (see benchmarks/RESULTS.md).
@@ -574,26 +575,46 @@ class NvmlBackend(Backend):
             buf = self._bufs[key] = (struct * (count.value * 2 + 8))()  # room for processes that start meanwhile
         raise NvmlError(ERR_INSUFFICIENT_SIZE)
 
+    def _list_call(self, kind: str) -> tuple[str, Any, Any]:
+        """The newest process-list call of ``kind`` this library has (_v3, _v2, then v1), as (name, C
+        function, struct): found once, then kept."""
+        call = self._list_calls.get(kind)
+        if call is None:
+            for version in range(self._proc_version[kind], len(PROC_VERSIONS)):
+                name = _LIST_CALLS[kind, PROC_VERSIONS[version]]
+                try:
+                    fn = self._fn(name)
+                except NvmlError as e:
+                    if e.value == ERR_FUNCTION_NOT_FOUND and version + 1 < len(PROC_VERSIONS):
+                        continue
+                    raise
+                self._proc_version[kind] = version
+                call = self._list_calls[kind] = (name, fn, _PROC_STRUCT[PROC_VERSIONS[version]])
+                break
+        return call
+
     def _list(self, kind: str, h, index: int) -> list[tuple[int, int | None]]:
-        """One process list ("Compute" or "Graphics"), trying _v3, _v2, then v1 on FunctionNotFound."""
+        """One process list ("Compute" or "Graphics")."""
         while True:
-            suffix = PROC_VERSIONS[self._proc_version[kind]]
-            name = _LIST_CALLS[kind, suffix]
+            name, fn, struct = self._list_call(kind)
             try:
-                buf, n = self._fill((name, index), _PROC_STRUCT[suffix], self._fn(name), h)
-                # No buffer yet when n is 0. NOT_AVAILABLE memory is None (unknown): the entries are
-                # looked at one by one only when those bytes occur anywhere in the list.
-                entries, raw = _unpack(buf, n)
-                if _NOT_AVAILABLE_BYTES in raw:
-                    na = NOT_AVAILABLE
-                    return [(pid, None if mem == na else mem) for pid, mem in entries]
-                return entries
-            except NvmlError as e:
-                if e.value == ERR_FUNCTION_NOT_FOUND and \
-                        self._proc_version[kind] + 1 < len(PROC_VERSIONS):
+                buf, n = self._fill((name, index), struct, fn, h)
+                break
+            except NvmlError as e:  # the call itself says FunctionNotFound: the next older one
+                if e.value == ERR_FUNCTION_NOT_FOUND and self._proc_version[kind] + 1 < len(PROC_VERSIONS):
                     self._proc_version[kind] += 1  # remembered: later calls go straight to it
+                    del self._list_calls[kind]
                     continue
                 raise
+        if not n:  # no buffer yet when n is 0
+            return []
+        # NOT_AVAILABLE memory is None (unknown): the entries are looked at one by one only when those
+        # bytes occur anywhere in the list.
+        entries, raw = _unpack(buf, n)
+        if _NOT_AVAILABLE_BYTES in raw:
+            na = NOT_AVAILABLE
+            return [(pid, None if mem == na else mem) for pid, mem in entries]
+        return entries
 
     def _sm_utils(self, index: int, h) -> dict[int, float]:
         since = self._since
@@ -619,23 +640,25 @@ class NvmlBackend(Backend):
             self._last_seen[index] = newest
         return {pid: float(sm) for pid, _, sm in samples}
 
+    def _list_or_none(self, kind: str, h, index: int) -> list[tuple[int, int | None]]:
+        """``_list``, or no entries when the call fails (GPU_IS_LOST raises _Lost; any error other than
+        NOT_SUPPORTED is a warning)."""
+        try:
+            return self._list(kind, h, index)
+        except NvmlError as e:
+            code = e.value
+            if code == ERR_GPU_IS_LOST:
+                raise _Lost(kind) from None
+            if code != ERR_NOT_SUPPORTED:
+                self._warnings.append(f"nvml: GPU {index} {kind.lower()} process list: {error_name(code)}")
+            return []
+
     def processes(self, index: int) -> list[GpuProcess]:
         with self._lock:
             try:
                 h = self._handle(index)
-                lists = {}
-                for kind in ("Compute", "Graphics"):
-                    try:
-                        lists[kind] = self._list(kind, h, index)
-                    except NvmlError as e:
-                        code = e.value
-                        if code == ERR_GPU_IS_LOST:
-                            raise _Lost(kind) from None
-                        lists[kind] = []
-                        if code != ERR_NOT_SUPPORTED:
-                            self._warnings.append(f"nvml: GPU {index} {kind.lower()} process list: "
-                                                  f"{error_name(code)}")
-                compute, graphics = lists["Compute"], lists["Graphics"]
+                compute, graphics = self._list_or_none("Compute", h, index), \
+                    self._list_or_none("Graphics", h, index)
                 # The usual list: compute contexts only, one entry a process (no merging to do).
                 plain = not graphics and len(dict(compute)) == len(compute)
                 merged = {} if plain else merge_process_lists(compute, graphics)
