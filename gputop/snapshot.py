@@ -17,7 +17,7 @@ from typing import Callable
 
 from gputop import __version__, saferegex
 from gputop.backends import probe
-from gputop.backends.base import Backend, BackendStatus, DeviceSample, merge_ctx
+from gputop.backends.base import Backend, BackendStatus, DeviceSample, GpuProcess, merge_ctx
 from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
 from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect, verdict_inputs
@@ -316,6 +316,11 @@ class Sampler:
         self._ctx_now: dict[int, tuple[_Context, tuple | None]] = {}
         self._memo_changed = False  # a memo was made or dropped since the last _forget_memos
         self._live_holders = 0  # the visible, live holders of the last sample
+        # Per GPU (global index), pid -> (the backend's GpuProcess, the GpuUse made of it): last sample's
+        # and this sample's (_add_uses). A backend that reports an unchanged process as the same frozen
+        # object gets the same GpuUse back.
+        self._last_uses: dict[int, dict[int, tuple[GpuProcess, GpuUse]]] = {}
+        self._uses_now: dict[int, dict[int, tuple[GpuProcess, GpuUse]]] = {}
         self._rules_of: tuple[Config, str] = (self.config, self.platform)
 
     def _job_of(self, info: ProcInfo) -> JobRef | None:
@@ -523,9 +528,12 @@ class Sampler:
     def _add_uses(self, gi: int, procs: list, table: ProcTable, uses: dict[int, list[GpuUse]],
                   visible: dict[int, bool]) -> None:
         """One device's process list into ``uses`` and ``visible``, by thread group (NVML may report a
-        thread id). The hot loop of a sample: _tgid's usual answer (a known leader) is inlined."""
+        thread id). The hot loop of a sample: _tgid's usual answer (a known leader) is inlined, and a
+        process the backend reports as the very same GpuProcess as last sample keeps its GpuUse."""
         leaders, seen = self._leaders, self._leaders_seen
         get = table.get if IS_LINUX else None
+        last = self._last_uses.get(gi, {}).get
+        kept = self._uses_now[gi] = {}
         for p in procs:
             pid = p.pid
             if p.visible:
@@ -534,7 +542,12 @@ class Sampler:
                     pid = self._tgid(pid, table)
                 else:
                     seen.add((pid, info.start_time))
-            use = GpuUse(gi, p.ctx, p.used_memory, p.sm_util)
+            had = last(p.pid)
+            if had is not None and had[0] is p:
+                use = had[1]
+            else:
+                use = GpuUse(gi, p.ctx, p.used_memory, p.sm_util)
+            kept[p.pid] = (p, use)
             had = uses.get(pid)
             if had is None:
                 uses[pid] = [use]
@@ -551,6 +564,7 @@ class Sampler:
     def sample(self) -> Snapshot:
         now = self.clock()
         self._ctx_now = {}  # this sample's context checks only, even when the last sample failed part-way
+        self._uses_now = {}
         self._check_rules()
         warnings: list[str] = []
         if self._hidepid is None:  # the mount's options: read once per sampler, not every refresh
@@ -586,6 +600,7 @@ class Sampler:
                 pass
 
         holders = self._holders(table, uses, visible, now, warnings)
+        self._last_uses, self._uses_now = self._uses_now, {}
         self._leaders, self._leaders_seen = self._leaders_seen, set()
         self._forget_memos(uses)
         if len(self._job_refs) > self._live_holders:  # it holds every live holder's (_holder_jobs): more

@@ -300,6 +300,7 @@ class NvmlBackend(Backend):
         self._last_seen: dict[int, int] = {}  # device -> newest process-utilisation sample seen (us)
         self._proc_version: dict[str, int] = {"Compute": 0, "Graphics": 0}  # index into PROC_VERSIONS
         self._list_calls: dict[str, tuple[str, Any, Any]] = {}  # _list_call()
+        self._last_procs: dict[int, dict[int, GpuProcess]] = {}  # device -> its last processes() by pid
         # The process and utilisation lists are read straight through ctypes into buffers kept per
         # (call, device): nvidia-ml-py sizes, allocates and converts a new array on every call, which
         # cost more than the rest of a sample (see benchmarks/RESULTS.md).
@@ -667,10 +668,24 @@ class NvmlBackend(Backend):
                 return []
         # Whether this PID namespace can see the PID is decided by the sampler, which reads every
         # holder's /proc entry anyway (NVML reports host PIDs, even inside a container).
-        smget = sm.get
-        if plain:
-            return [GpuProcess(pid, index, CTX_COMPUTE, mem, smget(pid)) for pid, mem in compute]
-        return [GpuProcess(pid, index, ctx, mem, smget(pid)) for pid, (ctx, mem) in merged.items()]
+        # The same GpuProcess as last refresh where nothing about it changed (they are frozen): most
+        # holders keep their memory and SM% from one refresh to the next, and a lookup costs a fifth of a
+        # new object.
+        smget, prev, out = sm.get, self._last_procs.get(index, {}), []
+        append, last, ctx = out.append, prev.get, CTX_COMPUTE
+        if not plain:
+            ctx_of = {pid: c for pid, (c, _) in merged.items()}.__getitem__
+            compute = [(pid, mem) for pid, (_, mem) in merged.items()]
+        for pid, mem in compute:
+            util = smget(pid)
+            if not plain:
+                ctx = ctx_of(pid)
+            p = last(pid)
+            if p is None or p.used_memory != mem or p.sm_util != util or p.ctx != ctx:
+                p = GpuProcess(pid, index, ctx, mem, util)
+            append(p)
+        self._last_procs[index] = {p.pid: p for p in out}
+        return out
 
     def warnings(self) -> list[str]:
         with self._lock:

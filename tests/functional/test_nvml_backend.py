@@ -542,3 +542,32 @@ def test_a_garbage_library_is_reported_as_failing_to_load(tmp_path):
     out = r.stdout + r.stderr
     assert "libnvidia-ml.so.1 failed to load:" in out, out
     assert "not found (no NVIDIA driver installed)" not in out
+
+
+def test_a_process_that_changed_is_read_anew_and_an_unchanged_one_keeps_its_records(nvml, procs):
+    """The backend hands back last refresh's GpuProcess for an unchanged process, and the sampler its
+    GpuUse: never for one whose memory, SM% or context type changed."""
+    a, b = procs.sleeper("a"), procs.sleeper("b")
+    env = nvml(1, [{"pid": a.pid, "memory": GiB, "sm": 10}, {"pid": b.pid, "memory": GiB, "sm": 20}])
+    cfg = nvml.path
+    out = run_py(f"""
+        import json, os, time
+        from gputop.backends import probe
+        from gputop.snapshot import Sampler
+        from tests.fakenvml.build import write_fake_nvml_config
+        r = probe("nvml")
+        s = Sampler(r.backends, r.statuses)
+        uses = lambda snap: {{h.pid: h.uses[0] for h in snap.holders}}
+        first = uses(s.sample())
+        second = uses(s.sample())
+        write_fake_nvml_config({str(cfg)!r}, 1, [
+            {{"pid": {a.pid}, "memory": 3 << 30, "sm": 10}},
+            {{"pid": {b.pid}, "memory": {GiB}, "sm": 20, "type": "C+G"}}])
+        third = uses(s.sample())
+        print(json.dumps({{
+            "kept": [second[p] is first[p] for p in ({a.pid}, {b.pid})],
+            "third": {{p: [u.used_memory, u.ctx, u.sm_util, u is second[p]] for p, u in third.items()}}}}))
+    """, env)
+    assert out["kept"] == [True, True]
+    assert out["third"][str(a.pid)] == [3 * GiB, "C", 10.0, False]
+    assert out["third"][str(b.pid)] == [GiB, "C+G", 20.0, False]
