@@ -564,8 +564,8 @@ class ProcTable:
             else:
                 try:
                     stat = os.read(fd, STAT_CHUNK)
-                    if len(stat) == STAT_CHUNK:  # never for a stat line; read the rest as _read would
-                        stat += _read(f"{self.proc_root}/{pid}/stat", None)[STAT_CHUNK:]
+                    if len(stat) == STAT_CHUNK:  # never for a stat line: read it whole, as _read would
+                        stat = _read(f"{self.proc_root}/{pid}/stat", None)
                 except (ProcessLookupError, FileNotFoundError):
                     stat = None
                 except PermissionError:

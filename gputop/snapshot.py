@@ -224,7 +224,7 @@ class _Context:
     the same answers (the same ProcInfo objects), so the Sampler keeps one _Context for all of them
     (interned by the identity of those objects) and checks it once per sample instead of once a holder."""
 
-    __slots__ = ("gets", "hides", "chain", "same")
+    __slots__ = ("gets", "hides", "chain", "same", "current")
 
     def __init__(self, gets: tuple[tuple[int, ProcInfo | None], ...], hides: tuple[tuple[int, bool], ...],
                  chain: tuple[ProcInfo, ...]):
@@ -232,6 +232,7 @@ class _Context:
         # Per answer in gets, the newest record found to have the same verdict inputs (a record re-read
         # once its command line was old, an exited process's): compared by identity from then on.
         self.same: list[ProcInfo | None] = [info for _, info in gets]
+        self.current = chain  # the chain as the newest sample that checked this context read it
 
     def key(self) -> tuple:
         """Equal for two contexts made of the very same answers (the objects are held by the context)."""
@@ -480,10 +481,12 @@ class Sampler:
             return seen[1]
         out = None
         if ctx.holds(table):
-            chain = ctx.chain
+            chain = ctx.current
             for c in chain:
                 if table.get(c.pid) is not c:
-                    chain = tuple(table.get(c.pid) for c in chain)  # type: ignore[misc]
+                    # Kept for the next sample (as ``same`` keeps the newest records): a record re-read
+                    # once its command line aged is a new object, and the same one ever after.
+                    chain = ctx.current = tuple(table.get(c.pid) for c in chain)  # type: ignore[misc]
                     break
             owners = self._owners
             out = (chain, owners.of_all(chain) if owners is not None else ())

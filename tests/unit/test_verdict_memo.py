@@ -427,3 +427,20 @@ def test_a_sample_that_failed_part_way_leaves_no_context_check_for_the_next(two_
     for pid in (HOLDER, SIBLING):
         assert verdict(snap, pid) == fresh(host, pid, sampler_=s)
         assert verdict(snap, pid).kind == "orphan"
+
+
+def test_a_chain_member_with_new_cpu_time_is_this_samples_record_and_kept(host):
+    """The chain a memo answers with is this sample's records (CPU time, RSS), not the ones the verdict
+    was computed from; once a member is a new record, the context keeps it, so that the next sample finds
+    the very same objects instead of building the chain again."""
+    s = sampler(host)
+    first = s.sample().holder(HOLDER).chain[0]
+    host.write_proc(PARENT, LEADER, LEADER, "python", start=60, cmd=["python", "train.py"], utime=500)
+    snap = s.sample()
+    parent = snap.holder(HOLDER).chain[0]
+    assert parent is not first and parent.cpu_time > first.cpu_time  # the new record
+    assert snap.holder(HOLDER).verdict == fresh(host, HOLDER, sampler_=s)
+    ctx = s._memo[HOLDER].ctx
+    assert ctx.current[0] is parent and ctx.chain[0] is first  # kept; the interned answers unchanged
+    again = s.sample().holder(HOLDER).chain
+    assert again[0] is parent and again == snap.holder(HOLDER).chain
