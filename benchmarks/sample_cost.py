@@ -173,6 +173,7 @@ def worker(rounds: int, holders: list[int], backend: str) -> dict:
         floors.append(t1 - t0)
         samples.append(t2 - t1)
         colds.append(t3 - t2)
+    parts = _parts(sampler, lib, need, max(10, rounds // 3)) if backend == "nvml" else None
     scans = []
     for _ in range(max(3, rounds // 10)):
         t0 = time.perf_counter()
@@ -194,7 +195,46 @@ def worker(rounds: int, holders: list[int], backend: str) -> dict:
         "cold": median([s - x for s, x in zip(colds, cold_libs)]),
         "cold_ratio": median([(s - x) / f for s, x, f in zip(colds, cold_libs, floors)]),
         "scan_all": median(scans),
+        "parts": parts,
     }
+
+
+def _parts(sampler, lib: _LibClock, need: list[int], rounds: int) -> dict:
+    """Where gputop's share of a sample goes (NVML): the device fields and the process lists (gputop's
+    side of the C calls: ctypes, records) and the rest (holders, trees, verdicts), per sample; timed in
+    rounds of their own, since the wrappers that time the per-GPU calls cost a little themselves."""
+    acc = {"devices": 0.0, "lists": 0.0}
+    originals = []
+    for b in sampler.backends:
+        for attr, part in (("sample", "devices"), ("processes", "lists")):
+            fn = getattr(b, attr)
+            originals.append((b, attr, fn))
+
+            def timed(*a, _fn=fn, _part=part):
+                t, n = time.perf_counter(), lib.elapsed()
+                try:
+                    return _fn(*a)
+                finally:
+                    acc[_part] += (time.perf_counter() - t) - (lib.elapsed() - n)
+            setattr(b, attr, timed)
+    floors, devices, lists, rest = [], [], [], []
+    try:
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            floor_read(need)
+            t1 = time.perf_counter()
+            acc["devices"] = acc["lists"] = 0.0
+            lib.start()
+            sampler.sample()
+            own = time.perf_counter() - t1 - lib.elapsed()
+            floors.append(t1 - t0)
+            devices.append(acc["devices"])
+            lists.append(acc["lists"])
+            rest.append(own - acc["devices"] - acc["lists"])
+    finally:
+        for b, attr, fn in originals:
+            setattr(b, attr, fn)
+    return {"floor": median(floors), "devices": median(devices), "lists": median(lists), "rest": median(rest)}
 
 
 def measure(setup, rounds: int = 60, backends=("nvml", "simulated")) -> list[dict]:
@@ -241,6 +281,14 @@ def report(results: list[dict], rounds: int) -> str:
             ms(r["cold"]), f"{r['cold_ratio']:.2f}x", ms(r["scan_all"]),
             f"{v.get('orphan', 0)} / {v.get('not-orphan', 0)}",
         ])
+    for r in results:
+        p = r.get("parts")
+        if p:
+            notes.append(
+                f"nvml, {r['holders']:,} holders, {r['host']:,} host processes: gputop's share of a sample = "
+                f"device fields {ms(p['devices'])} ({p['devices'] / p['floor']:.2f}x the floor) + process lists "
+                f"{ms(p['lists'])} ({p['lists'] / p['floor']:.2f}x) + holders and trees {ms(p['rest'])} "
+                f"({p['rest'] / p['floor']:.2f}x); floor {ms(p['floor'])} (separate rounds, medians)")
     for (backend, holders), rs in by_key.items():
         if len(rs) >= 2:
             growth = rs[-1]["own"] / rs[0]["own"]
