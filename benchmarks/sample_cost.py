@@ -211,11 +211,13 @@ def _parts(sampler, lib: _LibClock, need: list[int], rounds: int) -> dict:
             originals.append((b, attr, fn))
 
             def timed(*a, _fn=fn, _part=part):
-                t, n = time.perf_counter(), lib.elapsed()
+                n = lib.elapsed()  # read before the clock starts: its own ctypes call is not the part's
+                t = time.perf_counter()
                 try:
                     return _fn(*a)
                 finally:
-                    acc[_part] += (time.perf_counter() - t) - (lib.elapsed() - n)
+                    t = time.perf_counter() - t
+                    acc[_part] += t - (lib.elapsed() - n)
             setattr(b, attr, timed)
     floors, devices, lists, rest = [], [], [], []
     try:
@@ -288,7 +290,8 @@ def report(results: list[dict], rounds: int) -> str:
                 f"nvml, {r['holders']:,} holders, {r['host']:,} host processes: gputop's share of a sample = "
                 f"device fields {ms(p['devices'])} ({p['devices'] / p['floor']:.2f}x the floor) + process lists "
                 f"{ms(p['lists'])} ({p['lists'] / p['floor']:.2f}x) + holders and trees {ms(p['rest'])} "
-                f"({p['rest'] / p['floor']:.2f}x); floor {ms(p['floor'])} (separate rounds, medians)")
+                f"({p['rest'] / p['floor']:.2f}x, with the timing wrappers' own cost, ~1 us a GPU); floor "
+                f"{ms(p['floor'])} (separate rounds, medians)")
     for (backend, holders), rs in by_key.items():
         if len(rs) >= 2:
             growth = rs[-1]["own"] / rs[0]["own"]

@@ -101,9 +101,23 @@ def test_missing_calls_fall_back_or_are_unknown(backend):
         assert not d.lost
 
 
-@pytest.mark.parametrize("where", ["power limit", "power", "clock", "utilization"])
+class NewerLib(OldLib):
+    """One that has the enforced power limit call."""
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h, p):
+        p._obj.value = 300000
+        return self._ret("enforced limit")
+
+
+def test_the_enforced_power_limit_comes_first_where_the_library_has_it(backend):
+    lib = NewerLib()
+    d = backend(lib).sample(0)
+    assert d.power_limit_w == 300.0 and "power limit" not in lib.calls
+
+
+@pytest.mark.parametrize("where", ["power limit", "power", "clock", "utilization", "enforced limit"])
 def test_gpu_lost_in_any_field_makes_the_device_lost(backend, where):
-    b = backend(OldLib(lost_on=where))
+    b = backend((NewerLib if where == "enforced limit" else OldLib)(lost_on=where))
     d = b.sample(0)
     assert d.lost and d.name == "Tesla V100"
     assert d.power_w is None and d.memory_used is None  # no field of a lost device is reported
