@@ -213,6 +213,17 @@ def demo_banner(demo) -> Text:
 ALT_SCREEN_ON = "\x1b[?1049h"
 
 
+def _driver():
+    """gputop's driver where Textual would run its LinuxDriver (see gputop.tui.driver), else Textual's."""
+    from gputop.tui import first_frame
+
+    if not first_frame.wanted():
+        return None
+    from gputop.tui.driver import QuietInputDriver
+
+    return QuietInputDriver
+
+
 def _driver_after_first_frame(app):
     """Textual's terminal driver, for a terminal that first_frame already switched to the alternate screen.
 
@@ -222,9 +233,9 @@ def _driver_after_first_frame(app):
     exit (back to the normal screen, cursor restored) and a later suspend and resume (ctrl+z) are its own.
     ``app.took_screen`` says whether the driver took the screen over (launch undoes the frame if not).
     """
-    from textual.drivers.linux_driver import LinuxDriver  # what Textual runs where first_frame.wanted()
+    from gputop.tui.driver import QuietInputDriver  # Textual's LinuxDriver, run where first_frame.wanted()
 
-    class AfterFirstFrame(LinuxDriver):
+    class AfterFirstFrame(QuietInputDriver):
         _switched = False
 
         def write(self, data: str) -> None:
@@ -258,7 +269,7 @@ class GputopApp(App):
         """``devices``: the devices alone, read before the app starts (launch.run_tui), shown in the first
         frame; without them the sampling thread reads them first (see _sample_devices_first).
         ``first_frame``: gputop.tui.first_frame already put the terminal on the alternate screen."""
-        super().__init__(driver_class=_driver_after_first_frame(self) if first_frame else None)
+        super().__init__(driver_class=_driver_after_first_frame(self) if first_frame else _driver())
         keymap.install_key_characters()
         use_palette(self.no_color)  # App reads NO_COLOR in __init__
         self.sampler = LockedSampler(sampler)
