@@ -95,3 +95,14 @@ def test_an_escape_sequence_is_still_one_key(driver):
     d.exit_event.set()
     t.join(2)
     assert not t.is_alive()
+
+
+def test_the_version_check_does_not_load_importlib_metadata():
+    """textual.__version__ would (2.3 MiB of the TUI's peak RSS, seen in benchmark 3)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from gputop.tui.driver import WRITTEN_FOR, textual_is; "
+            "print(textual_is(WRITTEN_FOR), 'importlib.metadata' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "False"], out.stderr
