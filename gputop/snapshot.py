@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import datetime as _dt
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -269,6 +268,17 @@ class _Memo:
     verdict: Verdict
 
 
+def hostname() -> str:
+    """socket.gethostname(), without importing socket where uname() says the same (its import is ~2 ms
+    of a one-shot 'gputop status')."""
+    uname = getattr(os, "uname", None)
+    if uname is not None:
+        return uname().nodename
+    import socket
+
+    return socket.gethostname()
+
+
 class Sampler:
     """Reads the backends and the host processes; keeps the state that CPU% needs between samples."""
 
@@ -300,7 +310,7 @@ class Sampler:
         # Owners (cgroups) of holders and their chains, by identity, re-read as often as command lines.
         self._owners = OwnerCache(proc_root, run_root, ttl=static_ttl,
                                   start_of=lambda pid: start_time(pid, proc_root)) if IS_LINUX else None
-        self.host = socket.gethostname()
+        self.host = hostname()
         # Identities (pid, start) known to lead their thread group: NVML may report a thread id instead.
         self._leaders: set[tuple[int, float]] = set()
         self._leaders_seen: set[tuple[int, float]] = set()
