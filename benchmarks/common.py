@@ -274,6 +274,26 @@ def proc_cpu_seconds(pid: int) -> float | None:
     return sum(int(x) for x in fields[11:15]) / CLK_TCK
 
 
+def proc_cpu_ns(pid: int) -> tuple[int, frozenset[str]] | None:
+    """CPU time of a running process's live threads in nanoseconds (the first field of each
+    /proc/<pid>/task/<tid>/schedstat, the scheduler's own count), and their thread ids. Exact where
+    /proc/<pid>/stat counts clock ticks (10 ms: a TUI at 0.5% of a core gets 5 of them in 10 s), but a
+    thread that exits takes its time with it: compare the thread ids."""
+    total, tids = 0, []
+    try:
+        names = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in names:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        tids.append(tid)
+    return total, frozenset(tids)
+
+
 def proc_peak_rss_kb(pid: int) -> int | None:
     """Peak resident set (VmHWM) of a running process, in KiB."""
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.common import (
     BENCH_EXTRA_HINT, HOLDER_COUNTS, HOST_COUNTS, PY, Ratio, host_process_count, median, missing_tools,
-    print_table, proc_cpu_seconds, proc_peak_rss_kb, verdict,
+    print_table, proc_cpu_ns, proc_cpu_seconds, proc_peak_rss_kb, verdict,
 )
 from benchmarks.fake_gpus import fake_nvml_dir, fake_nvml_error
 
@@ -154,15 +154,20 @@ def cpu_windows(tmux: Tmux, session: str, holder: re.Pattern[str], windows: int,
         for name in APPS:
             wait_for(tmux, f"{session}:{name}", [DEVICES[name], holder], t0[name], optional_s=15)
         time.sleep(2.0)  # both past their first frames
-        prev = {name: proc_cpu_seconds(r["pid"]) for name, r in res.items()}
+        prev = {name: (proc_cpu_seconds(r["pid"]), proc_cpu_ns(r["pid"])) for name, r in res.items()}
         w0 = time.perf_counter()
         for _ in range(windows):
             time.sleep(window_s)
             for name, r in res.items():
-                now = proc_cpu_seconds(r["pid"])
-                if now is None or prev[name] is None:
+                now = (proc_cpu_seconds(r["pid"]), proc_cpu_ns(r["pid"]))
+                if now[0] is None or prev[name][0] is None:
                     raise RuntimeError(f"{name} exited during the CPU windows")
-                r["cpu"].append(now - prev[name])
+                (ticks, ns), (ticks0, ns0) = now, prev[name]
+                # The scheduler's nanoseconds where the same threads lived through the window; else the
+                # process's clock ticks, which keep the time of threads that exited.
+                exact = ns is not None and ns0 is not None and ns[1] == ns0[1]
+                r["cpu"].append((ns[0] - ns0[0]) / 1e9 if exact else ticks - ticks0)
+                r.setdefault("exact", []).append(exact)
                 prev[name] = now
         wall = time.perf_counter() - w0
         for name, r in res.items():
@@ -229,6 +234,11 @@ def _pct(cpu: list[float], wall: float) -> str:
     return f"{100 * sum(cpu) / wall:.1f}%"
 
 
+def _exact(results: list[dict]) -> str:
+    flags = [x for r in results for app in r["cpu"].values() for x in app.get("exact", [])]
+    return f"{sum(flags)} of {len(flags)} app-windows"
+
+
 def report(results: list[dict]) -> str:
     if not results:
         return ""
@@ -250,7 +260,9 @@ def report(results: list[dict]) -> str:
         [f"CPU: % of one core over {len(win['cpu']['gputop']['cpu'])} consecutive windows of "
          f"{win['window_s']:g} s after both showed their devices (and holders, where they fit); ratio = median of per-window ratios, spread min-max "
          "(25th-75th percentile from 8 windows). PASS: the whole spread within the goal; MISS: all of it over; "
-         "'not shown': the spread crosses the goal. Peak RSS: VmHWM at the end. Commands: "
+         "'not shown': the spread crosses the goal. CPU time: the scheduler's nanoseconds of each app's "
+         "threads (/proc/PID/task/*/schedstat) for every window in which no thread started or ended "
+         f"({_exact(results)}), else /proc/PID/stat's clock ticks. Peak RSS: VmHWM at the end. Commands: "
          + "; ".join(f"`{c.replace(str(VENV_BIN) + '/', '')}`" for c in APPS.values()),
          "8 fake GPUs (libnvidia-ml.so.1 from tests/fakenvml); each app in its own tmux window of the size shown."])]
     rows = []
