@@ -553,30 +553,11 @@ class ProcTable:
             # A process an earlier sample read (a long-lived sampler, every refresh): one stat read, and
             # usually the same bytes as last time, so the same ProcInfo (static.unchanged(), inlined: it
             # runs for every holder every refresh). Else as _read_linux() would.
-            # _read(), inlined (one call saved for every holder and ancestor every refresh): a stat line
-            # fits one read; no such file is gone (None), another error is unreadable (b"").
-            try:
-                fd = os.open(f"{self.proc_root}/{pid}/stat", os.O_RDONLY)
-            except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
-                stat = None
-            except PermissionError:
-                stat = b""
-            else:
-                try:
-                    stat = os.read(fd, STAT_CHUNK)
-                    if len(stat) == STAT_CHUNK:  # never for a stat line: read it whole, as _read would
-                        stat = _read(f"{self.proc_root}/{pid}/stat", None)
-                except (ProcessLookupError, FileNotFoundError):
-                    stat = None
-                except PermissionError:
-                    stat = b""
-                finally:
-                    os.close(fd)
+            stat = _read(f"{self.proc_root}/{pid}/stat", None, STAT_CHUNK)
             info = None
             if stat:
                 e = static._entries.get(last[2]) if stat == last[0] and b") Z " not in stat else None
-                now = static._now  # static._time(), inlined
-                if e is not None and (now if now is not None else static.clock()) - e[0] < static.ttl:
+                if e is not None and static._time() - e[0] < static.ttl:
                     static._used.add(last[2])
                     info = last[1]
                 else:
