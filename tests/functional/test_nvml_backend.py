@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -571,3 +572,29 @@ def test_a_process_that_changed_is_read_anew_and_an_unchanged_one_keeps_its_reco
     assert out["kept"] == [True, True]
     assert out["third"][str(a.pid)] == [3 * GiB, "C", 10.0, False]
     assert out["third"][str(b.pid)] == [GiB, "C+G", 20.0, False]
+
+
+def test_a_holder_reported_by_thread_id_stays_its_process_while_its_records_are_kept(nvml, procs):
+    """NVML may name a thread: across refreshes that hand back the same GpuProcess (and GpuUse), the
+    holder is still the thread's process, never the thread id."""
+    code = ("import threading,time;threading.Thread(target=time.sleep,args=(600,),daemon=True).start();"
+            "time.sleep(600)")
+    p = procs.spawn([sys.executable, "-c", code])
+    deadline = time.time() + 10
+    while len(os.listdir(f"/proc/{p.pid}/task")) < 2 and time.time() < deadline:
+        time.sleep(0.02)
+    tid = max(int(t) for t in os.listdir(f"/proc/{p.pid}/task"))
+    assert tid != p.pid
+    env = nvml(1, [{"pid": tid, "memory": GiB, "sm": 10}])
+    out = run_py("""
+        import json
+        from gputop.backends import probe
+        from gputop.snapshot import Sampler
+        r = probe("nvml")
+        s = Sampler(r.backends, r.statuses)
+        snaps = [s.sample() for _ in range(3)]
+        print(json.dumps({"pids": [[h.pid for h in x.holders] for x in snaps],
+                          "kept": snaps[2].holders[0].uses[0] is snaps[1].holders[0].uses[0]}))
+    """, env)
+    assert out["pids"] == [[p.pid]] * 3
+    assert out["kept"]  # the records were reused, and the holder is still the process
