@@ -104,6 +104,19 @@ class Procs:
             time.sleep(0.01)
         return p
 
+    def threaded(self) -> tuple[subprocess.Popen, int]:
+        """A real process with a second thread, and that thread's id (what NVML may report instead of
+        the process's PID). Returns once the thread runs."""
+        code = ("import threading,time;threading.Thread(target=time.sleep,args=(600,),daemon=True).start();"
+                "time.sleep(600)")
+        p = self.spawn([sys.executable, "-c", code])
+        deadline = time.time() + 10
+        while len(os.listdir(f"/proc/{p.pid}/task")) < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        tid = max(int(t) for t in os.listdir(f"/proc/{p.pid}/task"))
+        assert tid != p.pid
+        return p, tid
+
     def orphan(self, inner: str, marker: str, timeout: float = 10.0) -> int:
         """Start ``inner`` as a real orphan: its session leader shell exits at once.
 

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -577,14 +576,7 @@ def test_a_process_that_changed_is_read_anew_and_an_unchanged_one_keeps_its_reco
 def test_a_holder_reported_by_thread_id_stays_its_process_while_its_records_are_kept(nvml, procs):
     """NVML may name a thread: across refreshes that hand back the same GpuProcess (and GpuUse), the
     holder is still the thread's process, never the thread id."""
-    code = ("import threading,time;threading.Thread(target=time.sleep,args=(600,),daemon=True).start();"
-            "time.sleep(600)")
-    p = procs.spawn([sys.executable, "-c", code])
-    deadline = time.time() + 10
-    while len(os.listdir(f"/proc/{p.pid}/task")) < 2 and time.time() < deadline:
-        time.sleep(0.02)
-    tid = max(int(t) for t in os.listdir(f"/proc/{p.pid}/task"))
-    assert tid != p.pid
+    p, tid = procs.threaded()
     env = nvml(1, [{"pid": tid, "memory": GiB, "sm": 10}])
     out = run_py("""
         import json

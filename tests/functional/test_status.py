@@ -218,15 +218,7 @@ def test_sample_devices_reads_no_processes(procs, scenario, tmp_path):
 def test_a_holder_reported_by_thread_id_is_its_process_in_every_sample(procs, scenario):
     # The thread-group check is remembered per process (pid, start time): the second sample must still
     # map a thread id to its process, and a process that leads its group must stay itself.
-    import sys
-
-    code = "import threading,time;threading.Thread(target=time.sleep,args=(600,),daemon=True).start();time.sleep(600)"
-    p = procs.spawn([sys.executable, "-c", code])
-    deadline = time.time() + 10
-    while len(os.listdir(f"/proc/{p.pid}/task")) < 2 and time.time() < deadline:
-        time.sleep(0.02)
-    tid = max(int(t) for t in os.listdir(f"/proc/{p.pid}/task"))
-    assert tid != p.pid
+    p, tid = procs.threaded()
     leader = procs.sleeper().pid
     s = Sampler([SimulatedBackend(scenario([{"pid": tid, "gpu": 0}, {"pid": leader, "gpu": 1}]))], config=Config())
     for _ in range(3):
