@@ -13,6 +13,7 @@ try:
 except ImportError:  # Windows: user names come from psutil there
     pwd = None  # type: ignore[assignment]
 import sys
+import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -160,6 +161,14 @@ class StaticCache:
         # reading the file again.
         self.tgids: dict[int, int] = {}
         self._now: float | None = None  # begin()'s reading of the clock, until the next prune
+        # pid -> an open /proc/<pid>/stat of a known process (the real /proc only, up to a share of the
+        # fd limit): the next refresh reads it with one pread instead of open, read and close. The fd is
+        # bound to the process it was opened on: once that process is gone it answers ESRCH, even when
+        # the PID names a new process, which is then read by path. Closed when the process is pruned,
+        # and by close().
+        self._fds: dict[int, int] = {}
+        self.fd_budget = _stat_fd_budget()
+        self._finalizer = weakref.finalize(self, _close_fds, self._fds)
 
     def begin(self) -> None:
         """A refresh starts: its freshness checks all use this one reading of the clock (one clock call a
@@ -199,18 +208,86 @@ class StaticCache:
     def remember(self, pid: int, stat: bytes, info: ProcInfo, key: tuple[int, int]) -> None:
         self._last[pid] = (stat, info, key)
 
+    def stat(self, pid: int, proc_root: str) -> bytes | None:
+        """/proc/<pid>/stat of a process an earlier sample read, as ``_read`` answers (None: gone, b"":
+        unreadable): through its kept fd when it has one, else by path (keeping the fd, within the
+        budget). The bytes describe whatever process the fd is bound to; the caller takes the identity
+        from them (the start time), never from the fd."""
+        fds = self._fds
+        fd = fds.get(pid)
+        if fd is not None:
+            try:
+                data = os.pread(fd, STAT_CHUNK, 0)
+            except OSError:  # ESRCH: the process it was opened on is gone (the PID may name a new one)
+                data = b""
+            if data and len(data) < STAT_CHUNK:
+                return data
+            del fds[pid]
+            os.close(fd)
+        if proc_root != "/proc" or len(fds) >= self.fd_budget:  # a fixture's files may be replaced
+            return _read(f"{proc_root}/{pid}/stat", None, STAT_CHUNK)
+        try:
+            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            return None
+        except PermissionError:
+            return b""
+        try:
+            data = os.pread(fd, STAT_CHUNK, 0)
+        except (ProcessLookupError, FileNotFoundError):
+            data = None
+        except PermissionError:
+            data = b""
+        if data and len(data) < STAT_CHUNK:
+            fds[pid] = fd
+            return data
+        os.close(fd)
+        if data is None or not data:
+            return data
+        return _read(f"/proc/{pid}/stat", None, STAT_CHUNK)  # a line longer than a chunk (never seen)
+
     def prune(self) -> None:
         """Forget processes not looked at since the last prune (they exited or stopped mattering)."""
         used = self._used
         if not len(used) == len(self._entries) == len(self._last):  # else every entry was used (a refresh
             self._entries = {k: v for k, v in self._entries.items() if k in used}  # of an unchanged host)
-            self._last = {p: v for p, v in self._last.items() if v[2] in used}
+            self._last = last = {p: v for p, v in self._last.items() if v[2] in used}
+            fds = self._fds
+            if len(fds) > len(last) or not fds.keys() <= last.keys():
+                for pid in [p for p in fds if p not in last]:
+                    os.close(fds.pop(pid))
         self._used = set()
         self.tgids = {}
         self._now = None
 
+    def close(self) -> None:
+        """Close the kept stat fds (a sampler that ends); the cache still works, reading by path."""
+        _close_fds(self._fds)
+
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _stat_fd_budget() -> int:
+    """How many stat fds a StaticCache may keep open: half the soft fd limit less a margin (at the
+    common soft limit of 1,024: 448), at most 8,192; the rest of the processes are read by path."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 0
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(0, min(8192, soft // 2 - 64))
+
+
+def _close_fds(fds: dict[int, int]) -> None:
+    while fds:
+        try:
+            os.close(fds.popitem()[1])
+        except OSError:
+            pass
 
 
 def _open_dir(base: str) -> int | None:
@@ -553,7 +630,7 @@ class ProcTable:
             # A process an earlier sample read (a long-lived sampler, every refresh): one stat read, and
             # usually the same bytes as last time, so the same ProcInfo (static.unchanged(), inlined: it
             # runs for every holder every refresh). Else as _read_linux() would.
-            stat = _read(f"{self.proc_root}/{pid}/stat", None, STAT_CHUNK)
+            stat = static.stat(pid, self.proc_root)
             info = None
             if stat:
                 e = static._entries.get(last[2]) if stat == last[0] and b") Z " not in stat else None

@@ -402,6 +402,8 @@ class Sampler:
                 b.close()
             except Exception:
                 pass
+        if self._static is not None:
+            self._static.close()
 
     def _holder(self, pid: int, uses: tuple[GpuUse, ...], info: ProcInfo, table: ProcTable, now: float,
                 cpu_seen: dict[tuple[int, float], tuple[float, float]], jobs: dict[int, JobRef],

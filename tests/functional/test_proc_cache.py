@@ -216,3 +216,116 @@ def test_a_gone_pid_is_checked_once_per_table(procs, monkeypatch):
     table = procs_mod.ProcTable()
     assert [table.hidden(p.pid) for _ in range(5)] == [False] * 5
     assert calls == [p.pid]
+
+
+def _stat_fds_open() -> dict[int, str]:
+    """This process's open fds that name a /proc/<pid>/stat file: fd -> target."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("/proc/") and target.endswith("/stat"):
+            out[int(name)] = target
+    return out
+
+
+def _tables(cache, pid, n):
+    from gputop.procs import ProcTable
+
+    out = []
+    for _ in range(n):  # one table a refresh, as the Sampler makes them
+        out.append(ProcTable(static=cache).get(pid))
+        cache.prune()
+    return out
+
+
+def test_a_known_process_is_reread_through_its_kept_stat_fd(procs):
+    p = procs.sleeper("gt-keptfd")
+    cache = StaticCache(ttl=60)
+    first, second = _tables(cache, p.pid, 2)
+    assert first is not None and second is not None and second.name == "gt-keptfd"
+    fd = cache._fds[p.pid]
+    assert _stat_fds_open()[fd] == f"/proc/{p.pid}/stat"
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        deadline = time.time() + 5
+        while (now := _tables(cache, p.pid, 1)[0]).state != "T" and time.time() < deadline:
+            time.sleep(0.01)
+        assert now.state == "T" and now.start_time == first.start_time  # fresh bytes, the same fd
+        assert cache._fds[p.pid] == fd
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    p.kill()
+    p.wait()  # reaped: the fd's process is gone, and nothing else has the PID
+    assert _tables(cache, p.pid, 1) == [None]
+    assert p.pid not in cache._fds and fd not in _stat_fds_open()
+
+
+def test_a_kept_fd_of_a_gone_process_never_answers_for_the_pid_of_a_live_one(procs):
+    # As after PID reuse: the fd kept for a PID is bound to a process that is gone, while the PID now
+    # names another (live) process. The fd answers ESRCH; the live process is read by path, not taken
+    # for gone.
+    dead = procs.sleeper("gt-dead")
+    live = procs.sleeper("gt-live")
+    cache = StaticCache(ttl=60)
+    _tables(cache, live.pid, 2)
+    stale = os.open(f"/proc/{dead.pid}/stat", os.O_RDONLY)
+    dead.kill()
+    dead.wait()
+    os.close(cache._fds[live.pid])
+    cache._fds[live.pid] = stale
+    info = _tables(cache, live.pid, 1)[0]
+    assert info is not None and info.name == "gt-live" and info.pid == live.pid
+    assert stale not in _stat_fds_open() or cache._fds[live.pid] != stale
+    assert _stat_fds_open()[cache._fds[live.pid]] == f"/proc/{live.pid}/stat"
+
+
+def test_prune_closes_the_stat_fds_of_processes_no_longer_asked_for(procs):
+    a, b = procs.sleeper("gt-prune-a"), procs.sleeper("gt-prune-b")
+    cache = StaticCache(ttl=60)
+    from gputop.procs import ProcTable
+
+    for _ in range(2):
+        t = ProcTable(static=cache)
+        t.get(a.pid), t.get(b.pid)
+        cache.prune()
+    fa, fb = cache._fds[a.pid], cache._fds[b.pid]
+    _tables(cache, a.pid, 1)  # b not asked for: forgotten, its fd closed
+    assert cache._fds == {a.pid: fa} and fb not in _stat_fds_open()
+    cache.close()
+    assert cache._fds == {} and fa not in _stat_fds_open()
+    assert _tables(cache, a.pid, 2)[1].name == "gt-prune-a"  # still works, reopening
+
+
+def test_kept_stat_fds_stay_within_their_budget(procs):
+    from gputop.procs import ProcTable, _stat_fd_budget
+
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert 0 < _stat_fd_budget() <= max(1, soft // 2)
+    ps = [procs.sleeper(f"gt-budget-{i}") for i in range(4)]
+    cache = StaticCache(ttl=60)
+    cache.fd_budget = 2
+    for _ in range(3):
+        t = ProcTable(static=cache)
+        infos = [t.get(p.pid) for p in ps]
+        cache.prune()
+        assert [i.name for i in infos] == [f"gt-budget-{i}" for i in range(4)]
+    assert len(cache._fds) == 2
+
+
+def test_a_sampler_closes_its_kept_stat_fds(procs, scenario):
+    from gputop.backends.simulated import SimulatedBackend
+
+    held = procs.sleeper("gt-held")
+    path = scenario([{"pid": held.pid, "gpu": 0, "memory": "1GiB"}])
+    before = set(_stat_fds_open().values())
+    s = Sampler([SimulatedBackend(path)])
+    for _ in range(2):
+        assert [h.name for h in s.sample().holders] == ["gt-held"]
+    assert f"/proc/{held.pid}/stat" in set(_stat_fds_open().values()) - before
+    s.close()
+    assert set(_stat_fds_open().values()) <= before
