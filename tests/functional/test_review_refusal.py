@@ -24,6 +24,18 @@ RENAME = ("import ctypes,signal,time; "
           "signal.signal(signal.SIGUSR1, lambda *a: ctypes.CDLL(None).prctl(15,b'tmux',0,0,0)); time.sleep(600)")
 
 
+def _wait_caught(pid: int, sig: int, timeout: float = 10.0) -> None:
+    """Until ``pid`` has a handler for ``sig`` (SigCgt): before that, the signal would kill it."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(f"/proc/{pid}/status") as f:
+            cgt = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+        if int(cgt, 16) >> (sig - 1) & 1:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} installed no handler for signal {sig}")
+
+
 def _state(pid: int) -> str:
     stat = open(f"/proc/{pid}/stat").read()
     return stat[stat.rindex(")") + 2]
@@ -39,6 +51,7 @@ def test_a_refused_reap_leaves_a_member_its_owner_stopped_stopped(procs, scenari
     ids = {k: find(f"{m}-{k}")[0] for k in ("h", "paused", "r")}
     ids["root"] = psutil.Process(ids["h"]).ppid()
     procs.pids.extend(ids.values())
+    _wait_caught(ids["r"], signal.SIGUSR1)  # python is still starting: SIGUSR1 would kill it
     os.kill(ids["paused"], signal.SIGSTOP)  # its owner paused it, long before any reap
     deadline = time.time() + 5
     while _state(ids["paused"]) != "T" and time.time() < deadline:
