@@ -167,7 +167,7 @@ class StaticCache:
         # the PID names a new process, which is then read by path. Closed when the process is pruned,
         # and by close().
         self._fds: dict[int, int] = {}
-        self.fd_budget = _stat_fd_budget()
+        self.fd_budget = _stat_fd_budget()  # shared: every cache of the process counts against it
         self._finalizer = weakref.finalize(self, _close_fds, self._fds)
 
     def begin(self) -> None:
@@ -223,8 +223,9 @@ class StaticCache:
             if data and len(data) < STAT_CHUNK:
                 return data
             del fds[pid]
+            _KEPT.discard(fd)
             os.close(fd)
-        if proc_root != "/proc" or len(fds) >= self.fd_budget:  # a fixture's files may be replaced
+        if proc_root != "/proc" or len(_KEPT) >= self.fd_budget:  # a fixture's files may be replaced
             return _read(f"{proc_root}/{pid}/stat", None, STAT_CHUNK)
         try:
             fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
@@ -240,6 +241,7 @@ class StaticCache:
             data = b""
         if data and len(data) < STAT_CHUNK:
             fds[pid] = fd
+            _KEPT.add(fd)
             return data
         os.close(fd)
         if data is None or not data:
@@ -255,7 +257,9 @@ class StaticCache:
             fds = self._fds
             if len(fds) > len(last) or not fds.keys() <= last.keys():
                 for pid in [p for p in fds if p not in last]:
-                    os.close(fds.pop(pid))
+                    fd = fds.pop(pid)
+                    _KEPT.discard(fd)
+                    os.close(fd)
         self._used = set()
         self.tgids = {}
         self._now = None
@@ -269,8 +273,9 @@ class StaticCache:
 
 
 def _stat_fd_budget() -> int:
-    """How many stat fds a StaticCache may keep open: half the soft fd limit less a margin (at the
-    common soft limit of 1,024: 448), at most 8,192; the rest of the processes are read by path."""
+    """How many stat fds the StaticCaches of this process may keep open in all: half the soft fd limit
+    less a margin (at the common soft limit of 1,024: 448), at most 8,192; the rest of the processes are
+    read by path."""
     try:
         import resource
 
@@ -282,10 +287,16 @@ def _stat_fd_budget() -> int:
     return max(0, min(8192, soft // 2 - 64))
 
 
+# The stat fds kept open by every StaticCache of this process (their budget is for all of them).
+_KEPT: set[int] = set()
+
+
 def _close_fds(fds: dict[int, int]) -> None:
     while fds:
+        fd = fds.popitem()[1]
+        _KEPT.discard(fd)
         try:
-            os.close(fds.popitem()[1])
+            os.close(fd)
         except OSError:
             pass
 

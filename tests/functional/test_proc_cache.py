@@ -299,22 +299,29 @@ def test_prune_closes_the_stat_fds_of_processes_no_longer_asked_for(procs):
     assert _tables(cache, a.pid, 2)[1].name == "gt-prune-a"  # still works, reopening
 
 
-def test_kept_stat_fds_stay_within_their_budget(procs):
-    from gputop.procs import ProcTable, _stat_fd_budget
-
+def test_kept_stat_fds_stay_within_one_budget_for_every_cache(procs):
+    import gc
     import resource
+
+    from gputop.procs import _KEPT, ProcTable, _stat_fd_budget
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert 0 < _stat_fd_budget() <= max(1, soft // 2)
+    gc.collect()  # other tests' caches, closed by their finalizers
     ps = [procs.sleeper(f"gt-budget-{i}") for i in range(4)]
-    cache = StaticCache(ttl=60)
-    cache.fd_budget = 2
+    caches = [StaticCache(ttl=60), StaticCache(ttl=60)]  # two samplers in one process share the budget
+    for c in caches:
+        c.fd_budget = len(_KEPT) + 3
     for _ in range(3):
-        t = ProcTable(static=cache)
-        infos = [t.get(p.pid) for p in ps]
-        cache.prune()
-        assert [i.name for i in infos] == [f"gt-budget-{i}" for i in range(4)]
-    assert len(cache._fds) == 2
+        for cache in caches:
+            t = ProcTable(static=cache)
+            infos = [t.get(p.pid) for p in ps]
+            cache.prune()
+            assert [i.name for i in infos] == [f"gt-budget-{i}" for i in range(4)]
+    assert [len(c._fds) for c in caches] == [3, 0]
+    caches[0].close()
+    _tables(caches[1], ps[0].pid, 2)
+    assert len(caches[1]._fds) == 1  # the budget freed by the first cache
 
 
 def test_a_sampler_closes_its_kept_stat_fds(procs, scenario):
