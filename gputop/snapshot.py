@@ -138,7 +138,7 @@ class Holder:
         return self.proc.rss if self.proc else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class OrphanRoot:
     """The topmost live ancestor of one or more orphaned holders; reaping removes its whole tree."""
 
@@ -148,6 +148,12 @@ class OrphanRoot:
     gpu_memory: int | None
     reason: str
     reaper: int | None
+
+    def __init__(self, proc: ProcInfo, holders: tuple[int, ...], gpus: tuple[int, ...], gpu_memory: int | None,
+                 reason: str, reaper: int | None):
+        # As GpuUse.__init__ (one per orphan tree a refresh).
+        _set(self, "__dict__", {"proc": proc, "holders": holders, "gpus": gpus, "gpu_memory": gpu_memory,
+                                "reason": reason, "reaper": reaper})
 
     @property
     def pid(self) -> int:
@@ -714,18 +720,27 @@ def select_holders(snap: Snapshot, *, gpu: int | None = None, user: str | None =
 def _roots(holders: list[Holder], table: ProcTable) -> list[OrphanRoot]:
     by_root: dict[int, list[Holder]] = {}
     for h in holders:
-        if h.verdict.kind == ORPHAN and h.verdict.root is not None:
-            by_root.setdefault(h.verdict.root, []).append(h)
+        v = h.verdict
+        if v.kind == ORPHAN and v.root is not None:
+            hs = by_root.get(v.root)
+            if hs is None:
+                by_root[v.root] = [h]
+            else:
+                hs.append(h)
     out = []
-    for root_pid, hs in sorted(by_root.items()):
+    for root_pid in sorted(by_root):
         root = table.get(root_pid)
         if root is None:
             continue
-        gpus = tuple(sorted({g for h in hs for g in h.gpus}))
-        mems = [h.gpu_memory for h in hs]
-        mem = None if any(m is None for m in mems) else sum(mems)  # type: ignore[arg-type]
-        out.append(OrphanRoot(root, tuple(h.pid for h in hs), gpus, mem, hs[0].verdict.reason,
-                              hs[0].verdict.reaper))
+        hs = by_root[root_pid]
+        gpus: set[int] = set()
+        mem: int | None = 0
+        for h in hs:  # plain loops: once a refresh for every orphan tree
+            gpus.update(h.gpus)
+            m = h.gpu_memory
+            mem = None if m is None or mem is None else mem + m
+        v = hs[0].verdict
+        out.append(OrphanRoot(root, tuple([h.pid for h in hs]), tuple(sorted(gpus)), mem, v.reason, v.reaper))
     return out
 
 
