@@ -373,6 +373,11 @@ def read_owner(pid: int, proc_root: str = "/proc", run_root: str = "/run") -> Ow
     data = _read_bytes(f"{proc_root}/{pid}/cgroup")
     if not data:
         return None
+    return owner_from_cgroup(data, run_root)
+
+
+def owner_from_cgroup(data: bytes, run_root: str = "/run") -> Owner:
+    """The owner that a /proc/<pid>/cgroup file's bytes name (with its logind session's state)."""
     owner = parse_cgroup(data.decode("utf-8", "replace"))
     if owner.session is not None:
         owner = replace(owner, session_state=session_state(owner.session, run_root))
@@ -418,6 +423,10 @@ class OwnerCache:
         self._entries: dict[tuple[int, float], tuple[float, Owner | None]] = {}
         self._seen: set[tuple[int, float]] = set()  # looked up since the last prune (in this sample)
         self._now: float | None = None  # begin()'s reading of the clock, until the next prune
+        # (pid, start) -> the cgroup file's bytes, read through a /proc/<pid> dir pinned to that very
+        # process (the process layer fills it, see procs.StaticCache.cgroups): parsed instead of read
+        # again, with no start-time check needed. None: always read by path.
+        self.pinned: dict[tuple[int, float], bytes] | None = None
 
     def begin(self) -> None:
         """A sample starts: its freshness checks use this one reading of the clock, until prune(). What an
@@ -433,6 +442,11 @@ class OwnerCache:
         now = self._now
         if now is None:
             now = self.clock()
+        pinned = self.pinned
+        raw = pinned.pop(key, None) if pinned else None
+        if raw is not None:  # read this refresh, from that process: fresh and its own
+            owner = self._entries[key] = (now, owner_from_cgroup(raw, self.run_root))
+            return owner[1]
         e = self._entries.get(key)
         if e is not None and now - e[0] < self.ttl:
             return e[1]

@@ -160,6 +160,10 @@ class StaticCache:
         # pid -> Tgid, from the status files read since the last prune (a refresh): tgid_of() without
         # reading the file again.
         self.tgids: dict[int, int] = {}
+        # (pid, start time) -> /proc/<pid>/cgroup, read through the pinned dir with the command line since
+        # the last prune: the owner cache parses it instead of reading the file again by path and
+        # checking the start time after. None: not read (no owner cache wants it).
+        self.cgroups: dict[tuple[int, float], bytes] | None = None
         self._now: float | None = None  # begin()'s reading of the clock, until the next prune
         # pid -> an open /proc/<pid>/stat of a known process (the real /proc only, up to a share of the
         # fd limit): the next refresh reads it with one pread instead of open, read and close. The fd is
@@ -187,7 +191,9 @@ class StaticCache:
         return e[1], e[2]
 
     def put(self, key: tuple[int, int], cmdline: tuple[str, ...], uid: int | None) -> None:
-        self._entries[key] = (self.clock(), cmdline, uid)
+        # Stamped with the refresh's clock reading (begin()), as the owner cache stamps its entries: the
+        # two expire in the same refresh, so an owner is re-read from the cgroup this refresh read.
+        self._entries[key] = (self._time(), cmdline, uid)
         self._used.add(key)
 
     def unchanged(self, pid: int, stat: bytes) -> ProcInfo | None:
@@ -262,6 +268,8 @@ class StaticCache:
                     os.close(fd)
         self._used = set()
         self.tgids = {}
+        if self.cgroups:
+            self.cgroups.clear()  # in place: the owner cache holds the same dict
         self._now = None
 
     def close(self) -> None:
@@ -377,6 +385,10 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
             static.put(key, cmdline, uid)
             if tgid is not None:
                 static.tgids[pid] = tgid
+            if static.cgroups is not None:  # the owner, read through the same pinned dir
+                cgroup = _read("cgroup", dfd)
+                if cgroup:
+                    static.cgroups[(pid, start)] = cgroup
     name = comm
     if len(comm) >= 15 and cmdline:  # comm is truncated to 15 bytes
         exe_name = os.path.basename(cmdline[0])

@@ -316,6 +316,10 @@ class Sampler:
         # Owners (cgroups) of holders and their chains, by identity, re-read as often as command lines.
         self._owners = OwnerCache(proc_root, run_root, ttl=static_ttl,
                                   start_of=lambda pid: start_time(pid, proc_root)) if IS_LINUX else None
+        if self._owners is not None and self._static is not None:
+            # The process layer reads each cgroup through the process's pinned dir when it reads the
+            # command line (first sight, then every static_ttl), and the owner cache parses those bytes.
+            self._static.cgroups = self._owners.pinned = {}
         self.host = hostname()
         # Identities (pid, start) known to lead their thread group: NVML may report a thread id instead.
         self._leaders: set[tuple[int, float]] = set()

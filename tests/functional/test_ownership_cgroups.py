@@ -145,6 +145,25 @@ def test_double_forked_daemon_in_a_service_is_not_an_orphan(procs, scenario, cgr
     assert Path(f"/proc/{daemon}").exists() and read_owner(daemon).unit == unit
 
 
+def test_a_long_lived_sampler_sees_a_cgroup_move_once_its_owners_are_due(procs, scenario, cgroups, run_root):
+    # The owner of a known process is re-read with its command line (through the pinned dir) every
+    # static_ttl: a move into a unit shows then, and not before.
+    daemon = procs.orphan("sleep 714", "sleep 714")
+    scen = scenario([{"pid": daemon, "gpu": 0, "memory": "2GiB"}])
+    s = Sampler([SimulatedBackend(scen)], config=Config(protect=[], nohup_protects=False),
+                run_root=run_root.root)
+    now = [1000.0]
+    s._static.clock = s._owners.clock = lambda: now[0]
+    assert s.sample().holder(daemon).verdict.kind == ORPHAN
+    unit = f"{cgroups.tag}-late.service"
+    cgroups.move(cgroups.systemd, f"{cgroups.tag}/system.slice/{unit}", daemon)
+    now[0] += 2.0
+    assert s.sample().holder(daemon).owner.kind != SERVICE  # within the ttl: the owner read before
+    now[0] += 4.0
+    h = s.sample().holder(daemon)
+    assert h.owner.kind == SERVICE and h.owner.unit == unit and h.verdict.kind == NOT_ORPHAN
+
+
 def _holder_table(text: str) -> list[str]:
     lines = text.splitlines()
     i = next(i for i, line in enumerate(lines) if line.split()[:1] == ["PID"])

@@ -336,3 +336,39 @@ def test_a_sampler_closes_its_kept_stat_fds(procs, scenario):
     assert f"/proc/{held.pid}/stat" in set(_stat_fds_open().values()) - before
     s.close()
     assert set(_stat_fds_open().values()) <= before
+
+
+def test_owners_come_from_the_cgroup_read_with_the_command_line(procs, scenario, monkeypatch):
+    # A sampler reads each process's cgroup through its pinned /proc dir when it reads the command line
+    # (first sight, then every static_ttl), not again by path with a start-time check after.
+    import gputop.ownership as ownership
+    import gputop.snapshot as snapshot
+    from gputop.backends.simulated import SimulatedBackend
+
+    job = procs.orphan("sleep 71", "sleep 71")
+    mine = procs.sleeper("gt-pinned")
+    path = scenario([{"pid": job, "gpu": 0, "memory": "1GiB"}, {"pid": mine.pid, "gpu": 1, "memory": "1GiB"}])
+    by_path, starts = [], []
+    real_read, real_start = ownership.read_owner, snapshot.start_time
+    monkeypatch.setattr(ownership, "read_owner", lambda pid, *a: by_path.append(pid) or real_read(pid, *a))
+    monkeypatch.setattr(snapshot, "start_time", lambda pid, *a: starts.append(pid) or real_start(pid, *a))
+    s = Sampler([SimulatedBackend(path)])
+    clock = FakeClock()
+    s._static.clock = s._owners.clock = clock
+    reads = []
+    real_static = s._static.put
+    s._static.put = lambda key, *a: reads.append(key[0]) or real_static(key, *a)
+    for step in range(4):
+        snap = s.sample()
+        want = {h.pid: real_read(h.pid) for h in snap.holders}
+        assert {h.pid: h.owner for h in snap.holders} == want and all(want.values())
+        for h in snap.holders:
+            assert h.chain_owners == tuple(real_read(c.pid) for c in h.chain)
+        if step in (0, 2):  # first sight, and after the ttl: command lines (and cgroups) read again
+            assert {mine.pid, job} <= set(reads)
+        else:
+            assert reads == []  # from the caches
+        reads.clear()
+        clock.t += 3.0  # steps 0 -> 1: 3 s (fresh); 1 -> 2: 6 s (stale)
+    assert by_path == [] and starts == []
+    os.kill(job, signal.SIGKILL)

@@ -259,3 +259,21 @@ def test_a_sample_that_failed_before_its_prune_leaves_nothing_unchecked(tmp_path
     (d / "cgroup").write_text("0::/system.slice/b.service\n")  # that sample raised: no prune()
     cache.begin()
     assert cache.get(PID, 1.0).unit == "b.service"
+
+
+def test_a_pinned_cgroup_is_taken_only_for_its_own_identity(tmp_path):
+    # The process layer hands over cgroup bytes it read through a dir pinned to (pid, start). They
+    # answer for that identity alone; another start time (a reused PID) is read by path and checked.
+    d = tmp_path / str(PID)
+    d.mkdir()
+    (d / "cgroup").write_text("0::/system.slice/by-path.service\n")
+    starts = {PID: 200.0}
+    cache = OwnerCache(str(tmp_path), str(tmp_path), ttl=5.0, start_of=starts.get)
+    cache.pinned = {(PID, 100.0): b"0::/system.slice/pinned.service\n"}
+    assert cache.get(PID, 200.0).unit == "by-path.service"
+    assert cache.get(PID, 100.0).unit == "pinned.service"  # no start check: it was read from that process
+    assert cache.pinned == {}  # taken once
+    cache.prune()
+    (d / "cgroup").write_text("0::/system.slice/moved.service\n")
+    cache.pinned[(PID, 200.0)] = b"0::/system.slice/moved.service\n"
+    assert cache.get(PID, 200.0).unit == "moved.service"  # fresh bytes win over a fresh entry
