@@ -224,6 +224,11 @@ def run(quick: bool = False, holder_counts=HOLDER_COUNTS, host_counts=HOST_COUNT
     return report(results)
 
 
+def _times(xs: list[float]) -> str:
+    """An app's median time to its first frame, with the range of its own launches."""
+    return f"{median(xs):.2f} s ({min(xs):.2f}-{max(xs):.2f})" if xs else "n/a"
+
+
 def _first(xs: list[float | None]) -> str:
     seen = [x for x in xs if x is not None]
     return f"{median(seen):.2f} s" if len(seen) == len(xs) else "not on screen" if not seen else \
@@ -270,7 +275,7 @@ def report(results: list[dict]) -> str:
         st = r["startup"]
         rows.append([
             f"{r['holders']:,}", f"{r['host']:,}", r["size"],
-            f"{median(st['gputop']['devices']):.2f} s", f"{median(st['nvitop']['devices']):.2f} s",
+            _times(st["gputop"]["devices"]), _times(st["nvitop"]["devices"]),
             r["first_ratio"].cell(), r["first_ratio"].verdict(1.0),
             _first(st["gputop"]["holders"]), _first(st["nvitop"]["holders"]),
         ])
@@ -280,7 +285,8 @@ def report(results: list[dict]) -> str:
          "gputop: holders", "nvitop: holders"], rows,
         [f"{len(results[0]['startup']['gputop']['devices'])} launches each, alternating gputop and nvitop; from "
          "`tmux new-window` to the GPU name ('devices') and to a holder's PID ('holders') in capture-pane, "
-         "polled every 10 ms. Medians; the ratio is the median of per-pair ratios, spread min-max. 'not on "
+         "polled every 10 ms. Each app's median (min-max of its own launches); the ratio is the median of "
+         "per-pair ratios, spread min-max below 8 pairs, the 25th-75th percentile from 8. 'not on "
          "screen': the app shows no process list at this terminal size (nvitop on 40 rows, 8 GPUs)."]))
     return "\n".join(texts)
 
