@@ -102,16 +102,24 @@ _READ_CHUNK = 16384
 STAT_CHUNK = 4096
 
 
-def _read(path: str, dir_fd: int | None = None, chunk: int = _READ_CHUNK) -> bytes | None:
-    # os.open/os.read rather than open(): a buffered file object costs extra syscalls (fstat, ioctl,
-    # lseek) and allocations, and a sample reads three small files per process. The /proc files read
-    # here return everything that fits in one read, so a short read is the end of the file.
+def _open_ro(path: str, dir_fd: int | None = None) -> int | bytes | None:
+    """An fd open for reading, or _read's answer for a file that cannot be opened: None (gone) or b""
+    (unreadable)."""
     try:
-        fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
+        return os.open(path, os.O_RDONLY, dir_fd=dir_fd)
     except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
         return None
     except PermissionError:
         return b""
+
+
+def _read(path: str, dir_fd: int | None = None, chunk: int = _READ_CHUNK) -> bytes | None:
+    # os.open/os.read rather than open(): a buffered file object costs extra syscalls (fstat, ioctl,
+    # lseek) and allocations, and a sample reads three small files per process. The /proc files read
+    # here return everything that fits in one read, so a short read is the end of the file.
+    fd = _open_ro(path, dir_fd)
+    if not isinstance(fd, int):
+        return fd
     try:
         data = os.read(fd, chunk)
         if len(data) == chunk:
@@ -231,28 +239,22 @@ class StaticCache:
             del fds[pid]
             _KEPT.discard(fd)
             os.close(fd)
+        path = f"{proc_root}/{pid}/stat"
         if proc_root != "/proc" or len(_KEPT) >= self.fd_budget:  # a fixture's files may be replaced
-            return _read(f"{proc_root}/{pid}/stat", None, STAT_CHUNK)
-        try:
-            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
-            return None
-        except PermissionError:
-            return b""
+            return _read(path, None, STAT_CHUNK)
+        fd = _open_ro(path)
+        if not isinstance(fd, int):
+            return fd
         try:
             data = os.pread(fd, STAT_CHUNK, 0)
-        except (ProcessLookupError, FileNotFoundError):
-            data = None
-        except PermissionError:
+        except OSError:
             data = b""
         if data and len(data) < STAT_CHUNK:
             fds[pid] = fd
             _KEPT.add(fd)
             return data
         os.close(fd)
-        if data is None or not data:
-            return data
-        return _read(f"/proc/{pid}/stat", None, STAT_CHUNK)  # a line longer than a chunk (never seen)
+        return _read(path, None, STAT_CHUNK)  # _read's answer for a read that failed or was long
 
     def prune(self) -> None:
         """Forget processes not looked at since the last prune (they exited or stopped mattering)."""
@@ -261,7 +263,7 @@ class StaticCache:
             self._entries = {k: v for k, v in self._entries.items() if k in used}  # of an unchanged host)
             self._last = last = {p: v for p, v in self._last.items() if v[2] in used}
             fds = self._fds
-            if len(fds) > len(last) or not fds.keys() <= last.keys():
+            if not fds.keys() <= last.keys():
                 for pid in [p for p in fds if p not in last]:
                     fd = fds.pop(pid)
                     _KEPT.discard(fd)
