@@ -53,6 +53,8 @@ def guard_dir() -> Path:
 
 @dataclass(frozen=True)
 class Config:
+    """The configuration: the node's file merged with the user's (see the module docstring); immutable."""
+
     protect: tuple[str, ...] = DEFAULT_PROTECT  # case-insensitive regexes over name and argv[0]'s basename (no '/')
     protect_cmdline: tuple[str, ...] = DEFAULT_PROTECT_CMDLINE  # regexes over the whole command line
     nohup_protects: bool = True  # a chain member that ignores SIGHUP counts as protected

@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
 
 from gputop.ownership import ENDED_STATES, LIVE_STATES, SERVICE, SESSION, Owner
 from gputop.procs import ProcInfo
@@ -39,7 +39,10 @@ DEFAULT_MAX_CHAIN = 64
 _TICK = 0.011
 
 
-class Table(Protocol):
+class Table:
+    """What classify() reads processes through (a ProcTable, or a test's own table): the interface only,
+    not a base class (typing.Protocol would import typing at start-up)."""
+
     def get(self, pid: int) -> ProcInfo | None: ...
 
     # Optional: ``hidden(pid) -> bool``, True when ``pid`` exists but cannot be read (hidepid, another
@@ -68,6 +71,8 @@ def _n(p: ProcInfo) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """What classify() says of one holder: its kind, why, and for an orphan its tree root and reaper."""
+
     kind: str  # one of VERDICTS
     reason: str
     root: int | None = None  # orphan root PID (the topmost live ancestor that lost its origin)
@@ -241,6 +246,8 @@ def _owner_not_orphan(verdict: Verdict, why: str) -> Verdict:
 
 @dataclass(frozen=True)
 class _Protect:
+    """The compiled protect rules of one config: names, command lines, and whether nohup protects."""
+
     names: re.Pattern[str] | None
     cmdline: re.Pattern[str] | None
     nohup: bool

@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 # Owner kinds, most specific first: a Slurm job or a pod is named even when its processes also sit in a
 # systemd unit (on cgroup v1, slurmd.service holds a job's processes in the name=systemd hierarchy).

@@ -16,7 +16,7 @@ import sys
 import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import NamedTuple
+from collections import namedtuple
 
 PF_KTHREAD = 0x00200000
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -61,14 +61,10 @@ class ProcInfo:
         return self.state in ("Z", "X") and not self.half_exited
 
 
-class StatFields(NamedTuple):
-    """The lineage fields of one /proc/PID/stat line: parent, process group, session, start (clock ticks
-    since boot). ``ProcTable.stat_fields`` gives them for every process its scan read."""
-
-    ppid: int
-    pgid: int
-    sid: int
-    start: int
+# The lineage fields of one /proc/PID/stat line: parent, process group, session, start (clock ticks since
+# boot). ``ProcTable.stat_fields`` gives them for every process its scan read. collections.namedtuple, not
+# typing.NamedTuple: typing is not imported at run time (start-up).
+StatFields = namedtuple("StatFields", ["ppid", "pgid", "sid", "start"])
 
 
 @lru_cache(maxsize=4096)

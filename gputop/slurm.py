@@ -18,11 +18,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 
 # Terminal states, and COMPLETING: the job's processes have ended (its epilog runs), so whatever of it is
@@ -198,6 +197,8 @@ class JobStates:
     def _scontrol(self, job_id: int) -> JobState:
         if not self.scontrol:
             return JobState(job_id, None, "scontrol not found (no Slurm client on this node)")
+        import subprocess  # here, not at the top: a sample with no Slurm job never runs it (start-up)
+
         try:
             p = subprocess.run([self.scontrol, "show", "job", "-o", str(job_id)], capture_output=True,
                                text=True, timeout=self.timeout, stdin=subprocess.DEVNULL)
@@ -286,6 +287,8 @@ def job_gpus(env: dict[str, str], job_id: int | None, states: JobStates | None =
     scontrol = (states.scontrol if states else None) or shutil.which("scontrol")
     if job_id is None or not scontrol:
         return None, "no SLURM_JOB_GPUS or CUDA_VISIBLE_DEVICES, and no scontrol to ask"
+    import subprocess
+
     try:
         p = subprocess.run([scontrol, "show", "job", "-d", str(job_id)], capture_output=True, text=True,
                            timeout=(states.timeout if states else DEFAULT_TIMEOUT), stdin=subprocess.DEVNULL)
@@ -301,6 +304,8 @@ def job_gpus(env: dict[str, str], job_id: int | None, states: JobStates | None =
 
 @dataclass(frozen=True)
 class JobProcess:
+    """A process of a Slurm job, with the job it belongs to."""
+
     proc: "ProcInfo"
     job: JobRef
 

@@ -12,7 +12,7 @@ import datetime as _dt
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from gputop import __version__, saferegex
 from gputop.backends import probe
@@ -162,6 +162,8 @@ class OrphanRoot:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """One sample of the node: devices, holders with their verdicts, orphan roots, warnings."""
+
     at: float
     host: str
     devices: tuple[DeviceSample, ...]

@@ -139,5 +139,7 @@ class Backend(ABC):
 
 @dataclass
 class ProbeResult:
+    """What probe() found: the backends that opened, and a status line for every backend tried."""
+
     backends: list[Backend] = field(default_factory=list)
     statuses: list[BackendStatus] = field(default_factory=list)

@@ -46,3 +46,14 @@ def test_a_subcommand_after_tui_options_still_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gputop", "--interval", "2", "nosuchcommand"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_a_status_run_imports_neither_typing_nor_subprocess(tmp_path):
+    # Start-up of the one-shot command: typing (annotations come from collections.abc), and subprocess
+    # (only a Slurm job's scontrol or a reset runs one) stay out of a sample with no Slurm job.
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("gpus: [{name: g, memory_total: 1GiB}]\nholders: []\n")
+    code = ("import sys; from gputop.cli import main; main(['status', '--json', '--scenario', %r]); "
+            "sys.stderr.write(' '.join(m for m in ('typing', 'subprocess') if m in sys.modules))") % str(scenario)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stderr.strip() == ""
