@@ -16,7 +16,7 @@ from gputop.errors import GputopError
 
 EPILOG = """\
 exit codes:
-  0 success   1 action failed   2 bad usage or input   3 not found
+  0 success   1 action failed (or output not written)   2 bad usage or input   3 not found
   4 permission denied   5 refused by a safety rule
   6 backend, tool, host or optional package unavailable (serve: gputop[serve], mcp: gputop[mcp])
 

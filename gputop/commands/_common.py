@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from gputop.config import Config, load_config
+from gputop.errors import GputopError
 from gputop.snapshot import Sampler
 from gputop.textsafe import visible
 
@@ -25,6 +27,26 @@ def to_terminal() -> bool:
     return sys.stdout.isatty()
 
 
+def write_stdout(text: str) -> None:
+    """``text`` on stdout, flushed. A write that fails (a full disk, a quota, an I/O error) is a one-line
+    error (exit 1), and stdout is pointed at /dev/null so that Python's exit does not fail again on what is
+    left in its buffer. A closed pipe stays BrokenPipeError, which main() ends with 0 (``| head``)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # no file descriptor behind it (an in-process caller)
+            pass
+        raise GputopError(f"cannot write the output: {e.strerror or e} (free some space, or write it "
+                          "elsewhere)") from None
+
+
 def print_json(obj, compact: bool | None = False) -> None:
     """``obj`` as JSON on stdout, indented; ``compact=None``: compact unless stdout is a terminal (a pipe
     gets one line from the C encoder; indenting drops to the pure-Python encoder, ~3x the time)."""
@@ -33,9 +55,9 @@ def print_json(obj, compact: bool | None = False) -> None:
     # One write: json.dump() to a text stream writes each token separately (tens of thousands of calls
     # for a node with 128 holders, ~30 ms).
     if compact:
-        sys.stdout.write(json.dumps(obj, separators=(",", ":"), default=str) + "\n")
+        write_stdout(json.dumps(obj, separators=(",", ":"), default=str) + "\n")
     else:
-        sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+        write_stdout(json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def fit_last(rows: list[list[str]], headers: list[str]) -> list[list[str]]:

@@ -6,7 +6,7 @@ import sys
 import time
 
 from gputop.backends import no_gpu_message
-from gputop.commands._common import fit_last, open_sampler, print_json, table, to_terminal
+from gputop.commands._common import fit_last, open_sampler, print_json, table, to_terminal, write_stdout
 from gputop.errors import UsageError
 from gputop.ownership import NONE, Owner
 from gputop.textsafe import visible
@@ -53,11 +53,11 @@ def run(args) -> int:
     finally:
         sampler.close()
     if args.json and not to_terminal():  # one line to a pipe or a file, indented at a terminal
-        sys.stdout.write(snapshot_json(snap) + "\n")
+        write_stdout(snapshot_json(snap) + "\n")
     elif args.json:
         print_json(snap.to_dict())
     else:
-        print(render(snap, chains=args.chains))
+        write_stdout(render(snap, chains=args.chains) + "\n")
         note = unavailable_note(snap)
         if note:
             print(f"gputop: note: {note}", file=sys.stderr)

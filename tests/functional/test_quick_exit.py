@@ -80,9 +80,12 @@ def test_a_live_thread_gets_a_normal_exit(one_gpu):
     assert "thread done" in r.stderr and "teardown ran" in r.stderr
 
 
-def test_output_that_cannot_be_written_is_never_exit_0(one_gpu):
+@pytest.mark.parametrize("fmt", [["--json"], []])
+def test_output_that_cannot_be_written_is_a_one_line_error_and_exit_1(one_gpu, fmt):
     _, path = one_gpu
     with open("/dev/full", "w") as full:
-        r = _run(["status", "--json", "--scenario", path], stdout=full)
-    assert r.returncode != 0
-    assert "No space left on device" in r.stderr
+        r = _run(["status", *fmt, "--scenario", path], stdout=full)
+    assert r.returncode == 1
+    lines = [x for x in r.stderr.splitlines() if not x.startswith("atexit ran") and x != "teardown ran"]
+    assert lines == ["gputop: cannot write the output: No space left on device (free some space, or write "
+                     "it elsewhere)"]
