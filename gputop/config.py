@@ -17,7 +17,7 @@ import platformdirs
 
 from gputop import saferegex
 from gputop.errors import UsageError
-from gputop.orphans import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE
+from gputop.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE
 from gputop.units import parse_duration
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from collections.abc import Callable, Sequence
 
+from gputop.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE  # noqa: F401 (re-exported)
 from gputop.ownership import ENDED_STATES, LIVE_STATES, SERVICE, SESSION, Owner
 from gputop.procs import ProcInfo
 from gputop.textsafe import visible
@@ -26,15 +27,6 @@ NOT_ORPHAN = "not-orphan"
 PROTECTED = "protected"
 UNKNOWN = "unknown"
 VERDICTS = (ORPHAN, NOT_ORPHAN, PROTECTED, UNKNOWN)
-
-DEFAULT_PROTECT = (
-    "jupyter", "nohup", "tmux", "screen", "code-server",
-    "explorer.exe", "services.exe", "svchost.exe",
-)
-# Full-command-line patterns: a separate, explicit list (see compile_protect). The jupyter kernel runs
-# as "python -m ipykernel_launcher -f ...", so neither its name nor argv[0] says jupyter.
-DEFAULT_PROTECT_CMDLINE = (r"-m\s+(ipykernel_launcher|ipykernel|jupyter\S*)(\s|$)",)
-DEFAULT_MAX_CHAIN = 64
 # Start times are rounded to the clock tick; allow for that when comparing parent and child.
 _TICK = 0.011
 

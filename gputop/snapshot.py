@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from collections.abc import Callable
 
 from gputop import __version__, saferegex
-from gputop.backends import probe
-from gputop.backends.base import Backend, BackendStatus, DeviceSample, GpuProcess, merge_ctx
+from gputop.backends import device_map, probe, read_device, read_devices
+from gputop.backends.base import Backend, BackendStatus, DeviceSample, GpuProcess, ProbeResult, merge_ctx
 from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
 from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect, verdict_inputs
@@ -375,7 +375,12 @@ class Sampler:
     @classmethod
     def open(cls, backend: str | None = None, scenario: str | None = None,
              config: Config | None = None, **kw) -> "Sampler":
-        result = probe(backend, scenario)
+        return cls.from_probe(probe(backend, scenario), config, **kw)
+
+    @classmethod
+    def from_probe(cls, result: ProbeResult, config: Config | None = None, **kw) -> "Sampler":
+        """A sampler over backends already opened (``probe``): the TUI reads its first devices from them
+        before it imports the process layer."""
         # $GPUTOP_PROC_ROOT: read host processes from a fixture /proc (tests; see docs/backends.md "AMD and Intel").
         kw.setdefault("proc_root", os.environ.get("GPUTOP_PROC_ROOT") or "/proc")
         # $GPUTOP_RUN_ROOT: read logind's sessions from a fixture /run (tests; see docs/orphans.md).
@@ -384,14 +389,7 @@ class Sampler:
 
     def _index_map(self) -> list[tuple[Backend, int]]:
         """Global device index -> (backend, backend's own index)."""
-        out: list[tuple[Backend, int]] = []
-        for b in self.backends:
-            try:
-                n = b.device_count()
-            except Exception:
-                continue
-            out.extend((b, i) for i in range(n))
-        return out
+        return device_map(self.backends)
 
     def owner_of(self, proc: ProcInfo) -> Owner | None:
         """Who owns ``proc`` (its cgroup), from this sampler's cache; None off Linux or when unreadable.
@@ -527,14 +525,7 @@ class Sampler:
                 self._memo.clear()
             self._contexts.clear()
 
-    def _device(self, gi: int, backend: Backend, local: int) -> DeviceSample:
-        try:
-            dev = backend.sample(local)
-        except Exception as e:  # a backend bug must degrade one device, not the program
-            dev = DeviceSample(index=local, lost=True, errors=(f"sample failed: {e}",))
-        if dev.index == gi and dev.backend == backend.name and dev.backend_index == local:
-            return dev  # the backend filled them in (replace() costs ~20 us a device)
-        return dataclasses.replace(dev, index=gi, backend=backend.name, backend_index=local)
+    _device = staticmethod(read_device)
 
     def _tgid(self, pid: int, table: ProcTable) -> int:
         """``tgid_of(pid)``, which reads /proc/<pid>/status, read once per process rather than once per
@@ -586,7 +577,7 @@ class Sampler:
     def sample_devices(self) -> tuple[DeviceSample, ...]:
         """The devices alone (no processes, no /proc): what a screen can show before the first full
         sample, which at a thousand holders takes most of a second to read and classify."""
-        return tuple(self._device(gi, b, local) for gi, (b, local) in enumerate(self._index_map()))
+        return read_devices(self.backends)
 
     def sample(self) -> Snapshot:
         now = self.clock()

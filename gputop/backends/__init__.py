@@ -7,10 +7,11 @@ works here and records, for each one that does not, why.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 
-from gputop.backends.base import Backend, BackendStatus, BackendUnavailable, ProbeResult
+from gputop.backends.base import Backend, BackendStatus, BackendUnavailable, DeviceSample, ProbeResult
 from gputop.errors import GputopError, UnavailableError, UsageError
 
 ENV_BACKEND = "GPUTOP_BACKEND"
@@ -25,6 +26,35 @@ REGISTRY: dict[str, str] = {
 # What "auto" probes, in this order (their devices are numbered in this order too).
 AUTO_ORDER: list[str] = ["nvml", "amd", "intel"]
 CHOICES = ("auto", "nvml", "amd", "intel", "simulated")
+
+
+def device_map(backends: list[Backend]) -> list[tuple[Backend, int]]:
+    """Global device index -> (backend, backend's own index), in the backends' order; a backend that cannot
+    count its devices now is left out."""
+    out: list[tuple[Backend, int]] = []
+    for b in backends:
+        try:
+            n = b.device_count()
+        except Exception:
+            continue
+        out.extend((b, i) for i in range(n))
+    return out
+
+
+def read_device(gi: int, backend: Backend, local: int) -> DeviceSample:
+    """One device's sample, numbered ``gi`` (global); a backend that fails makes that device lost."""
+    try:
+        dev = backend.sample(local)
+    except Exception as e:  # a backend bug must degrade one device, not the program
+        dev = DeviceSample(index=local, lost=True, errors=(f"sample failed: {e}",))
+    if dev.index == gi and dev.backend == backend.name and dev.backend_index == local:
+        return dev  # the backend filled them in (replace() costs ~20 us a device)
+    return dataclasses.replace(dev, index=gi, backend=backend.name, backend_index=local)
+
+
+def read_devices(backends: list[Backend]) -> tuple[DeviceSample, ...]:
+    """Every device (no processes, no /proc): what a screen can show before the first full sample."""
+    return tuple(read_device(gi, b, local) for gi, (b, local) in enumerate(device_map(backends)))
 
 
 def _open(name: str, **kwargs) -> Backend:

@@ -9,9 +9,9 @@ import sys
 import signal
 import threading
 
+from gputop.backends import probe, read_devices
 from gputop.config import load_config
 from gputop.errors import UsageError
-from gputop.snapshot import Sampler
 from gputop.tui import first_frame
 
 EXIT_GRACE_S = 10.0  # after SIGTERM/SIGHUP, how long the normal exit may take before the process just ends
@@ -59,12 +59,18 @@ def run_tui(args) -> int:
             # A sandbox: the demo's guard switch and audit log must not touch the node's real ones.
             os.environ.setdefault("GPUTOP_STATE_DIR", str(demo.dir / "state"))
             demo.write_env(os.environ["GPUTOP_STATE_DIR"])  # a second shell sources it (see the banner)
-        sampler = Sampler.open(backend, scenario, config)
-        stack.callback(sampler.close)
-        devices = _first_devices(sampler)
+        # The devices first, from the backends alone: the process layer (gputop.snapshot and what it
+        # imports, ~a quarter of what the first frame needs) is imported once they are on the screen.
+        found = probe(backend, scenario)
+        sampler = None
+        stack.callback(lambda: sampler.close() if sampler is not None else _close_backends(found.backends))
+        devices = _first_devices(found.backends)
         app = None
         drawn = first_frame.draw(devices, readonly=getattr(args, "readonly", False), demo=demo is not None)
         try:
+            from gputop.snapshot import Sampler
+
+            sampler = Sampler.from_probe(found, config)
             with _exit_on_signals(lambda: app):
                 from gputop.tui.app import GputopApp  # imports Textual
 
@@ -115,13 +121,22 @@ def one_malloc_arena() -> bool:
         return False
 
 
-def _first_devices(sampler) -> tuple | None:
-    """The devices alone (a few ms), read before the app starts so that its first frame shows them; None
-    when they cannot be read (the app's first full sample then reports why)."""
+def _first_devices(backends) -> tuple | None:
+    """The devices alone (a few ms), read from the opened backends before the app starts so that its first
+    frame shows them; None when they cannot be read (the app's first full sample then reports why)."""
     try:
-        return sampler.sample_devices() or None
+        return read_devices(backends) or None
     except Exception:
         return None
+
+
+def _close_backends(backends) -> None:
+    """Close backends that no sampler took over (the TUI failed before making one)."""
+    for b in backends:
+        try:
+            b.close()
+        except Exception:
+            pass
 
 
 @contextlib.contextmanager

@@ -49,18 +49,65 @@ def test_tui_start_imports_no_heavy_module():
 
 
 def test_launch_reads_the_devices_before_the_app(monkeypatch):
+    from gputop.backends.base import DeviceSample
     from gputop.tui import launch
 
-    class Devs:
-        def sample_devices(self):
-            return ("d0", "d1")
+    class Fake:  # a backend with two devices, numbered by the backend itself
+        name = "fake"
 
-    class Broken:
-        def sample_devices(self):
+        def device_count(self):
+            return 2
+
+        def sample(self, i):
+            return DeviceSample(index=i, name=f"d{i}")
+
+    class Broken(Fake):
+        def sample(self, i):
             raise OSError("driver gone")
 
-    assert launch._first_devices(Devs()) == ("d0", "d1")
-    assert launch._first_devices(Broken()) is None  # the first full sample reports it
+    devs = launch._first_devices([Fake(), Fake()])
+    assert [(d.index, d.name, d.backend, d.backend_index) for d in devs] == [
+        (0, "d0", "fake", 0), (1, "d1", "fake", 1), (2, "d0", "fake", 0), (3, "d1", "fake", 1)]
+    lost = launch._first_devices([Broken()])  # a failing backend: lost devices, as the full sample shows
+    assert [(d.index, d.lost) for d in lost] == [(0, True), (1, True)]
+    assert launch._first_devices([]) is None  # nothing to show: the app's first full sample says why
+
+
+FIRST_FRAME_ORDER = """
+import argparse, json, sys, types
+from gputop.tui import first_frame, launch
+
+seen = []
+launch.require_terminal = lambda: None
+first_frame.draw = lambda devices, **kw: seen.append(["draw", len(devices), "gputop.snapshot" in sys.modules]) or True
+first_frame.leave = lambda out=None: seen.append(["leave"])
+
+class App:
+    took_screen = False
+
+    def __init__(self, sampler, **kw):
+        seen.append(["app", len(sampler.sample_devices()), kw["devices"] is not None])
+        raise RuntimeError("stop here")
+
+sys.modules["gputop.tui.app"] = types.SimpleNamespace(GputopApp=App)  # the real one imports gputop.snapshot
+args = argparse.Namespace(scenario=sys.argv[1], backend="simulated", interval=None, readonly=False, demo=False,
+                          config=None)
+try:
+    launch.run_tui(args)
+except RuntimeError:
+    pass
+print(json.dumps(seen))
+"""
+
+
+def test_the_process_layer_is_imported_after_the_first_frame(scenario):
+    # The first frame needs the backends and the config only: gputop.snapshot (the classifier, the /proc
+    # and owner readers) is imported after it is drawn, and the sampler takes over the same backends.
+    path = str(scenario([], gpus=3))
+    out = subprocess.run([sys.executable, "-c", FIRST_FRAME_ORDER, path], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [["draw", 3, False], ["app", 3, True], ["leave"]]
 
 
 @run_async
