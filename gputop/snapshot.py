@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 
 from gputop import __version__, saferegex
-from gputop.backends import device_map, probe, read_device, read_devices
+from gputop.backends import close_backends, device_map, probe, read_device, read_devices
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, GpuProcess, ProbeResult, merge_ctx
 from gputop.config import Config
 from gputop.errors import NotFoundError, UsageError
@@ -407,11 +407,7 @@ class Sampler:
         return backend.reset(local)
 
     def close(self) -> None:
-        for b in self.backends:
-            try:
-                b.close()
-            except Exception:
-                pass
+        close_backends(self.backends)
         if self._static is not None:
             self._static.close()
 

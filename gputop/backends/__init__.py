@@ -52,6 +52,15 @@ def read_device(gi: int, backend: Backend, local: int) -> DeviceSample:
     return dataclasses.replace(dev, index=gi, backend=backend.name, backend_index=local)
 
 
+def close_backends(backends: list[Backend]) -> None:
+    """Close each backend; one that fails to close does not keep the others open."""
+    for b in backends:
+        try:
+            b.close()
+        except Exception:
+            pass
+
+
 def read_devices(backends: list[Backend]) -> tuple[DeviceSample, ...]:
     """Every device (no processes, no /proc): what a screen can show before the first full sample."""
     return tuple(read_device(gi, b, local) for gi, (b, local) in enumerate(device_map(backends)))

@@ -17,6 +17,7 @@ import operator
 import os
 import struct
 import threading
+
 TYPE_CHECKING = False  # typing is not imported at run time (start-up: ~2 ms of a one-shot command)
 if TYPE_CHECKING:
     from typing import Any, Callable

@@ -9,7 +9,7 @@ import sys
 import signal
 import threading
 
-from gputop.backends import probe, read_devices
+from gputop.backends import close_backends, probe, read_devices
 from gputop.config import load_config
 from gputop.errors import UsageError
 from gputop.tui import first_frame
@@ -63,7 +63,7 @@ def run_tui(args) -> int:
         # imports, ~a quarter of what the first frame needs) is imported once they are on the screen.
         found = probe(backend, scenario)
         sampler = None
-        stack.callback(lambda: sampler.close() if sampler is not None else _close_backends(found.backends))
+        stack.callback(lambda: sampler.close() if sampler is not None else close_backends(found.backends))
         devices = _first_devices(found.backends)
         app = None
         drawn = first_frame.draw(devices, readonly=getattr(args, "readonly", False), demo=demo is not None)
@@ -128,15 +128,6 @@ def _first_devices(backends) -> tuple | None:
         return read_devices(backends) or None
     except Exception:
         return None
-
-
-def _close_backends(backends) -> None:
-    """Close backends that no sampler took over (the TUI failed before making one)."""
-    for b in backends:
-        try:
-            b.close()
-        except Exception:
-            pass
 
 
 @contextlib.contextmanager

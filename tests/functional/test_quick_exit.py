@@ -27,10 +27,10 @@ sys.argv = ["gputop", *{argv!r}]
 """
 
 
-def _run(argv, call="cli.entry()", extra="", stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+def _run(argv, call="cli.entry()", extra="", stdout=subprocess.PIPE, cwd=None) -> subprocess.CompletedProcess:
     code = SCRIPT.format(argv=list(argv), call=call, extra=extra)
     return subprocess.run([sys.executable, "-c", code], stdout=stdout, stderr=subprocess.PIPE, text=True,
-                          timeout=60)
+                          timeout=60, cwd=cwd)
 
 
 @pytest.fixture
@@ -62,9 +62,7 @@ def test_a_command_outside_quick_exits_normally_with_the_collector_on(tmp_path):
     # "status" here is the scenario file's name, not the command: the guess is wrong, and completion
     # (not a QUICK command) runs with the collector back on and leaves normally.
     (tmp_path / "status").write_text("gpus: []\nholders: []\n")
-    r = subprocess.run([sys.executable, "-c", SCRIPT.format(
-        argv=["--scenario", "status", "completion", "bash"], call="cli.entry()", extra="")],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    r = _run(["--scenario", "status", "completion", "bash"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "complete" in r.stdout
     assert "atexit ran gc=True" in r.stderr and "teardown ran" in r.stderr
