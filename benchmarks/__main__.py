@@ -135,7 +135,7 @@ def _measure_sizes(todo, quick, holder_counts, hosts, sizes, samples, once, scre
         if 2 in todo:
             once.append(cli_once.measure(setup, runs=5 if quick else 9))
         if todo & {3, 5}:
-            screens.extend(tui.measure(setup, sizes, *((3, 5.0, 2) if quick else (6, 10.0, 8))))
+            screens.extend(tui.measure(setup, sizes, *((3, 5.0, 2) if quick else (8, 10.0, 8))))
         print(f"   done in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
 
 

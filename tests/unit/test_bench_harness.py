@@ -35,3 +35,12 @@ def test_missing_nvitop_is_one_line_naming_the_extra(monkeypatch, capsys):
     assert "Traceback" not in err
     lines = [l for l in err.splitlines() if "cannot run here" in l]
     assert len(lines) == 2 and all("nvitop" in l and "'.[bench]'" in l for l in lines)
+
+
+def test_the_cpu_table_shows_every_window_when_the_spread_is_the_middle_half():
+    from benchmarks.tui import _with_range
+
+    assert _with_range(Ratio([0.40, 0.45, 0.48])) == "0.45x (0.40-0.48)"  # min-max already
+    eight = Ratio([0.38, 0.40, 0.41, 0.42, 0.43, 0.44, 0.45, 0.53])
+    assert _with_range(eight).endswith("; all 0.38-0.53")
+    assert eight.verdict(0.5) == "PASS"  # the middle half decides; the table still shows the 0.53 window
