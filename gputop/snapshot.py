@@ -387,17 +387,13 @@ class Sampler:
         kw.setdefault("run_root", os.environ.get("GPUTOP_RUN_ROOT") or "/run")
         return cls(result.backends, result.statuses, config, **kw)
 
-    def _index_map(self) -> list[tuple[Backend, int]]:
-        """Global device index -> (backend, backend's own index)."""
-        return device_map(self.backends)
-
     def owner_of(self, proc: ProcInfo) -> Owner | None:
         """Who owns ``proc`` (its cgroup), from this sampler's cache; None off Linux or when unreadable.
         Pass it as ``classify(..., owner_of=sampler.owner_of)`` so a verdict follows the ownership rules."""
         return self._owners.of(proc) if self._owners is not None else None
 
     def locate(self, index: int) -> tuple[Backend, int]:
-        mapping = self._index_map()
+        mapping = device_map(self.backends)
         if not 0 <= index < len(mapping):
             raise NotFoundError(f"no GPU {index}: this host has {len(mapping)} GPU(s); see 'gputop status'")
         return mapping[index]
@@ -521,8 +517,6 @@ class Sampler:
                 self._memo.clear()
             self._contexts.clear()
 
-    _device = staticmethod(read_device)
-
     def _tgid(self, pid: int, table: ProcTable) -> int:
         """``tgid_of(pid)``, which reads /proc/<pid>/status, read once per process rather than once per
         refresh: a process (pid, start time) found to lead its thread group leads it until it exits."""
@@ -595,8 +589,8 @@ class Sampler:
             self._static.begin()  # one clock reading for this refresh's freshness checks
         if self._owners is not None:
             self._owners.begin()
-        for gi, (backend, local) in enumerate(self._index_map()):
-            dev = self._device(gi, backend, local)
+        for gi, (backend, local) in enumerate(device_map(self.backends)):
+            dev = read_device(gi, backend, local)
             devices.append(dev)
             if dev.lost:
                 warnings.append(f"GPU {gi} ({dev.name or backend.name}) is lost or unreachable")
