@@ -6,9 +6,15 @@ are shown as \\x1b, never written raw to the terminal; JSON keeps the exact valu
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import time
+
+import pytest
 
 from tests.conftest import run_gputop, run_on_pty
+from tests.functional.sshd_helper import VENV_GPUTOP, start_sshd, why_no_sshd
 
 ESC_TITLE = "\x1b]0;owned\x07"
 ESC_CLEAR = "\x1b[2J"
@@ -78,8 +84,6 @@ def _on_a_terminal(argv, env) -> tuple[int, str]:
 
 
 def test_remote_subcommand_output_at_a_terminal_is_made_visible(tmp_path):
-    import os
-
     fake = tmp_path / "fake_ssh_stream.py"
     fake.write_text(FAKE_SSH_STREAM)
     env = {**os.environ, "GPUTOP_SSH": f"{sys.executable} {fake}"}
@@ -89,22 +93,12 @@ def test_remote_subcommand_output_at_a_terminal_is_made_visible(tmp_path):
         assert raw not in shown, f"a raw control character {raw!r} reached the terminal: {shown!r}"
     assert "H100\\x1b]0;owned\\x07\tok" in shown and "disk \\x1b[2J\\x9b31m full\\x0d" in shown, repr(shown)
     # a pipe gets the remote's bytes unchanged (JSON for a program)
-    import subprocess
-
     r = subprocess.run([sys.executable, "-m", "gputop", "--remote", "evil", "status"], capture_output=True,
                        text=True, env=env, timeout=60)
     assert "\x1b]0;owned\x07" in r.stdout
 
 
 # ---- hostile answers over a real sshd: not UTF-8, nested too deeply, too big, never ending -----------
-
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-
-import pytest  # noqa: E402
-
-from tests.functional.sshd_helper import VENV_GPUTOP, start_sshd, why_no_sshd  # noqa: E402
 
 _no_sshd = why_no_sshd()
 needs_sshd = pytest.mark.skipif(_no_sshd is not None, reason=f"no sshd: {_no_sshd}")
@@ -233,3 +227,34 @@ def test_an_endless_answer_costs_bounded_memory_and_time(hostile_hosts, tmp_path
     assert [h["ok"] for h in data["hosts"]] == [False, True]
     assert peak_mib < 120, f"peak RSS {peak_mib:.0f} MiB"
     assert took < 30, f"the cap should stop reading long before the deadline ({took:.1f}s)"
+
+
+FAKE_SSH_EDGES = """import json, os, sys, time
+host = [a for a in sys.argv[1:] if not a.startswith('-')][-2]
+if host == 'errflood':  # endless stderr, no answer
+    line = b'Permission denied ' * 4096 + b'\\n'
+    while True:
+        os.write(2, line)
+elif host == 'lingers':  # a whole answer, then stdout closed, but ssh never exits
+    sys.stdout.write('{"host": "l"}')
+    sys.stdout.close()
+    os.close(1)
+    time.sleep(600)
+elif host == 'large':  # 3 MiB of valid JSON: under the cap, accepted
+    sys.stdout.write(json.dumps({"host": "big", "warnings": ["w" * (3 << 20)]}))
+"""
+
+
+def test_endless_stderr_and_a_lingering_ssh_are_bounded_and_a_large_answer_under_the_cap_is_kept(tmp_path):
+    fake = tmp_path / "fake_ssh_edges.py"
+    fake.write_text(FAKE_SSH_EDGES)
+    rc, out, err, peak_mib, took = _run_measured(
+        ["status", "--hosts", "errflood,lingers,large", "--json", "--timeout", "6"],
+        {"GPUTOP_SSH": f"{sys.executable} {fake}"}, tmp_path)
+    assert rc == 6 and "Traceback" not in err, err
+    by = {h["host"]: h for h in json.loads(out)["hosts"]}
+    assert by["errflood"]["error"]["kind"] == "timed out"
+    assert by["lingers"]["error"]["kind"] == "timed out"
+    assert by["large"]["ok"] is True
+    assert peak_mib < 150, f"peak RSS {peak_mib:.0f} MiB"
+    assert took < 40
