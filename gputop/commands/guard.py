@@ -160,7 +160,9 @@ def _test_policies(args) -> int:
     else:
         print(f"policy {os.path.abspath(path)}: {len(pol.rules)} rule(s); {len(snap.holders)} GPU holder(s) "
               f"on {len(snap.devices)} GPU(s)")
-        print(render_explanation(items, state.get_mode()))
+        from gputop.remote import terminal_safe  # the names in it are their owners' text
+
+        print(terminal_safe(render_explanation(items, state.get_mode())))
         if args.policy_file and os.path.abspath(args.policy_file) != (state.get_policy_path() or ""):
             print(f"\n(tested only; to use it: gputop guard --policy-file {args.policy_file})")
     return 0

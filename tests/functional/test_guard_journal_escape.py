@@ -151,3 +151,15 @@ def test_notify_never_raises_and_escapes_the_subject():
     assert res[0]["ok"] and out.getvalue() == "gputop guard: rule hit: x\\x0a<0>pwn\n"
     assert not res[1]["ok"] and not res[2]["ok"]
     assert all("\n" not in r["outcome"] for r in res), res
+
+
+def test_test_policies_shows_a_hostile_name_without_raw_escapes(procs, scenario, tmp_path):
+    victim = named(procs, "pwn\x1b]0;x\x07")
+    scenario(holders=[{"pid": victim.pid, "gpu": 0, "memory": "1GiB", "sm": 50}])
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    rc, shown, _ = run_on_pty([sys.executable, "-m", "gputop", "guard", "--test-policies",
+                               "--policy-file", str(policy)])
+    assert rc == 0, shown
+    assert "\x1b" not in shown and "\x07" not in shown, repr(shown)
+    assert f"pid {victim.pid} (pwn\\x1b]0;x\\x07" in shown, shown
