@@ -18,7 +18,25 @@ from gputop.guard import notify, state
 from gputop.guard.daemon import LOG_ERR, JournalStream, prefixed
 from tests.conftest import _default_sighup, run_gputop, run_on_pty
 from tests.functional.guard_helpers import SmtpSink
-from tests.functional.test_guard_engine import named
+from tests.functional.test_guard_engine import named, wait_comm
+
+
+def named_as_other_user(procs, name: str):
+    """A real process of a second, unprivileged user, which named itself ``name`` (prctl PR_SET_NAME)."""
+    import shutil
+
+    import pytest
+
+    from tests.functional.actions_helpers import _unprivileged
+
+    user = _unprivileged() if shutil.which("setpriv") else None
+    if user is None:
+        pytest.skip("needs setpriv and an unprivileged user (root can create one with useradd)")
+    code = f"import ctypes,time;ctypes.CDLL(None).prctl(15,{name!r}.encode(),0,0,0);time.sleep(600)"
+    p = procs.spawn(["setpriv", "--reuid", user[0], "--regid", user[1], "--clear-groups",
+                     sys.executable, "-c", code])
+    wait_comm(p.pid, name)
+    return p, user[0]
 
 EVIL = "x\n<0>pwn\x1b[2J"  # 12 bytes: fits comm (15)
 PRIORITY = re.compile(r"<([0-7])>")
@@ -57,7 +75,7 @@ def test_a_hostile_process_name_gets_no_priority_no_line_no_header_and_the_hit_i
         procs, scenario, tmp_path, isolated_dirs, monkeypatch):
     sink = SmtpSink()
     try:
-        victim = named(procs, EVIL)
+        victim, other = named_as_other_user(procs, EVIL)
         bystander = named(procs, "bystander")
         scenario(holders=[{"pid": p.pid, "gpu": 0, "memory": "1GiB", "sm": 50} for p in (victim, bystander)])
         policy = tmp_path / "policy.yaml"
@@ -79,7 +97,7 @@ def test_a_hostile_process_name_gets_no_priority_no_line_no_header_and_the_hit_i
             daemon.terminate()
             daemon.wait(30)
         # the hit is recorded, with both notifications delivered
-        assert hit["pid"] == victim.pid and hit["target"] == EVIL
+        assert hit["pid"] == victim.pid and hit["target"] == EVIL and hit["user"] == other
         results = {n["target"]: n for n in hit["notify"]}
         assert results["log"]["ok"] and results["admin@node.test"]["ok"], hit["notify"]
         # the journal: every line has exactly gputop's priority, none is 0, the name is one escaped line
