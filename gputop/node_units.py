@@ -17,9 +17,12 @@ Everything else is closed (ProtectSystem=strict, ProtectHome=read-only, ...).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import stat
 import sys
+import tempfile
 from pathlib import Path
 
 HARDENING = """\
@@ -134,6 +137,42 @@ def render(name: str, exe: str | None = None) -> str:
     return UNITS[name].format(exe=exe or gputop_exe(), hardening=HARDENING)
 
 
+def _current(path: Path) -> str | None:
+    """The text of the unit at ``path`` if it is a regular file of ours that only we can write; None
+    otherwise (missing, a symlink, another user's file): such a path is replaced, never trusted or
+    written through."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # missing, or a symlink (ELOOP)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None
+        try:
+            return f.read(1 << 20).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+
+def _replace(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``path`` atomically: a new file with a random name in the same directory (mkstemp: O_EXCL,
+    never through a symlink someone planted there), then rename over ``path`` (which replaces a symlink
+    at ``path`` itself, not its target)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def install(prefix: Path, exe: str | None = None) -> list[tuple[Path, str]]:
     """Write every unit under ``prefix``; returns (path, 'created'|'replaced'|'unchanged')."""
     prefix.mkdir(parents=True, exist_ok=True)
@@ -141,14 +180,11 @@ def install(prefix: Path, exe: str | None = None) -> list[tuple[Path, str]]:
     for name in UNITS:
         path = prefix / name
         text = render(name, exe)
-        try:
-            old = path.read_text()
-        except FileNotFoundError:
-            old = None
-        if old != text:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        out.append((path, "unchanged" if old == text else "replaced" if old is not None else "created"))
+        old = _current(path)
+        if old == text:
+            out.append((path, "unchanged"))
+            continue
+        existed = os.path.lexists(path)
+        _replace(path, text)
+        out.append((path, "replaced" if existed else "created"))
     return out

@@ -12,7 +12,9 @@ import codecs
 import json
 import math
 import os
+import selectors
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -263,9 +265,100 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+# A host's answer is read with a cap and a deadline: an answer that never ends, or is far larger than any
+# node's `status --json` (a few hundred KiB for hundreds of holders), costs at most this much memory.
+MAX_ANSWER = 4 * 1024 * 1024  # bytes of stdout kept per host; more makes the host one failed row
+MAX_STDERR = 64 * 1024  # the last this-many bytes of ssh's stderr (the reason is its last line)
+MAX_DEPTH = 64  # JSON nesting a gputop answer never comes near (it uses under 10)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """ssh runs in its own session (start_new_session): end it and anything it started."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except OSError:
+        pass
+    proc.wait()
+
+
+def _read_capped(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes, str | None]:
+    """stdout (at most MAX_ANSWER bytes) and the tail of stderr until both close, or why we stopped:
+    "timeout" or "too big". Memory stays bounded whatever the remote sends."""
+    out = bytearray()
+    err = bytearray()
+    sel = selectors.DefaultSelector()
+    for f, buf in ((proc.stdout, out), (proc.stderr, err)):
+        os.set_blocking(f.fileno(), False)
+        sel.register(f.fileno(), selectors.EVENT_READ, buf)
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(out), bytes(err), "timeout"
+            for key, _ in sel.select(left):
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                buf = key.data
+                buf += chunk
+                if buf is out and len(out) > MAX_ANSWER:
+                    return bytes(out[:MAX_ANSWER]), bytes(err), "too big"
+                if buf is err and len(err) > MAX_STDERR:
+                    del err[:len(err) - MAX_STDERR]
+    finally:
+        sel.close()
+    return bytes(out), bytes(err), None
+
+
+def _depth_over(value, limit: int) -> bool:
+    """True when ``value`` nests lists/objects deeper than ``limit`` (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif not isinstance(v, list):
+            continue
+        if d > limit:
+            return True
+        stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
+    return False
+
+
+def parse_answer(raw: bytes) -> dict:
+    """A remote's ``status --json`` answer, or ValueError with a one-line reason (not UTF-8, not JSON,
+    nested too deeply, not an object)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"the answer is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"the JSON is nested too deeply (over {MAX_DEPTH} levels)") from None
+    except ValueError as e:
+        raise ValueError(f"not gputop JSON ({e}): {text[:80]!r}") from None
+    if _depth_over(data, MAX_DEPTH):
+        raise ValueError(f"the JSON is nested too deeply (over {MAX_DEPTH} levels)")
+    if not isinstance(data, dict):
+        raise ValueError(f"not gputop JSON (not an object): {text[:80]!r}")
+    return data
+
+
 def query_host(host: str, *, timeout: float = 10.0, remote_cmd: str | None = None,
                args: tuple[str, ...] = ("status", "--json")) -> HostResult:
-    """Run ``gputop status --json`` on one host, with BatchMode (no prompts) and a hard timeout."""
+    """Run ``gputop status --json`` on one host, with BatchMode (no prompts), a hard deadline and a cap
+    on the answer's size. Whatever the host sends, the result is one HostResult, never an exception."""
     t0 = time.monotonic()
     try:
         argv = build_ssh_argv(host, list(args), remote_cmd=remote_cmd, batch=True, connect_timeout=timeout)
@@ -273,17 +366,30 @@ def query_host(host: str, *, timeout: float = 10.0, remote_cmd: str | None = Non
         return HostResult(host, kind=REMOTE_ERROR, message=str(e))
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stderr=subprocess.PIPE, start_new_session=True)
     except FileNotFoundError:
         return HostResult(host, kind=UNREACHABLE, message="the OpenSSH client 'ssh' was not found")
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return HostResult(host, kind=TIMED_OUT, message=f"no answer within {timeout:g}s",
-                          seconds=time.monotonic() - t0)
+        out, err_b, stopped = _read_capped(proc, t0 + timeout)
+        if stopped is not None:
+            _kill_group(proc)
+        else:
+            try:
+                proc.wait(max(0.1, t0 + timeout - time.monotonic()))
+            except subprocess.TimeoutExpired:  # closed its output but did not exit
+                stopped = "timeout"
+                _kill_group(proc)
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
     took = time.monotonic() - t0
+    if stopped == "timeout":
+        return HostResult(host, kind=TIMED_OUT, message=f"no complete answer within {timeout:g}s "
+                          f"({len(out)} bytes read)", seconds=took)
+    if stopped == "too big":
+        return HostResult(host, kind=BAD_OUTPUT, message=f"the answer is larger than {MAX_ANSWER // 1048576} MiB; "
+                          "stopped reading", seconds=took)
+    err = err_b.decode("utf-8", "replace")
     if proc.returncode != 0:
         kind = classify_failure(proc.returncode, err)
         msg = _last_line(err) or f"exit status {proc.returncode}"
@@ -291,11 +397,9 @@ def query_host(host: str, *, timeout: float = 10.0, remote_cmd: str | None = Non
             msg = missing_message(host)
         return HostResult(host, kind=kind, message=msg, seconds=took)
     try:
-        data = json.loads(out)
-        if not isinstance(data, dict):
-            raise ValueError("not an object")
+        data = parse_answer(out)
     except ValueError as e:
-        return HostResult(host, kind=BAD_OUTPUT, message=f"not gputop JSON ({e}): {out[:80]!r}", seconds=took)
+        return HostResult(host, kind=BAD_OUTPUT, message=str(e), seconds=took)
     return HostResult(host, status=data, seconds=took)
 
 

@@ -10,6 +10,7 @@ from gputop.commands._common import config_from, open_sampler, print_json
 from gputop.errors import EXIT_FAILURE, UsageError
 from gputop.guard import state
 from gputop.guard.policy import PolicyError, load_policy
+from gputop.textsafe import visible
 from gputop.units import parse_duration
 
 NAME = "guard"
@@ -159,7 +160,9 @@ def _test_policies(args) -> int:
     else:
         print(f"policy {os.path.abspath(path)}: {len(pol.rules)} rule(s); {len(snap.holders)} GPU holder(s) "
               f"on {len(snap.devices)} GPU(s)")
-        print(render_explanation(items, state.get_mode()))
+        from gputop.remote import terminal_safe  # the names in it are their owners' text
+
+        print(terminal_safe(render_explanation(items, state.get_mode())))
         if args.policy_file and os.path.abspath(args.policy_file) != (state.get_policy_path() or ""):
             print(f"\n(tested only; to use it: gputop guard --policy-file {args.policy_file})")
     return 0
@@ -172,34 +175,37 @@ def _ts(t) -> str:
 
 
 def _status(as_json: bool, nhits: int, config=None) -> int:
+    """The state as a table. Names, users, messages and paths in it came from processes and files other
+    users control: every one goes through ``visible`` (JSON keeps the exact values)."""
     st = state.status(config)
     hits = state.recent_hits(nhits)
     if as_json:
         print_json({**st, "recent_hits": hits})
         return 0
+    v = visible
     d = st["daemon"]
     valid = {True: "valid", False: "INVALID", None: "-"}[st["policy_valid"]]
-    print(f"mode:        {st['mode']}")
-    print(f"policy:      {st['policy_file'] or '(none: gputop guard --policy-file FILE)'} [{valid}]")
+    print(f"mode:        {v(st['mode'])}")
+    print(f"policy:      {v(st['policy_file']) or '(none: gputop guard --policy-file FILE)'} [{valid}]")
     if st["rules"]:
-        print(f"rules:       {', '.join(st['rules'])}")
+        print(f"rules:       {', '.join(v(r) for r in st['rules'])}")
     if st["last_error"]:
-        print("last error:  " + st["last_error"].replace("\n", "\n             "))
+        print("last error:  " + "\n             ".join(v(ln) for ln in str(st["last_error"]).split("\n")))
     if d["alive"]:
-        print(f"daemon:      running, pid {d['pid']}, mode {d['mode']}, interval {d['interval']}s, "
-              f"last tick {_ts(d['last_tick'])}, policy {d['policy_file']}")
+        print(f"daemon:      running, pid {v(d['pid'])}, mode {v(d['mode'])}, interval {v(d['interval'])}s, "
+              f"last tick {_ts(d['last_tick'])}, policy {v(d['policy_file'])}")
     else:
         print("daemon:      not running (gputop guard run)")
     counts = st["counts"]
-    print(f"hits:        {counts.get('hits_recorded', 0)} recorded")
+    print(f"hits:        {v(counts.get('hits_recorded', 0))} recorded")
     if hits:
         print("recent hits (newest first):")
         for h in hits:
             tag = " [dry-run]" if h.get("dry_run") else ""
-            who = (f"pid {h.get('pid')} ({h.get('target')}, {h.get('user')})" if h.get("pid") is not None
-                   else str(h.get("target")))
-            print(f"  {_ts(h.get('time'))}  {h.get('rule')}  {who}  {h.get('action')} -> "
-                  f"{h.get('outcome')}{tag}: {h.get('message')}")
+            who = (f"pid {v(h.get('pid'))} ({v(h.get('target'))}, {v(h.get('user'))})" if h.get("pid") is not None
+                   else v(h.get("target")))
+            print(f"  {_ts(h.get('time'))}  {v(h.get('rule'))}  {who}  {v(h.get('action'))} -> "
+                  f"{v(h.get('outcome'))}{tag}: {v(h.get('message'))}")
     return 0
 
 

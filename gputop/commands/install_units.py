@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gputop.errors import PermissionDeniedError
+from gputop.errors import GputopError, PermissionDeniedError
 
 NAME = "install-units"
 HELP = "write the systemd units (gputop-guard, gputop-serve) for this gputop"
@@ -32,6 +32,9 @@ def run(args) -> int:
         written = node_units.install(prefix)
     except PermissionError as e:
         raise PermissionDeniedError(f"cannot write {e.filename or prefix}: run as root, or use --prefix DIR") from None
+    except OSError as e:  # e.g. a directory where a unit file should be
+        raise GputopError(f"cannot write the units in {prefix}: {e.strerror or e}"
+                          f"{f' ({e.filename})' if e.filename else ''}; fix or remove that path") from None
     for path, what in written:
         print(f"{what}: {path}  (ExecStart {node_units.gputop_exe()})")
     if not args.prefix:

@@ -15,6 +15,7 @@ journald turns into the entry's priority, so ``journalctl -p warning -u gputop-g
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -26,10 +27,12 @@ from typing import Callable
 from gputop import auditlog
 from gputop.config import Config, guard_dir
 from gputop.errors import GputopError, RefusedError
+from gputop.guard import notify as _notify
 from gputop.guard import state as _state
 from gputop.guard.engine import Engine
 from gputop.guard.policy import Issue, Policy, PolicyError, load_policy
 from gputop.procs import start_time
+from gputop.textsafe import visible
 
 
 
@@ -69,15 +72,33 @@ def acquire_lock() -> int:
 LOG_ERR, LOG_WARNING, LOG_NOTICE, LOG_INFO = 3, 4, 5, 6
 
 
+def _lines(text: str) -> list[str]:
+    """``text`` split at newlines only (journald's entry separator); one trailing newline ends the text."""
+    lines = text.split("\n")
+    if len(lines) > 1 and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def prefixed(text: str, priority: int) -> str:
-    """Every line of ``text`` with the "<N>gputop guard: " prefix (journald reads one entry per line)."""
-    return "".join(f"<{priority}>gputop guard: {line}\n" for line in text.splitlines() or [""])
+    """Every line of ``text`` with the "<N>gputop guard: " prefix (journald reads one entry per line).
+
+    The prefix is the only priority journald sees: each line starts with it, and every control character
+    in the line is made visible (``visible``), so text that came from a process name or a file cannot end
+    a line early or carry a "<0>" of its own to the start of one."""
+    return "".join(f"<{priority}>gputop guard: {visible(line)}\n" for line in _lines(text))
 
 
 class JournalStream:
-    """A text stream that gives every line without a "<N>" prefix the priority ``priority``.
+    """A text stream for the engine's hit lines: every journal line it writes gets exactly one prefix,
+    ``priority``, chosen here (a line of its own that starts with "<" gets it too).
 
-    The engine writes one line per hit (and notify lines under it): those are warnings in the journal."""
+    The engine writes one hit per ``write``: its line, then one "  notify TARGET: OUTCOME" line per
+    target. A newline anywhere else (inside a process name or a message) does not start a journal line:
+    it is shown as \\x0a, as every other control character is (``visible``)."""
+
+    CONTINUATION = "  notify "
+    MAX_PENDING = 65536  # a writer that never ends its line is flushed at this size
 
     def __init__(self, out, priority: int = LOG_WARNING):
         self.out = out
@@ -86,10 +107,16 @@ class JournalStream:
 
     def write(self, text: str) -> int:
         self._buf += text
-        *lines, self._buf = self._buf.split("\n")
-        if lines:
-            self.out.write("".join(ln + "\n" if ln.startswith("<") else f"<{self.priority}>{ln}\n"
-                                   for ln in lines))
+        if not self._buf.endswith("\n") and len(self._buf) < self.MAX_PENDING:
+            return len(text)
+        record, self._buf = self._buf, ""
+        entries: list[str] = []
+        for line in _lines(record):
+            if entries and not line.startswith(self.CONTINUATION):
+                entries[-1] += "\n" + line  # a newline inside the text: escaped below
+            else:
+                entries.append(line)
+        self.out.write("".join(f"<{self.priority}>{visible(e)}\n" for e in entries))
         return len(text)
 
     def flush(self) -> None:
@@ -123,7 +150,9 @@ class GuardDaemon:
         self.policy: Policy = _load(self.policy_path)  # PolicyError at start-up: the caller exits 2
         self.policy_sig = _state.file_sig(self.policy_path)
         self.policy_loaded_at = time.time()
-        self.engine = Engine(self.policy, config=self.config, sampler=sampler, out=JournalStream(self.out))
+        journal = JournalStream(self.out)  # hit lines, and the "log" notify target's lines: warnings
+        self.engine = Engine(self.policy, config=self.config, sampler=sampler, out=journal,
+                             notifier=functools.partial(_notify.send, log=journal))
         self.mode_watch = _ModeWatch()
         self.mode = _state.get_mode()
         self.stop_event = threading.Event()

@@ -7,7 +7,12 @@ Targets, as written in a rule's ``notify`` list:
 - ``log``: written to stderr (the daemon's log, e.g. the systemd journal).
 
 Every target gets a result (``{target, ok, outcome}``) that is stored with the hit; nothing is dropped
-silently.
+silently, and ``send`` never raises: a target that fails in any way gets a failed result, and the hit is
+recorded all the same.
+
+The subject carries a process name, which its owner chose: it is made one line (``visible``: a newline
+shows as \\x0a, as every control character does) before it becomes a mail header or a log line, so it
+cannot add a header or a line of its own.
 
 Mail transport (config file)::
 
@@ -35,6 +40,7 @@ from email.message import EmailMessage
 
 from gputop import __version__
 from gputop.config import Config
+from gputop.textsafe import visible
 
 UNDELIVERABLE = "undeliverable: no mail transport configured"
 
@@ -88,26 +94,40 @@ def post_webhook(url: str, payload: dict, timeout: float = 5.0) -> dict:
     return {"target": url, "ok": 200 <= code < 300, "outcome": f"delivered (HTTP {code})"}
 
 
-def log_line(subject: str, payload: dict) -> dict:
+def log_line(subject: str, payload: dict, stream=None) -> dict:
+    """One line on ``stream`` (stderr by default; the guard daemon passes its journal stream)."""
     try:
-        sys.stderr.write(f"gputop guard: {subject}\n")
-        sys.stderr.flush()
-    except OSError as e:
+        out = stream if stream is not None else sys.stderr
+        out.write(f"gputop guard: {visible(subject)}\n")
+        out.flush()
+    except (OSError, ValueError) as e:
         return {"target": "log", "ok": False, "outcome": f"failed: {e}"}
     return {"target": "log", "ok": True, "outcome": "logged"}
 
 
-def send(targets, subject: str, payload: dict, config: Config | None = None, timeout: float = 5.0) -> list[dict]:
-    """Notify every target; one result per target."""
+def _one(target: str, subject: str, body: str, payload: dict, config: Config | None, timeout: float,
+         log) -> dict:
+    if target == "log":
+        return log_line(subject, payload, log)
+    if target.lower().startswith(("http://", "https://")):
+        return post_webhook(target, payload, timeout)
+    if "@" in target:
+        return send_email(target, subject, body, config, timeout=max(timeout, 10.0))
+    # validated at policy load; kept for callers that bypass it
+    return {"target": target, "ok": False, "outcome": "undeliverable: unknown target kind"}
+
+
+def send(targets, subject: str, payload: dict, config: Config | None = None, timeout: float = 5.0,
+         log=None) -> list[dict]:
+    """Notify every target; one result per target. Never raises (the caller records the hit next)."""
     results = []
+    subject = visible(subject)  # one line: no header or log line of its own from a process name
     body = subject + "\n\n" + json.dumps(payload, indent=2, default=str)
     for t in targets:
-        if t == "log":
-            results.append(log_line(subject, payload))
-        elif t.lower().startswith(("http://", "https://")):
-            results.append(post_webhook(t, payload, timeout))
-        elif "@" in t:
-            results.append(send_email(t, subject, body, config, timeout=max(timeout, 10.0)))
-        else:  # validated at policy load; kept for callers that bypass it
-            results.append({"target": t, "ok": False, "outcome": "undeliverable: unknown target kind"})
+        try:
+            res = _one(t, subject, body, payload, config, timeout, log)
+        except Exception as e:  # a bad address or setting must not lose the hit
+            res = {"target": t, "ok": False, "outcome": f"failed: {type(e).__name__}: {e}"}
+        res["outcome"] = visible(res["outcome"])  # one line in the journal and in guard status
+        results.append(res)
     return results
