@@ -3,7 +3,9 @@
 Right before the signal: resolve a thread id to its process, re-read it, check its identity
 (pid + start time), refuse PID 1, kernel threads, gputop and its ancestors, hidden, unknown and (unless
 allowed) protected processes, then signal through a verified pidfd. Success means the process has
-exited, re-checked by identity. Concurrent kills of one process take a shared lock: only the one that
+exited, re-checked by identity. A paused target (state T) gets SIGCONT with the signal and, if it does
+not end, SIGSTOP again. A PID that cannot be seen but exists (EPERM, or the GPU lists it) is refused,
+never called gone. Concurrent kills of one process take a shared lock: only the one that
 signalled says "killed"; the others say the process exited under another invocation's signal.
 """
 
