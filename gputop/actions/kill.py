@@ -268,9 +268,10 @@ class _KillRun:
             handle.send(signal.SIGKILL)
             alive = wait_gone([handle], max(self.timeout, 5.0))
             outcome = "killed"
+        if alive and paused and continued and outcome != "killed":
+            self.pause_again(handle)
+            alive = wait_gone([handle], 0)  # it may have ended just now, before the SIGSTOP
         if alive:
-            if paused and continued and outcome != "killed":
-                self.pause_again(handle)
             return self.still_alive(sig)
         return self.gone(ctx, sig, outcome)
 
