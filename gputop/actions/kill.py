@@ -3,13 +3,16 @@
 Right before the signal: resolve a thread id to its process, re-read it, check its identity
 (pid + start time), refuse PID 1, kernel threads, gputop and its ancestors, hidden, unknown and (unless
 allowed) protected processes, then signal through a verified pidfd. Success means the process has
-exited, re-checked by identity. Concurrent kills of one process take a shared lock: only the one that
+exited, re-checked by identity. A paused target (state T) gets SIGCONT with the signal and, if it does
+not end, SIGSTOP again. A PID that cannot be seen but exists (EPERM, or the GPU lists it) is refused,
+never called gone. Concurrent kills of one process take a shared lock: only the one that
 signalled says "killed"; the others say the process exited under another invocation's signal.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gputop.actions.common import (
@@ -81,7 +84,7 @@ class _KillRun:
         if tgid != self.pid:  # NVML reported a thread id: act on its process
             self.details["thread_id"] = self.pid
             self.pid = tgid
-        refusal = self.check_target() or self.check_gpu_and_verdict(ctx, require_holder, allow_protected)
+        refusal = self.check_target(ctx) or self.check_gpu_and_verdict(ctx, require_holder, allow_protected)
         if refusal is not None:
             return refusal
         info = self.info
@@ -117,17 +120,11 @@ class _KillRun:
         return self.done(True, "exited", f"pid {self.pid} ({name(self.info)}) exited under another gputop "
                          "invocation's signal while this one waited; this one sent no signal", EXIT_OK, mem)
 
-    def check_target(self) -> ActionResult | None:
+    def check_target(self, ctx: Ctx | None = None) -> ActionResult | None:
         pid = self.pid
         info = self.info = read_proc(pid)
         if info is None or info.zombie:
-            if info is None and visibility(pid) == HIDDEN:
-                self.details["rule"] = "hidden"
-                return self.done(False, "refused", f"pid {pid} exists but cannot be seen here (/proc hidepid, "
-                                 "or another user's process); gputop never signals what it cannot verify",
-                                 EXIT_PERMISSION)
-            return self.done(False, "not-found", f"no process {pid}: it has exited (check 'gputop status')",
-                             EXIT_NOT_FOUND)
+            return self.not_visible(ctx, zombie=info is not None)
         exp = self.expected_start
         if exp is not None and not same_start(info.start_time, exp):
             self.details["found_start_time"] = info.start_time
@@ -140,6 +137,47 @@ class _KillRun:
             self.details["rule"] = refusal[0]
             return self.done(False, "refused", refusal[1], EXIT_REFUSED)
         return None
+
+    def not_visible(self, ctx: Ctx | None, zombie: bool) -> ActionResult:
+        """No live process ``pid`` is seen here. Hidden is not gone: the kernel (kill(pid, 0): EPERM) or the
+        GPU driver (it lists the PID as a holder) may say it exists. Then refuse, exit 5, as for any
+        process gputop cannot verify; only a PID nothing knows of is "not found" (exit 3)."""
+        pid = self.pid
+        if zombie:
+            return self.done(False, "not-found", f"pid {pid} has exited (a zombie its parent has not reaped "
+                             "yet); nothing to kill", EXIT_NOT_FOUND)
+        if visibility(pid, read_first=False) == HIDDEN:
+            self.details["rule"] = "hidden"
+            return self.done(False, "refused", f"pid {pid} exists but cannot be seen here (/proc hidepid, "
+                             "or another user's process); gputop never signals what it cannot verify",
+                             EXIT_REFUSED)
+        listed = self.gpu_lists(ctx)
+        if listed:
+            self.details["rule"] = "hidden"
+            self.gpus.extend(listed)
+            return self.done(False, "refused", f"the GPU driver lists pid {pid} as a holder of GPU "
+                             f"{','.join(map(str, listed))}, but it cannot be seen here (it runs in another PID "
+                             "namespace, or it has exited and the driver has not released its memory yet); "
+                             "gputop never signals what it cannot verify", EXIT_REFUSED)
+        if self.expected_start is not None:
+            return self.done(False, "not-found", f"no process {pid}: the one that started at "
+                             f"{self.expected_start:.2f} has exited (check 'gputop status')", EXIT_NOT_FOUND)
+        return self.done(False, "not-found", f"no process {pid} (it has exited, or never existed); check "
+                         "'gputop status'", EXIT_NOT_FOUND)
+
+    def gpu_lists(self, ctx: Ctx | None) -> list[int]:
+        """The GPUs whose driver lists ``pid`` as a holder that cannot be seen here; [] when none does
+        (or no sample can be taken)."""
+        if ctx is None or ctx.sampler is None:
+            return []
+        try:
+            snap = ctx.sample()
+        except Exception:
+            return []
+        holder = snap.holder(self.pid) if snap is not None else None
+        if holder is None or holder.proc is not None:
+            return []
+        return sorted(holder.gpus)
 
     def check_gpu_and_verdict(self, ctx: Ctx, require_holder: bool, allow_protected: bool) -> ActionResult | None:
         pid, info = self.pid, self.info
@@ -203,6 +241,8 @@ class _KillRun:
 
     def send_and_wait(self, ctx: Ctx, handle: Handle, sig: signal.Signals) -> ActionResult:
         pid, info = self.pid, self.info
+        before = read_proc(pid)
+        paused = before is not None and before.state == "T"  # stopped by its owner (job control), not traced
         try:
             self.signals.append(sig_event(sig, [pid]))
             sent = handle.send(sig)
@@ -216,10 +256,11 @@ class _KillRun:
         if sig.name in NON_LETHAL:
             return self.done(True, "signalled", f"sent {sig.name} to pid {pid} ({name(info)})", EXIT_OK)
         now = read_proc(pid)
-        if sig != signal.SIGKILL and now is not None and now.state in ("T", "t"):
+        continued = False
+        if sig != signal.SIGKILL and (paused or (now is not None and now.state in ("T", "t"))):
             # A stopped process keeps the signal pending until it runs again; let it run to handle it.
             self.signals.append(sig_event(signal.SIGCONT, [pid]))
-            handle.send(signal.SIGCONT)
+            continued = handle.send(signal.SIGCONT)
         alive = wait_gone([handle], self.timeout)
         outcome = "killed" if sig == signal.SIGKILL else "terminated"
         if alive and self.force and sig != signal.SIGKILL:
@@ -227,9 +268,34 @@ class _KillRun:
             handle.send(signal.SIGKILL)
             alive = wait_gone([handle], max(self.timeout, 5.0))
             outcome = "killed"
+        if alive and paused and continued and outcome != "killed":
+            self.pause_again(handle)
+            alive = wait_gone([handle], 0)  # it may have ended just now, before the SIGSTOP
         if alive:
             return self.still_alive(sig)
         return self.gone(ctx, sig, outcome)
+
+    def pause_again(self, handle: Handle) -> None:
+        """The target was paused (state T), got SIGCONT with the signal, and did not end: stop it again, so
+        a failed kill leaves it as its owner left it. ``details["paused_again"]`` says whether it is."""
+        pid = self.pid
+        self.details["was_paused"] = True
+        self.signals.append(sig_event(signal.SIGSTOP, [pid]))
+        try:
+            sent = handle.send(signal.SIGSTOP)
+        except OSError:
+            sent = False
+        if not sent:
+            self.signals.pop()
+        deadline = time.monotonic() + 2.0
+        state = None
+        while sent:
+            now = read_proc(pid)
+            state = now.state if now is not None else None
+            if state in ("T", None) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        self.details["paused_again"] = state == "T"
 
     def still_alive(self, sig: signal.Signals) -> ActionResult:
         pid, info = self.pid, self.info
@@ -241,6 +307,10 @@ class _KillRun:
         else:
             msg = (f"pid {pid} ({name(info)}) is still alive {self.timeout:g}s after {sig.name}; "
                    "use --force to send SIGKILL")
+            if self.details.get("was_paused"):
+                msg += ("; it was paused (state T) and is paused again" if self.details.get("paused_again") else
+                        "; it was paused (state T), got SIGCONT with the signal, and could NOT be paused again: "
+                        "it is running now")
         return self.done(False, "still-alive", msg, EXIT_FAILURE)
 
     def gone(self, ctx: Ctx, sig: signal.Signals, outcome: str) -> ActionResult:

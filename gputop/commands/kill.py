@@ -19,7 +19,9 @@ and protected or unknown processes. It sends SIGTERM (or --signal), waits --time
 --force escalates to SIGKILL; then it samples again to say whether the GPU memory was released. A thread
 id (as NVML may report) is resolved to its process. Success (exit 0) means the process has exited; when
 several invocations kill one process at once, only the one whose signal ended it says "killed", the
-others say it "exited" under another invocation's signal.
+others say it "exited" under another invocation's signal. A job its owner had paused (state T) that
+the kill does not end is paused again. A process that exists but cannot be seen here (/proc hidepid,
+another PID namespace) is refused (exit 5); exit 3 means no such process.
 
 With --gpu/--user/--name (combinable) it previews the matching GPU holders; --yes signals them all in
 parallel. Every action and refusal is written to the audit log ('gputop log')."""

@@ -11,8 +11,10 @@ Per rule and per target (a process, or a user with ``scope: per_user``):
   acts only if the rule still holds when the grace is over (a miss in between clears the warning);
 - the action (log, notify, kill, reap) runs at most once per ``repeat`` while the rule keeps holding;
 - kill and reap go through gputop.actions (identity and safety re-checked there; dry-run there too);
-- ``scope: per_user`` selects the user's processes one at a time (newest first, or ``select: largest``)
-  until the user is back under the limit.
+- ``scope: per_user`` first plans (``plan_user_kills``, a pure function) the processes whose end brings
+  the user back under the limit: newest first (or ``select: largest``), skipping protected and unknown
+  ones, counting a process the guard signalled earlier and that is still in its grace as going; it kills
+  nothing when no such set exists (a ``cannot-reach-limit`` hit), then kills the planned set.
 Every hit (warning, action, refusal, would-do) is recorded: time, rule, target, dry_run, action, outcome.
 """
 
@@ -25,18 +27,76 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gputop import actions
+from gputop.actions.common import log_record, record as audit_record, same_start
 from gputop.config import Config
 from gputop.guard import notify as _notify
 from gputop.guard import state as _state
 from gputop.guard.conditions import Facts, Outcome, Target, evaluate
 from gputop.guard.policy import USER_LEVEL, Condition, Policy, Rule
-from gputop.orphans import ORPHAN
+from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.snapshot import Holder, Snapshot
 from gputop.units import fmt_bytes
 
 
 # kill/reap outcomes that mean the selected process is no longer the one the snapshot counted.
 _GONE = ("not-found", "identity-changed")
+# kill/reap outcomes that mean the process got its signal and is still alive: it is going (a job that
+# writes a checkpoint after SIGTERM), or another gputop is killing it.
+_SIGNALLED = ("still-alive", "busy")
+
+
+@dataclass(frozen=True)
+class UserPlan:
+    """Which of a user's processes a per-user kill/reap takes, decided before any signal."""
+
+    chosen: tuple[Holder, ...]  # to kill, in this order; () when nothing is needed or nothing can reach
+    going: tuple[Holder, ...]  # signalled before and still in their grace: counted as gone, not signalled
+    skipped: tuple[tuple[Holder, str], ...]  # candidates that cannot be selected, with why
+    reachable: bool  # with ``going`` and ``chosen`` gone the user is under the limit
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.chosen)
+
+
+def unselectable(h: Holder) -> str | None:
+    """Why the guard cannot take ``h`` (the kill would be refused), or None."""
+    if h.proc is None:
+        return "cannot be seen here"
+    if h.verdict.kind == PROTECTED:
+        return f"protected ({h.verdict.reason})"
+    if h.verdict.kind == UNKNOWN:
+        return f"unknown verdict ({h.verdict.reason})"
+    return None
+
+
+def plan_user_kills(ordered, still_over: Callable[[frozenset], bool], going=(),
+                    why_not: Callable[[Holder], str | None] = unselectable) -> UserPlan:
+    """The processes to kill to bring a user under the limit; pure (no process is touched).
+
+    ``ordered``: the selectable candidates in the rule's order (newest first, or largest first);
+    ``still_over(excluded_pids)``: whether the user is still over the limit with those PIDs gone;
+    ``going``: holders signalled earlier and still in their grace, counted as gone. The plan takes the
+    shortest prefix of the order (skipping what ``why_not`` names) that brings the user under; when even
+    every selectable process would not, it takes none (``reachable`` False)."""
+    going = tuple(going)
+    gone = {h.pid for h in going}
+    skipped: list[tuple[Holder, str]] = []
+    if not still_over(frozenset(gone)):
+        return UserPlan((), going, (), True)
+    chosen: list[Holder] = []
+    for h in ordered:
+        if h.pid in gone:
+            continue
+        why = why_not(h)
+        if why is not None:
+            skipped.append((h, why))
+            continue
+        chosen.append(h)
+        gone.add(h.pid)
+        if not still_over(frozenset(gone)):
+            return UserPlan(tuple(chosen), going, tuple(skipped), True)
+    return UserPlan((), going, tuple(skipped), False)
 
 
 def _secs(s: float) -> str:
@@ -121,6 +181,9 @@ class Engine:
         self._since: dict[tuple, float] = {}
         self._pending: dict[tuple, tuple[float, Target]] = {}
         self._acted: dict[tuple, float] = {}
+        # per_user: pid -> (start time, until): signalled by a per-user kill, not gone yet, counted as going
+        # until ``until`` (the snapshot clock); see _going_now.
+        self._going: dict[int, tuple[float | None, float]] = {}
         self.counts: Counter = Counter()
         self._snap: Snapshot | None = None
 
@@ -144,6 +207,7 @@ class Engine:
         self._since.clear()
         self._pending.clear()
         self._acted.clear()
+        self._going.clear()
 
     # ---- assessment (no side effects but timing) ----
 
@@ -277,25 +341,101 @@ class Engine:
                                    f"rule holds for {a.target.label}: {a.reason}", now,
                                    notify_now=True)]
             return [self._do(rule, a.target, h, a.reason, mode, now) for h in victims]
-        # per_user kill/reap: one process at a time until the user is back under the limit
-        hits = []
-        excluded: set[int] = set()
-        for h in self.order(rule, a.candidates):
-            if not self._user_still_over(rule, a.target, snap, excluded):
+        return self._act_per_user(rule, a, snap, mode, now)
+
+    def _going_now(self, snap: Snapshot, now: float) -> dict[int, Holder]:
+        """The holders signalled earlier by a per-user kill that are the same process still, and still in
+        their grace; the others are forgotten."""
+        out = {}
+        for pid, (start, until) in list(self._going.items()):
+            h = snap.holder(pid)
+            if h is None or not same_start(h.start_time, start) or now >= until:
+                del self._going[pid]
+            else:
+                out[pid] = h
+        return out
+
+    def plan(self, rule: Rule, a: Assessment, snap: Snapshot, going: dict[int, Holder] | None = None,
+             refused: frozenset = frozenset()) -> UserPlan:
+        """The per-user plan for ``a`` on ``snap`` (``refused``: PIDs whose kill was refused this pass)."""
+        going = going if going is not None else self._going_now(snap, snap.at)
+        mine = [h for h in going.values() if h.user == a.target.user]
+        return plan_user_kills(
+            self.order(rule, a.candidates), lambda gone: self._user_still_over(rule, a.target, snap, set(gone)),
+            mine, lambda h: "its kill was refused just now" if h.pid in refused else unselectable(h))
+
+    def _act_per_user(self, rule: Rule, a: Assessment, snap: Snapshot, mode: str, now: float) -> list[dict]:
+        """Plan the set that brings the user under the limit, then kill it; none when no set can."""
+        going = self._going_now(snap, now)
+        grace = max(rule.repeat, rule.timeout if rule.timeout is not None else self.config.kill_timeout)
+        hits: list[dict] = []
+        refused: set[int] = set()
+        while True:
+            plan = self.plan(rule, a, snap, going, frozenset(refused))
+            if not plan.reachable:
+                hits.append(self._cannot_reach(rule, a, plan, mode, now, after_kills=bool(hits)))
+                return hits
+            if not plan.needed:
+                if not hits and plan.going:
+                    hits.append(self._waiting(rule, a, plan, mode, now))
                 break
-            why = (f"{a.reason}; selected pid {h.pid} as the {rule.select} of user {a.target.user}'s "
-                   f"{len(a.candidates)} process(es) ({fmt_bytes(h.gpu_memory)})")
-            hit = self._do(rule, a.target, h, why, mode, now)
-            hits.append(hit)
-            if hit["ok"] or hit["outcome"] in _GONE:
-                # Killed, or already gone (it exited, or its PID is another process now): it no longer
-                # counts towards the user's total. (Dry-run: counted as gone, to show what enforce would
-                # do next.) Otherwise the next process would be killed for memory that is already free.
-                excluded.add(h.pid)
-        if hits and not self._user_still_over(rule, a.target, snap, excluded):
+            failed = False
+            for h in plan.chosen:
+                why = (f"{a.reason}; selected pid {h.pid} as the {rule.select} of user {a.target.user}'s "
+                       f"{len(a.candidates)} process(es) ({fmt_bytes(h.gpu_memory)})")
+                if plan.going:
+                    why += "; counted as going: " + ", ".join(f"pid {g.pid}" for g in plan.going)
+                hit = self._do(rule, a.target, h, why, mode, now)
+                hits.append(hit)
+                if hit["ok"] or hit["outcome"] in _GONE:
+                    # Killed, or already gone (it exited, or its PID is another process now): it no longer
+                    # counts towards the user's total. (Dry-run: counted as gone, to show what enforce
+                    # would do.)
+                    going[h.pid] = h
+                elif hit["outcome"] in _SIGNALLED:
+                    # Signalled and still alive (a checkpoint after SIGTERM, say): going. Until its grace
+                    # is over no other process of the user is chosen for its memory, here or later.
+                    going[h.pid] = h
+                    if mode == "enforce":
+                        self._going[h.pid] = (h.start_time, now + grace)
+                else:  # refused, no permission, failed: plan again without it
+                    refused.add(h.pid)
+                    failed = True
+                    break
+            if not failed:
+                break
+        if hits and not self._user_still_over(rule, a.target, snap, set(going)):
             for hit in hits:
                 hit.setdefault("details", {})["user_back_under_limit"] = True
         return hits
+
+    def _waiting(self, rule: Rule, a: Assessment, plan: UserPlan, mode: str, now: float) -> dict:
+        pids = ", ".join(f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)})" for h in plan.going)
+        return self._emit(rule, a.target, mode, rule.action, "waiting",
+                          f"{a.target.label} is over the limit only by what was already signalled and is "
+                          f"still in its grace ({pids}): no other process is chosen meanwhile", now,
+                          reason=a.reason)
+
+    def _cannot_reach(self, rule: Rule, a: Assessment, plan: UserPlan, mode: str, now: float,
+                      after_kills: bool) -> dict:
+        """No set of the user's selectable processes brings the user under the limit: kill nothing (more),
+        say so, in the hits and in the audit log."""
+        left = ", ".join(f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)}): {why}" for h, why in plan.skipped)
+        msg = (f"{a.target.label} stays over the limit even if every process the guard may take were killed"
+               + (f" (it may not take {left})" if left else "")
+               + (": nothing more was signalled after the refusal above" if after_kills else ": nothing was killed"))
+        hit = self._emit(rule, a.target, mode, rule.action, "cannot-reach-limit", msg, now, ok=False,
+                         reason=a.reason, notify_now=True)
+        details = {"rule": rule.name, "user": a.target.user,
+                   "skipped": [{"pid": h.pid, "start_time": h.start_time, "gpu_memory": h.gpu_memory, "why": why}
+                               for h, why in plan.skipped],
+                   "going": [h.pid for h in plan.going]}
+        rec = audit_record(rule.action, "guard", "cannot-reach-limit", False, msg,
+                           {"pid": None, "user": a.target.user, "start_time": None, "uid": None, "name": None,
+                            "cmdline": None, "gpus": []},
+                           [], rule.name, dry_run=mode != "enforce", details=details)
+        log_record(rec, self.config, hit.setdefault("details", {}))
+        return hit
 
     def _do(self, rule: Rule, target: Target, h: Holder, why: str, mode: str, now: float) -> dict:
         dry = mode != "enforce"
