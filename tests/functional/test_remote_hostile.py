@@ -167,24 +167,32 @@ Host {kind}
     return {"env": {"GPUTOP_SSH": f"ssh -F {cfg}", "GPUTOP_REMOTE_CMD": cmd}, "worker": worker}
 
 
+# A small launcher starts gputop and reports its children's peak RSS. Measuring from pytest itself is
+# wrong: a forked child starts with pytest's whole resident set (hundreds of MiB late in a suite), and
+# Linux keeps that high-water mark across exec, so ru_maxrss would report pytest, not gputop.
+_LAUNCHER = """import os, resource, subprocess, sys
+rc = subprocess.run(sys.argv[2:]).returncode
+with open(sys.argv[1], "w") as f:
+    f.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(rc)
+"""
+
+
 def _run_measured(args, env, tmp_path, timeout=120):
-    """Run gputop; (exit status, stdout, stderr, its own peak RSS in MiB from wait4, seconds)."""
-    out_f, err_f = tmp_path / "client.out", tmp_path / "client.err"
+    """Run gputop; (exit status, stdout, stderr, its own peak RSS in MiB, seconds)."""
+    out_f, err_f, rss_f = tmp_path / "client.out", tmp_path / "client.err", tmp_path / "client.rss"
     t0 = time.monotonic()
     with open(out_f, "wb") as o, open(err_f, "wb") as e:
-        p = subprocess.Popen([sys.executable, "-m", "gputop", *args], stdout=o, stderr=e, env={**os.environ, **env})
-    while True:
-        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.monotonic() - t0 > timeout:
-            p.kill()
-            pid, status, usage = os.wait4(p.pid, 0)
-            break
-        time.sleep(0.05)
-    p.returncode = os.waitstatus_to_exitcode(status)
+        p = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(rss_f), sys.executable, "-m", "gputop", *args],
+                             stdout=o, stderr=e, env={**os.environ, **env}, start_new_session=True)
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        p.wait()
+        raise AssertionError(f"gputop {' '.join(args)} ran past {timeout}s")
     took = time.monotonic() - t0
-    return p.returncode, out_f.read_text(), err_f.read_text(), usage.ru_maxrss / 1024, took
+    return p.returncode, out_f.read_text(), err_f.read_text(), int(rss_f.read_text()) / 1024, took
 
 
 @needs_sshd
