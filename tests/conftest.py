@@ -51,6 +51,36 @@ def _default_sighup():
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+# A small launcher runs a command and reports its children's peak RSS. Measuring from pytest itself is
+# wrong: a forked child starts with pytest's whole resident set (hundreds of MiB late in a suite), and
+# Linux keeps that high-water mark across exec, so wait4's ru_maxrss would report pytest, not gputop.
+_RSS_LAUNCHER = """import os, resource, signal, subprocess, sys
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+rc = subprocess.run(sys.argv[2:]).returncode
+with open(sys.argv[1], "w") as f:
+    f.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(rc)
+"""
+
+
+def run_gputop_measured(args, env, tmp_path, timeout=120):
+    """Run gputop; (exit status, stdout, stderr, gputop's own peak RSS in MiB, seconds)."""
+    out_f, err_f, rss_f = tmp_path / "measured.out", tmp_path / "measured.err", tmp_path / "measured.rss"
+    t0 = time.monotonic()
+    with open(out_f, "wb") as o, open(err_f, "wb") as e:
+        p = subprocess.Popen([sys.executable, "-c", _RSS_LAUNCHER, str(rss_f), sys.executable, "-m", "gputop", *args],
+                             stdout=o, stderr=e, stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                             start_new_session=True)
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise AssertionError(f"gputop {' '.join(args)} ran past {timeout}s") from None
+    took = time.monotonic() - t0
+    return p.returncode, out_f.read_text(), err_f.read_text(), int(rss_f.read_text()) / 1024, took
+
+
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path_factory, monkeypatch):
     """Keep user config, state and audit log out of the real home directory."""

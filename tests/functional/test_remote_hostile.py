@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_gputop, run_on_pty
+from tests.conftest import run_gputop, run_gputop_measured, run_on_pty
 from tests.functional.sshd_helper import VENV_GPUTOP, start_sshd, why_no_sshd
 
 ESC_TITLE = "\x1b]0;owned\x07"
@@ -167,34 +167,6 @@ Host {kind}
     return {"env": {"GPUTOP_SSH": f"ssh -F {cfg}", "GPUTOP_REMOTE_CMD": cmd}, "worker": worker}
 
 
-# A small launcher starts gputop and reports its children's peak RSS. Measuring from pytest itself is
-# wrong: a forked child starts with pytest's whole resident set (hundreds of MiB late in a suite), and
-# Linux keeps that high-water mark across exec, so ru_maxrss would report pytest, not gputop.
-_LAUNCHER = """import os, resource, subprocess, sys
-rc = subprocess.run(sys.argv[2:]).returncode
-with open(sys.argv[1], "w") as f:
-    f.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
-sys.exit(rc)
-"""
-
-
-def _run_measured(args, env, tmp_path, timeout=120):
-    """Run gputop; (exit status, stdout, stderr, its own peak RSS in MiB, seconds)."""
-    out_f, err_f, rss_f = tmp_path / "client.out", tmp_path / "client.err", tmp_path / "client.rss"
-    t0 = time.monotonic()
-    with open(out_f, "wb") as o, open(err_f, "wb") as e:
-        p = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(rss_f), sys.executable, "-m", "gputop", *args],
-                             stdout=o, stderr=e, env={**os.environ, **env}, start_new_session=True)
-    try:
-        p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.wait()
-        raise AssertionError(f"gputop {' '.join(args)} ran past {timeout}s")
-    took = time.monotonic() - t0
-    return p.returncode, out_f.read_text(), err_f.read_text(), int(rss_f.read_text()) / 1024, took
-
-
 @needs_sshd
 def test_hostile_answers_are_failed_rows_and_the_good_host_is_kept(hostile_hosts):
     hosts = ",".join(("good",) + KINDS)
@@ -227,7 +199,7 @@ def test_hostile_answers_are_failed_rows_and_the_good_host_is_kept(hostile_hosts
 @needs_sshd
 def test_an_endless_answer_costs_bounded_memory_and_time(hostile_hosts, tmp_path):
     """The unbounded client grew to 2 GiB in 10 s on this answer; capped, it stops reading at 4 MiB."""
-    rc, out, err, peak_mib, took = _run_measured(
+    rc, out, err, peak_mib, took = run_gputop_measured(
         ["status", "--hosts", "endless,good", "--json", "--timeout", "30"], hostile_hosts["env"], tmp_path)
     print(f"\nendless answer: client peak RSS {peak_mib:.0f} MiB, {took:.1f} s")
     assert rc == 6, err
@@ -256,7 +228,7 @@ elif host == 'large':  # 3 MiB of valid JSON: under the cap, accepted
 def test_endless_stderr_and_a_lingering_ssh_are_bounded_and_a_large_answer_under_the_cap_is_kept(tmp_path):
     fake = tmp_path / "fake_ssh_edges.py"
     fake.write_text(FAKE_SSH_EDGES)
-    rc, out, err, peak_mib, took = _run_measured(
+    rc, out, err, peak_mib, took = run_gputop_measured(
         ["status", "--hosts", "errflood,lingers,large", "--json", "--timeout", "6"],
         {"GPUTOP_SSH": f"{sys.executable} {fake}"}, tmp_path)
     assert rc == 6 and "Traceback" not in err, err
