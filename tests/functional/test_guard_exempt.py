@@ -355,3 +355,70 @@ def test_exemption_is_read_from_the_live_process_not_the_snapshot(second, procs,
     miner.kill()
     miner.wait()
     assert ex.match(miner.pid, round(start, 2)) is None
+
+
+# ---- guard reap: about abandoned trees, so the orphan verdict still decides --------------------------
+
+REAP_MINERS = parse_policy(textwrap.dedent("""\
+    rules:
+      - name: reap-abandoned-miners
+        conditions:
+          - {type: process_name, operator: contains, value: xmrig}
+          - {type: orphan, operator: ==, value: true}
+        action: reap
+        timeout: 2s
+"""))
+
+
+def orphan_of(second, procs, shell: str, name: str, timeout: float = 15.0) -> int:
+    """A real orphan of the second user: ``shell`` started in a session whose leader exits at once."""
+    before = {p.pid for p in psutil.process_iter()}
+    second.spawn(procs, ["setsid", "sh", "-c", f"{shell} & exit 0"]).wait(timeout)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for p in psutil.process_iter(["pid", "name", "ppid"]):
+            if p.pid not in before and p.info["name"] == name[:15] and p.info["ppid"] == 1:
+                procs.pids.append(p.pid)
+                return p.pid
+        time.sleep(0.05)
+    raise TimeoutError(f"orphan {name!r} did not start")
+
+
+def test_a_guard_reap_rule_reaps_an_abandoned_miner_honours_nohup_and_the_admins_exemption(second, procs,
+                                                                                           scenario):
+    xmrig = second.binary("xmrig")
+    plain = orphan_of(second, procs, f"{xmrig} 600", "xmrig")
+    hup = second.binary("xmrig-hup")
+    detached = orphan_of(second, procs, f"sh -c \"trap '' HUP; exec {hup} 600\"", "xmrig-hup")
+    clock = Clock()
+    path = scenario(holders=[{"pid": p, "gpu": 0, "memory": "1GiB", "sm": 99} for p in (plain, detached)])
+    sampler = sampler_for(path, clock)
+    snap = sampler.sample()
+    assert snap.holder(plain).verdict.kind == "orphan"
+    assert snap.holder(detached).verdict.kind == "protected"  # the nohup mark: not abandoned, says its user
+    # With the admin's exemption of that user, nothing is reaped, and the hit says why.
+    hits = {h["pid"]: h for h in Engine(REAP_MINERS, config=exempt_config(users=[second.uid]), sampler=sampler,
+                                        record=lambda h: None).evaluate(snap, "enforce")}
+    assert hits[plain]["outcome"] == "exempt" and hits[plain]["details"]["exempt"]["key"] == "guard.exempt.users"
+    assert alive(plain)
+    # Without it: the abandoned tree is reaped; the one its user detached with nohup is not a reap's to take
+    # (a kill rule is how an admin stops it: see the five-miners test).
+    snap = sampler.sample()
+    eng = Engine(REAP_MINERS, sampler=sampler, record=lambda h: None)
+    hits = {h["pid"]: h for h in eng.evaluate(snap, "enforce")}
+    assert hits[plain]["action"] == "reap" and hits[plain]["ok"], hits[plain]
+    assert wait_gone(plain)
+    assert detached not in hits  # not an orphan by its verdict: the rule's orphan condition is false
+    assert alive(detached)
+
+
+def test_test_policies_names_the_exemption(second, procs, scenario):
+    miner = second.spawn(procs, [second.binary("xmrig"), "600"])
+    wait_comm(miner.pid, "xmrig")
+    path = scenario(holders=[{"pid": miner.pid, "gpu": 0, "memory": "1GiB", "sm": 99}])
+    snap = sampler_for(path, Clock()).sample()
+    (t,) = explain(BLOCK_MINERS, snap, exempt_config(users=[second.name]))[0]["targets"]
+    assert "exempt by guard.exempt.users" in t["verdict"] and "nothing will be done" in t["verdict"], t
+    (t,) = explain(BLOCK_MINERS, snap, Config())[0]["targets"]
+    assert t["decision"] == "would-act" and "exempt" not in t["verdict"]
+    assert alive(miner.pid)
