@@ -422,3 +422,55 @@ def test_test_policies_names_the_exemption(second, procs, scenario):
     (t,) = explain(BLOCK_MINERS, snap, Config())[0]["targets"]
     assert t["decision"] == "would-act" and "exempt" not in t["verdict"]
     assert alive(miner.pid)
+
+
+def test_the_real_daemon_kills_a_nohup_miner_and_spares_the_admins_exempt_executable(second, procs, scenario,
+                                                                                    tmp_path, request):
+    """`gputop guard run --enforce` as root, with guard.exempt in its config file."""
+    from gputop.guard import state
+    from tests.conftest import _default_sighup
+
+    root_dir = Path(tempfile.mkdtemp(prefix="gputop-exempt-", dir="/opt"))
+    request.addfinalizer(lambda: shutil.rmtree(root_dir, ignore_errors=True))
+    os.chmod(root_dir, 0o755)
+    exporter = second.spawn(procs, [second.binary("xmrig-exporter", root_dir), "600"])
+    hup = second.spawn(procs, ["sh", "-c", f"trap '' HUP; exec {second.binary('xmrig')} 600"])
+    bystander = second.spawn(procs, [second.binary("trainer"), "600"])
+    for p, n in ((exporter, "xmrig-exporter"), (hup, "xmrig"), (bystander, "trainer")):
+        wait_comm(p.pid, n)
+    scenario(holders=[{"pid": p.pid, "gpu": 0, "memory": "1GiB", "sm": 99} for p in (exporter, hup, bystander)])
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(textwrap.dedent("""\
+        rules:
+          - name: block-miners
+            conditions:
+              - {type: process_name, operator: contains, value: xmrig}
+            action: kill
+            force: true
+            timeout: 3s
+    """))
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"guard:\n  exempt:\n    executables: [{root_dir}/xmrig-exporter]\n")
+    log = open(tmp_path / "guard.log", "w+")
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "gputop", "--config", str(cfg), "guard", "run", "--interval", "0.3", "--enforce",
+         "--policy-file", str(policy)],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_default_sighup)
+    try:
+        assert wait_gone(hup.pid, 30), "the daemon did not kill the miner that ignores SIGHUP"
+        deadline = time.time() + 30
+        hit = None
+        while time.time() < deadline and hit is None:
+            hit = next((h for h in state.recent_hits() if h["pid"] == exporter.pid and h["outcome"] == "exempt"),
+                       None)
+            time.sleep(0.1)
+        assert hit is not None, "no exempt hit for the admin's exporter"
+        assert hit["details"]["exempt"]["key"] == "guard.exempt.executables"
+    finally:
+        daemon.send_signal(15)
+        rc = daemon.wait(20)
+    log.seek(0)
+    out = log.read()
+    assert rc == 0, out
+    assert "exempt by guard.exempt.executables" in out
+    assert alive(exporter.pid) and alive(bystander.pid)
