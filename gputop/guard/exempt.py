@@ -27,6 +27,7 @@ import os
 import stat as _stat
 from dataclasses import dataclass
 
+from gputop.actions.common import same_start
 from gputop.config import EXEMPT_KEYS, Config, parse_exempt
 from gputop.ownership import owner_from_cgroup, parse_lines
 from gputop.procs import read_proc
@@ -81,7 +82,7 @@ class Exempt:
             return None
         try:
             now = read_proc(pid, proc_root)  # after pinning: the pinned directory is this process, or gone
-            if now is None or (start_time is not None and abs(now.start_time - start_time) > 0.015):
+            if now is None or (start_time is not None and not same_start(now.start_time, start_time)):
                 return None
             return (self._creds(dfd) or self._cgroup(dfd) or self._exe(dfd))
         finally:
