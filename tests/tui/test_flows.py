@@ -277,7 +277,7 @@ async def test_reset_dialog_offers_only_what_would_be_done(procs, scenario):
     from gputop.snapshot import Sampler
     from gputop.tui.app import GputopApp
 
-    keep = procs.sleeper("keepme")
+    keep = spawn_named(procs, "keepme")  # its names agree: a renamed python is a disguise (issue 25)
     held = procs.sleeper("heldjob")
     path = scenario([{"pid": keep.pid, "gpu": 0, "memory": "4GiB"}, {"pid": held.pid, "gpu": 1, "memory": "1GiB"}],
                     gpus=2)
