@@ -31,6 +31,7 @@ from gputop.actions.common import same_start
 from gputop.config import EXEMPT_KEYS, Config, parse_exempt
 from gputop.ownership import owner_from_cgroup, parse_lines
 from gputop.procs import read_proc
+from gputop.textsafe import visible
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class Exemption:
     evidence: str
 
     def describe(self) -> str:
-        return f"guard.exempt.{self.key} {self.value!r} ({self.evidence})"
+        # A cgroup path below the admin's may hold names a service chose: never raw to a terminal.
+        return f"guard.exempt.{self.key} {self.value!r} ({visible(self.evidence)})"
 
     def to_dict(self) -> dict:
         return {"key": f"guard.exempt.{self.key}", "value": self.value, "evidence": self.evidence}
