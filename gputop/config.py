@@ -10,6 +10,7 @@ State (audit log, guard state) lives in ``$GPUTOP_STATE_DIR`` or ``<XDG state>/g
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,7 +84,8 @@ SCHEMA: dict = {
     "reap": {"interval": None, "grace": None, "protect": None, "protect_cmdline": None},
     "guard": {"policy": None, "policy_file": None, "interval": None,
               "smtp": {"host": None, "port": None, "ssl": None, "starttls": None, "from": None,
-                       "username": None, "password_env": None}},
+                       "username": None, "password_env": None},
+              "exempt": {"users": None, "groups": None, "units": None, "cgroups": None, "executables": None}},
     "audit": OPEN,
 }
 _NESTED = {"reap": {"interval": "reap_interval", "grace": "reap_grace", "protect": "protect",
@@ -197,9 +199,71 @@ def _parse(data: dict, p: Path) -> tuple[dict, dict]:
         for k in ("guard", "audit"):
             if k in extra and not isinstance(extra[k], dict):
                 raise ValueError(f"'{k}' must be a mapping")
+        if isinstance(extra.get("guard"), dict) and "exempt" in extra["guard"]:
+            extra["guard"] = {**extra["guard"], "exempt": parse_exempt(extra["guard"]["exempt"])}
     except (TypeError, ValueError) as e:
         raise UsageError(f"config file {p}: {e}") from None
     return kw, extra
+
+
+# ---- guard.exempt: what an admin exempts from the guard's rules --------------------------------
+# Only attributes a local user cannot forge (docs/guard.md "Who is exempt from what"): a uid or a group
+# (the kernel's credentials), a systemd unit or a cgroup (placing a process there needs root), an
+# executable in a root-owned directory (checked when the guard acts: gputop.guard.exempt). Never a name,
+# argv, the environment, ancestry, the nohup mark or chain length: every one of those is the user's to choose.
+EXEMPT_KEYS = ("users", "groups", "units", "cgroups", "executables")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\$?")
+_UNIT = re.compile(r"[A-Za-z0-9:_.\\-]+(?:@[A-Za-z0-9:_.\\-]*)?\.service")
+_USER_MANAGER = re.compile(r"user@\d+\.service")
+
+
+def parse_exempt(value) -> dict[str, tuple]:
+    """``guard.exempt`` checked: ``{users: [name | uid], groups: [name | gid], units: [NAME.service],
+    cgroups: [/absolute/path], executables: [/absolute/path]}`` -> a dict of tuples. Raises ValueError
+    with what to write."""
+    if value is None:
+        return {k: () for k in EXEMPT_KEYS}
+    if not isinstance(value, dict):
+        raise ValueError("'guard.exempt' must be a mapping with users, groups, units, cgroups, executables")
+    out: dict[str, tuple] = {}
+    for key in EXEMPT_KEYS:
+        items = value.get(key) or []
+        if not isinstance(items, list):
+            raise ValueError(f"'guard.exempt.{key}' must be a list")
+        vals: list = []
+        for x in items:
+            vals.append(_exempt_item(key, x))
+        out[key] = tuple(vals)
+    return out
+
+
+def _exempt_item(key: str, x):
+    where = f"guard.exempt.{key}"
+    if key in ("users", "groups"):
+        if isinstance(x, int) and not isinstance(x, bool) and x >= 0:
+            return x
+        if isinstance(x, str) and _NAME.fullmatch(x):
+            return int(x) if x.isdigit() else x
+        raise ValueError(f"{where}: {x!r} is not a {key[:-1]} name or a number")
+    if not isinstance(x, str) or not x:
+        raise ValueError(f"{where}: {x!r} must be a string")
+    if key == "units":
+        if not _UNIT.fullmatch(x):
+            raise ValueError(f"{where}: {x!r} is not a systemd service name (NAME.service)")
+        if _USER_MANAGER.fullmatch(x):
+            raise ValueError(f"{where}: {x!r} is a user's own systemd manager, where that user starts what "
+                             "they like: exempt the user instead")
+        return x
+    if not x.startswith("/") or "\0" in x or any(part in (".", "..") for part in x.split("/")):
+        raise ValueError(f"{where}: {x!r} must be an absolute path without '.' or '..'")
+    if key == "cgroups":
+        x = x.rstrip("/") or "/"
+        if x == "/":
+            raise ValueError(f"{where}: '/' would exempt every process: name a unit's or a slice's cgroup")
+        if any(_USER_MANAGER.fullmatch(part) for part in x.split("/")):
+            raise ValueError(f"{where}: {x!r} lies in a user's delegated cgroup subtree (user@UID.service), "
+                             "where that user can move any of their processes: exempt the user instead")
+    return x
 
 
 def _merge(node: tuple[dict, dict], user: tuple[dict, dict]) -> tuple[dict, dict]:

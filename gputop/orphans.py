@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from collections.abc import Callable, Sequence
 
+from gputop.disguise import disguise
 from gputop.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE  # noqa: F401 (re-exported)
 from gputop.ownership import ENDED_STATES, LIVE_STATES, SERVICE, SESSION, Owner
 from gputop.procs import ProcInfo
@@ -39,6 +40,8 @@ class Table:
 
     # Optional: ``hidden(pid) -> bool``, True when ``pid`` exists but cannot be read (hidepid, another
     # user's process). A table without it cannot tell hidden from gone, and treats missing as gone.
+    # Optional: ``exe(pid) -> str | None``, the executable /proc/PID/exe names (None: unreadable). Without
+    # it, a name pattern's disguise test compares the name with argv[0] only (gputop.disguise).
 
 
 def verdict_inputs(p: ProcInfo) -> tuple:
@@ -94,15 +97,16 @@ MEMO_MAX_CHARS = 1024
 
 
 def _protect_match(protect: re.Pattern[str], name: str, argv0: str) -> str | None:
-    # A protect pattern says what a program is: it matches the process name and argv[0]'s basename, never
-    # a word inside an argument or a path ("--out=/data/screenshots" is not "screen").
+    # A protect pattern says what a program is: it matches the WHOLE process name or argv[0]'s basename
+    # (anchored: 'tmux' protects 'tmux', not 'xmrig-tmux'), never a word inside an argument or a path
+    # ("--out=/data/screenshots" is not "screen").
     if len(argv0) + len(name) > MEMO_MAX_CHARS:
         return _protect_search(protect, name, argv0)
     return _protect_memo(protect, name, argv0)
 
 
 def _protect_search(protect: re.Pattern[str], name: str, argv0: str) -> str | None:
-    hit = protect.search(name) or (protect.search(os.path.basename(argv0)) if argv0 else None)
+    hit = protect.fullmatch(name) or (protect.fullmatch(os.path.basename(argv0)) if argv0 else None)
     return hit.group(0) if hit else None
 
 
@@ -125,12 +129,14 @@ _cmdline_memo = lru_cache(maxsize=8192)(_cmdline_search)
 
 def _protect_hit(
     members: Sequence[ProcInfo], protect: re.Pattern[str] | None, nohup_protects: bool,
-    protect_cmdline: re.Pattern[str] | None = None,
+    protect_cmdline: re.Pattern[str] | None = None, exe_of: Callable[[int], str | None] | None = None,
 ) -> str | None:
     for m in members:
         if protect is not None:
             hit = _protect_match(protect, m.name, m.cmdline[0] if m.cmdline else "")
-            if hit is not None:
+            # A disguised process (its name, argv[0] and executable disagree) is never protected by a name:
+            # it says one thing and runs another (gputop.disguise, the rogue audit's test).
+            if hit is not None and disguise(m.name, m.cmdline, exe_of(m.pid) if exe_of else None) is None:
                 return f"pid {m.pid} ({_n(m)}) matches protect pattern '{visible(hit)}'"
         if protect_cmdline is not None:
             hit = _cmdline_match(protect_cmdline, m.cmdline)
@@ -142,9 +148,10 @@ def _protect_hit(
 
 
 def protect_reason(member: ProcInfo, protect: re.Pattern[str] | None, nohup_protects: bool,
-                   protect_cmdline: re.Pattern[str] | None = None) -> str | None:
+                   protect_cmdline: re.Pattern[str] | None = None,
+                   exe_of: Callable[[int], str | None] | None = None) -> str | None:
     """Why one process is protected (protect lists or nohup mark), or None: the rule every path uses."""
-    return _protect_hit((member,), protect, nohup_protects, protect_cmdline)
+    return _protect_hit((member,), protect, nohup_protects, protect_cmdline, exe_of)
 
 
 def classify(
@@ -172,7 +179,11 @@ def classify(
     if platform == "windows":
         return _classify_windows(pid, table, protect, max_chain, protect_cmdline)
     chain: list[ProcInfo] = walked if walked is not None else []
-    verdict = _classify_posix(pid, table, _Protect(protect, protect_cmdline, nohup_protects), max_chain, chain)
+    # A table may say which executable a process runs (``exe(pid)``, see Table): a name pattern then
+    # protects only a process whose executable agrees with its name.
+    exe_of = getattr(table, "exe", None)
+    verdict = _classify_posix(pid, table, _Protect(protect, protect_cmdline, nohup_protects, exe_of), max_chain,
+                              chain)
     job = job_of(chain[0]) if job_of is not None and job_state is not None and chain else None
     if job is not None:
         state = job_state(job.job_id)  # type: ignore[attr-defined]
@@ -182,7 +193,7 @@ def classify(
             jid = job.job_id  # type: ignore[attr-defined]
             verdict = slurm_job_rule(verdict, chain, job, state,
                                      lambda m: getattr(job_of(m), "job_id", None) == jid, protect, nohup_protects,
-                                     protect_cmdline)
+                                     protect_cmdline, exe_of)
             if state.ended is not None:
                 return verdict  # the job rule decided: a job's process is judged by its job, not its session
     if owner_of is not None:
@@ -243,9 +254,10 @@ class _Protect:
     names: re.Pattern[str] | None
     cmdline: re.Pattern[str] | None
     nohup: bool
+    exe_of: Callable[[int], str | None] | None = None
 
     def hit(self, members: Sequence[ProcInfo]) -> str | None:
-        return _protect_hit(members, self.names, self.nohup, self.cmdline)
+        return _protect_hit(members, self.names, self.nohup, self.cmdline, self.exe_of)
 
 
 def _walk(pid: int, table: Table, max_chain: int) -> tuple[list[ProcInfo], str | None]:
@@ -446,6 +458,7 @@ def slurm_job_rule(
     protect: re.Pattern[str] | None = None,
     nohup_protects: bool = True,
     protect_cmdline: re.Pattern[str] | None = None,
+    exe_of: Callable[[int], str | None] | None = None,
 ) -> Verdict:
     """The verdict for a holder that belongs to Slurm job ``job`` (a gputop.slurm.JobRef) whose state is
     ``state`` (a gputop.slurm.JobState), given the session rule's ``verdict`` and the walked ``chain``
@@ -472,7 +485,7 @@ def slurm_job_rule(
                                 "but whether its job still runs cannot be told", root=verdict.root,
                        reaper=verdict.reaper, orphan_reason=verdict.reason)
     if not ended:
-        hit = _protect_hit([m for m in chain if m.pid != 1], protect, nohup_protects, protect_cmdline)
+        hit = _protect_hit([m for m in chain if m.pid != 1], protect, nohup_protects, protect_cmdline, exe_of)
         if hit:
             return Verdict(PROTECTED, hit)
         return Verdict(NOT_ORPHAN, f"{state.describe()}: a process of a live job is not an orphan")
@@ -483,6 +496,6 @@ def slurm_job_rule(
         top_i = i
     root = chain[top_i]
     reason = f"{state.describe()}; tree root pid {root.pid} ({root.name})"
-    hit = _protect_hit(chain[: top_i + 1], protect, False, protect_cmdline)
+    hit = _protect_hit(chain[: top_i + 1], protect, False, protect_cmdline, exe_of)
     kind = PROTECTED if hit else ORPHAN
     return Verdict(kind, hit or reason, root=root.pid, reaper=root.ppid, orphan_reason=reason)

@@ -366,6 +366,12 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
     half = state in ("Z", "X") and live_threads(base)
     cached = static.get(key) if static is not None and not half else None
     if cached is not None:
+        last = static._last.get(pid)
+        if last is not None and last[2] == key and last[0][last[0].index(b"(") + 1: last[0].rindex(b")")] \
+                != stat[lpar + 1: rpar]:
+            cached = None  # its name changed under the same identity: an exec, so its command line is new too
+            # (the protect rules compare the name with argv[0]: gputop.disguise)
+    if cached is not None:
         cmdline, uid = cached
     else:
         if dfd is None:
@@ -680,6 +686,15 @@ class ProcTable:
         except KeyError:
             answer = self._hidden[pid] = visibility(pid, self.proc_root, read_first=False) == HIDDEN
             return answer
+
+    def exe(self, pid: int) -> str | None:
+        """The executable ``pid`` runs (/proc/PID/exe), or None where it cannot be read (another user's
+        process when not root, a kernel thread). Read only when a protect name pattern matched (the
+        classifier's disguise test, gputop.disguise)."""
+        try:
+            return os.readlink(f"{self.proc_root}/{pid}/exe")
+        except (OSError, ValueError):
+            return None
 
     def scan_all(self) -> None:
         """Read every process on the host (needed only to find children).

@@ -43,6 +43,9 @@ import sys
 from dataclasses import dataclass
 
 from gputop.config import Config
+from gputop.disguise import INTERPRETER as _INTERPRETER
+from gputop.disguise import exe_base as _exe_base
+from gputop.disguise import exe_mismatch
 from gputop.errors import UsageError
 from gputop.orphans import ORPHAN
 from gputop.procs import ProcInfo, ProcTable
@@ -65,10 +68,6 @@ _WALLETS = (
     ("Bitcoin bech32 address", re.compile(r"\bbc1[02-9ac-hj-np-z]{25,59}\b")),
 )
 _WALLET_ARG = re.compile(r"(?:^|\s)(?:--wallet|--user|-u|-O|--address)(?:\s+|=)([A-Za-z0-9]{26,}(?:[.+][\w-]+)?)(?=\s|$)")
-# Interpreters: a process running one is rightly named after its script (argv[1..]), and they are often
-# installed under version managers' hidden directories (~/.pyenv, ~/.nvm, ...).
-_INTERPRETER = re.compile(r"^(?:python[\d.]*|pypy[\d.]*|node|nodejs|perl[\d.]*|ruby[\d.]*|java|php[\d.]*|"
-                          r"lua[\d.]*|bash|sh|dash|zsh|R|Rscript|julia)$")
 _ENV_DIRS = {".pyenv", ".venv", ".conda", ".local", ".nvm", ".rbenv", ".asdf", ".sdkman", ".julia",
              ".virtualenvs", ".cache"}
 _SYSTEM_NAME = re.compile(r"^(?:\[.*\]|kworker|ksoftirqd|kthreadd|kswapd|migration|rcu_|watchdog|systemd|"
@@ -200,12 +199,6 @@ def read_exe(pid: int) -> str | None:
         return psutil.Process(pid).exe() or None
     except Exception:
         return None
-
-
-def _exe_base(exe: str) -> str:
-    if exe.endswith(" (deleted)"):
-        exe = exe[: -len(" (deleted)")]
-    return os.path.basename(exe)
 
 
 @dataclass(frozen=True)
@@ -388,24 +381,12 @@ def _check_exe(c: _Check, exe: str) -> None:
         if hidden and not (interpreter and all(h in _ENV_DIRS for h in hidden)):
             c.add("low", "suspicious-exe", f"the executable runs from a hidden directory ({hidden[0]})",
                   path)
-    base = _exe_base(exe)
-    # argv[0] is chosen by the process itself, so it never vouches for the name; an interpreter's
-    # process may be named after its script.
-    scripts = ([os.path.basename(a) for a in proc.cmdline[1:3] if a and not a.startswith("-")]
-               if _INTERPRETER.match(base) else [])
-    if not _same_name(proc.name, base) and not any(_same_name(proc.name, s) for s in scripts):
+    why = exe_mismatch(proc.name, proc.cmdline, exe)  # the one test; protect patterns use it too
+    if why is not None:
         system = bool(_SYSTEM_NAME.match(proc.name))
         c.add("high" if system else "low", "disguised-name",
-              f"the process calls itself {proc.name!r} but runs {base!r}"
-              + (" (a system/kernel-thread name: a classic miner disguise)" if system else ""),
+              why + (" (a system/kernel-thread name: a classic miner disguise)" if system else ""),
               f"name: {proc.name}; exe: {exe}")
-
-
-def _same_name(name: str, other: str) -> bool:
-    a, b = name.lower(), other.lower()
-    if not a or not b:
-        return False
-    return a == b or b.startswith(a) or a.startswith(b)  # comm is cut at 15 bytes; python3 vs python3.11
 
 
 # ---- the audit -------------------------------------------------------------------------------

@@ -223,6 +223,11 @@ class _Recording:
         answer = self.hides[pid] = self._table.hidden(pid)
         return answer
 
+    def exe(self, pid: int) -> str | None:
+        # Not recorded: the executable changes only with an exec, which changes the name and the command
+        # line the memo compares (verdict_inputs).
+        return self._table.exe(pid)
+
 
 class _Context:
     """The part of a verdict's inputs that the holders of one tree share: each process-table answer

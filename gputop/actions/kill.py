@@ -33,10 +33,14 @@ from gputop.procs import HIDDEN, read_proc, self_and_ancestors, tgid_of, visibil
 def kill_process(pid: int, *, expected_start: float | None, face: str, force: bool = False,
                  timeout: float = 5.0, signal_name: str = "TERM", dry_run: bool = False,
                  require_holder: bool = True, allow_protected: bool = False, sampler=None,
-                 config: Config | None = None, reason: str | None = None) -> ActionResult:
+                 config: Config | None = None, reason: str | None = None, policy: bool = False) -> ActionResult:
     """Signal one process safely; wait up to ``timeout``; with ``force``, escalate to SIGKILL.
 
     ``expected_start`` is the start time the caller saw (a snapshot); None means "as it is now".
+    ``policy``: an admin's guard rule matched the process itself. Its orphan verdict (protected by a name,
+    an ancestor or the nohup mark; unknown because its ancestry cannot be followed) is about whether a tree
+    was abandoned, and the user chooses all of it: it does not exempt the process from the rule. Every
+    identity and safety check still applies, and a holder gputop cannot see is still never signalled.
     """
     if face not in FACES:
         raise ValueError(f"face must be one of {FACES}, not {face!r}")
@@ -53,7 +57,7 @@ def kill_process(pid: int, *, expected_start: float | None, face: str, force: bo
         return run.done(False, "failed", str(e), e.exit_code)
     run.cfg = ctx.config
     try:
-        return run.run(ctx, sig, require_holder, allow_protected)
+        return run.run(ctx, sig, require_holder, allow_protected, policy)
     finally:
         ctx.close()
 
@@ -79,12 +83,14 @@ class _KillRun:
         return ActionResult("kill", ok, outcome, message, pid=self.pid, gpu=gpu, exit_code=code,
                             memory_released=mem, details=self.details)
 
-    def run(self, ctx: Ctx, sig: signal.Signals, require_holder: bool, allow_protected: bool) -> ActionResult:
+    def run(self, ctx: Ctx, sig: signal.Signals, require_holder: bool, allow_protected: bool,
+            policy: bool = False) -> ActionResult:
         tgid = tgid_of(self.pid)
         if tgid != self.pid:  # NVML reported a thread id: act on its process
             self.details["thread_id"] = self.pid
             self.pid = tgid
-        refusal = self.check_target(ctx) or self.check_gpu_and_verdict(ctx, require_holder, allow_protected)
+        refusal = (self.check_target(ctx)
+                   or self.check_gpu_and_verdict(ctx, require_holder, allow_protected, policy))
         if refusal is not None:
             return refusal
         info = self.info
@@ -179,7 +185,8 @@ class _KillRun:
             return []
         return sorted(holder.gpus)
 
-    def check_gpu_and_verdict(self, ctx: Ctx, require_holder: bool, allow_protected: bool) -> ActionResult | None:
+    def check_gpu_and_verdict(self, ctx: Ctx, require_holder: bool, allow_protected: bool,
+                              policy: bool = False) -> ActionResult | None:
         pid, info = self.pid, self.info
         snap = None
         if ctx.sampler is not None:
@@ -204,6 +211,15 @@ class _KillRun:
         if holder is not None and (holder.proc is None or holder.verdict.kind == UNKNOWN):
             verdict = holder.verdict  # the GPU side cannot tie this PID to what we see here: unknown wins
         self.details["verdict"] = {"kind": verdict.kind, "reason": verdict.reason}
+        if policy:
+            if holder is not None and holder.proc is None:
+                self.details["rule"] = "unknown"
+                return self.done(False, "refused", f"pid {pid} ({name(info)}): the GPU reports this PID, but gputop "
+                                 f"cannot tie it to a process it sees here ({verdict.reason}); never signalled",
+                                 EXIT_REFUSED)
+            if verdict.kind in (PROTECTED, UNKNOWN):
+                self.details["policy_overrides"] = verdict.kind  # the audit line says what did not exempt it
+            return None
         if verdict.kind == UNKNOWN:
             self.details["rule"] = "unknown"
             return self.done(False, "refused", f"pid {pid} ({name(info)}) has an unknown verdict ({verdict.reason}); "

@@ -20,8 +20,11 @@ DESCRIPTION = """The guard enforces a YAML policy (see examples/policy.yaml and 
 Modes: off, dry-run (record what would be done, kill nothing) and enforce. --enable turns an off guard
 on in dry-run. The mode, the policy file and the rule hits live in the state directory and are shared
 with a running 'gputop guard run' daemon and the TUI: a mode switch takes effect at the daemon's next
-interval. Kills go through the same safe path as 'gputop kill' (identity re-checked; protected and
-unknown processes are never signalled).
+interval. Kills go through the same safe path as 'gputop kill' (identity re-checked; PID 1, kernel
+threads, gputop and its ancestors, hidden processes never signalled). A kill rule that matches a process
+kills it whatever its orphan verdict (a name, the nohup mark, ancestry are the user's to forge); only the
+config's guard.exempt (users, groups, units, cgroups, root-owned executables) exempts. A reap rule still
+leaves protected and unknown trees alone.
 
   gputop guard --policy-file /etc/gputop/policy.yaml --enable
   gputop guard --test-policies          # what would happen now, per rule and target, and why

@@ -12,14 +12,15 @@ Per rule and per target (a process, or a user with ``scope: per_user``):
 - the action (log, notify, kill, reap) runs at most once per ``repeat`` while the rule keeps holding;
 - kill and reap go through gputop.actions (identity and safety re-checked there; dry-run there too);
 - ``scope: per_user`` first plans (``plan_user_kills``, a pure function) the processes whose end brings
-  the user back under the limit: newest first (or ``select: largest``), skipping protected and unknown
-  ones, counting a process the guard signalled earlier and that is still in its grace as going; it kills
+  the user back under the limit: newest first (or ``select: largest``), skipping the admin's exemptions
+  and processes a protect pattern matches themselves (not their ancestry, nohup or chain length), counting a process the guard signalled earlier and that is still in its grace as going; it kills
   nothing when no such set exists (a ``cannot-reach-limit`` hit), then kills the planned set.
 Every hit (warning, action, refusal, would-do) is recorded: time, rule, target, dry_run, action, outcome.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from collections import Counter
@@ -32,9 +33,11 @@ from gputop.config import Config
 from gputop.guard import notify as _notify
 from gputop.guard import state as _state
 from gputop.guard.conditions import Facts, Outcome, Target, evaluate
+from gputop.guard.exempt import Exempt, Exemption
 from gputop.guard.policy import USER_LEVEL, Condition, Policy, Rule
-from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
+from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN, compile_protect, protect_reason
 from gputop.snapshot import Holder, Snapshot
+from gputop.textsafe import visible
 from gputop.units import fmt_bytes
 
 
@@ -59,15 +62,33 @@ class UserPlan:
         return bool(self.chosen)
 
 
-def unselectable(h: Holder) -> str | None:
-    """Why the guard cannot take ``h`` (the kill would be refused), or None."""
+def unselectable(h: Holder, action: str = "kill",
+                 protected_itself: Callable[[Holder], str | None] | None = None) -> str | None:
+    """Why a per-user rule may not take ``h``, or None.
+
+    Kill: only what the process itself is (issue 25): a protect pattern matching its own name or command
+    line (anchored; a disguise never matches), and not what its ancestry, the nohup mark or a chain too
+    long to follow say: those decide whether a tree is abandoned, not whether an admin's limit applies.
+    Reap: the orphan verdict decides (protected and unknown trees are never reaped)."""
     if h.proc is None:
         return "cannot be seen here"
-    if h.verdict.kind == PROTECTED:
-        return f"protected ({h.verdict.reason})"
-    if h.verdict.kind == UNKNOWN:
-        return f"unknown verdict ({h.verdict.reason})"
-    return None
+    if action != "kill":
+        if h.verdict.kind == PROTECTED:
+            return f"protected ({h.verdict.reason})"
+        if h.verdict.kind == UNKNOWN:
+            return f"unknown verdict ({h.verdict.reason})"
+        return None
+    if protected_itself is None:
+        return f"protected ({h.verdict.reason})" if h.verdict.kind == PROTECTED else None
+    why = protected_itself(h)
+    return f"protected ({why})" if why else None
+
+
+def _exe_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except (OSError, ValueError):
+        return None
 
 
 def plan_user_kills(ordered, still_over: Callable[[frozenset], bool], going=(),
@@ -186,6 +207,15 @@ class Engine:
         self._going: dict[int, tuple[float | None, float]] = {}
         self.counts: Counter = Counter()
         self._snap: Snapshot | None = None
+        self._exempt: tuple[Config, Exempt] | None = None
+        self._protects: tuple | None = None
+
+    @property
+    def exempt(self) -> Exempt:
+        """The admin's guard.exempt lists of the current config (the daemon swaps ``config`` on SIGHUP)."""
+        if self._exempt is None or self._exempt[0] is not self.config:
+            self._exempt = (self.config, Exempt.from_config(self.config))
+        return self._exempt[1]
 
     # ---- policy and mode changes ----
 
@@ -360,9 +390,26 @@ class Engine:
         """The per-user plan for ``a`` on ``snap`` (``refused``: PIDs whose kill was refused this pass)."""
         going = going if going is not None else self._going_now(snap, snap.at)
         mine = [h for h in going.values() if h.user == a.target.user]
+        def why_not(h: Holder) -> str | None:
+            if h.pid in refused:
+                return "its kill was refused just now"
+            ex = self.exempt.match(h.pid, h.start_time) if self.exempt else None
+            if ex is not None:
+                return f"exempt by {ex.describe()}"
+            return unselectable(h, rule.action, self._protected_itself)
+
         return plan_user_kills(
             self.order(rule, a.candidates), lambda gone: self._user_still_over(rule, a.target, snap, set(gone)),
-            mine, lambda h: "its kill was refused just now" if h.pid in refused else unselectable(h))
+            mine, why_not)
+
+    def _protected_itself(self, h: Holder) -> str | None:
+        """Whether the process itself matches a protect pattern of the current config (its name or argv[0]
+        anchored, not disguised; or its command line): what a per-user kill skips."""
+        if self._protects is None or self._protects[0] is not self.config:
+            self._protects = (self.config, compile_protect(self.config.protect),
+                              compile_protect(self.config.protect_cmdline))
+        _, names, cmdline = self._protects
+        return protect_reason(h.proc, names, False, cmdline, _exe_of)
 
     def _act_per_user(self, rule: Rule, a: Assessment, snap: Snapshot, mode: str, now: float) -> list[dict]:
         """Plan the set that brings the user under the limit, then kill it; none when no set can."""
@@ -440,27 +487,60 @@ class Engine:
     def _do(self, rule: Rule, target: Target, h: Holder, why: str, mode: str, now: float) -> dict:
         dry = mode != "enforce"
         timeout = rule.timeout if rule.timeout is not None else self.config.kill_timeout
-        if rule.action == "kill":
-            res = actions.kill_process(h.pid, expected_start=h.start_time, face="guard", force=rule.force,
-                                       timeout=timeout, dry_run=dry, sampler=self.sampler,
-                                       config=self.config, reason=rule.name)
-        else:  # reap: the holder's whole orphan tree, from its root
-            root_pid, root_start = h.pid, h.start_time
+        ptarget = Target.process(h)
+        root_pid, root_start = h.pid, h.start_time
+        if rule.action == "reap":  # the holder's whole orphan tree, from its root
             snap = self._snap
             if h.verdict.kind == ORPHAN and snap is not None:
                 root = next((r for r in snap.roots if h.pid in r.holders), None)
                 if root is not None:
                     root_pid, root_start = root.pid, root.proc.start_time
+        # The admin's exemptions, read from the live process right before acting (gputop.guard.exempt):
+        # only what a user cannot forge. A name, ancestry, the nohup mark or chain length never exempts.
+        ex = self._exemption(h, root_pid, root_start)
+        if ex is not None:
+            return self._exempt_hit(rule, ptarget if rule.per_user else target, h, ex, why, mode, now)
+        if rule.action == "kill":
+            # The rule matched the process itself: its orphan verdict (protected, unknown) does not exempt it.
+            res = actions.kill_process(h.pid, expected_start=h.start_time, face="guard", force=rule.force,
+                                       timeout=timeout, dry_run=dry, sampler=self.sampler,
+                                       config=self.config, reason=rule.name, policy=True)
+        else:  # reap is about abandoned trees: the orphan verdict decides, protect rules and nohup included
             res = actions.reap_tree(root_pid, expected_start=root_start, face="guard", grace=timeout,
                                     dry_run=dry, sampler=self.sampler, config=self.config, reason=rule.name)
-        ptarget = Target.process(h)
         hit = self._emit(rule, ptarget if rule.per_user else target, mode, rule.action, res.outcome,
                          res.message, now, ok=res.ok, reason=why, result=res, notify_now=True, holder=h)
         return hit
 
+    def _exemption(self, h: Holder, root_pid: int, root_start: float | None) -> Exemption | None:
+        exempt = self.exempt
+        if not exempt:
+            return None
+        ex = exempt.match(h.pid, h.start_time)
+        if ex is None and root_pid != h.pid:  # a reap signals the whole tree: its root too
+            ex = exempt.match(root_pid, root_start)
+            if ex is not None:
+                ex = Exemption(ex.key, ex.value, f"its tree root pid {root_pid}: {ex.evidence}")
+        return ex
+
+    def _exempt_hit(self, rule: Rule, target: Target, h: Holder, ex: Exemption, why: str, mode: str,
+                    now: float) -> dict:
+        """The rule holds, but the admin exempted the process: nothing done, in the hits and the audit log."""
+        from gputop.actions.common import log_record, record
+
+        msg = (f"pid {h.pid} ({visible(h.name)}, user {h.user or '?'}) is exempt by {ex.describe()}: "
+               f"no {rule.action}")
+        details: dict = {"exempt": ex.to_dict(), "rule": "exempt"}
+        tgt = {"pid": h.pid, "start_time": h.start_time, "user": h.user, "name": h.name,
+               "cmdline": list(h.proc.cmdline) if h.proc else None, "gpus": sorted(set(h.gpus))}
+        log_record(record(rule.action, "guard", "exempt", False, msg, tgt, [], rule.name, dry_run=mode != "enforce",
+                          details=details), self.config, details)
+        return self._emit(rule, target, mode, rule.action, "exempt", msg, now, ok=False, reason=why,
+                          notify_now=False, holder=h, details=details)
+
     def _emit(self, rule: Rule, target: Target, mode: str, action: str, outcome: str, message: str,
               now: float, *, ok: bool = True, reason: str | None = None, result=None,
-              notify_now: bool = False, holder: Holder | None = None) -> dict:
+              notify_now: bool = False, holder: Holder | None = None, details: dict | None = None) -> dict:
         h = holder or target.holder
         hit = {
             "time": now, "rule": rule.name, "pid": h.pid if h else None,
@@ -473,6 +553,10 @@ class Engine:
             hit["details"] = {"exit_code": result.exit_code, "memory_released": result.memory_released}
             if result.details.get("audit_error"):
                 hit["details"]["audit_error"] = result.details["audit_error"]  # shown with the hit, not lost
+            if result.details.get("policy_overrides"):
+                hit["details"]["policy_overrides"] = result.details["policy_overrides"]
+        if details:
+            hit.setdefault("details", {}).update(details)
         if notify_now and rule.notify:
             subject = (f"[gputop guard] {self.host}: rule '{rule.name}' {action} {outcome}"
                        f"{' (dry-run)' if hit['dry_run'] else ''}: "
@@ -510,9 +594,18 @@ def _action_text(rule: Rule, config: Config) -> str:
     return rule.action
 
 
-def _refusal_note(h: Holder) -> str:
+def _refusal_note(h: Holder, rule: Rule | None = None, exempt: Exempt | None = None) -> str:
+    if exempt:
+        ex = exempt.match(h.pid, h.start_time)
+        if ex is not None:
+            return f"; exempt by {ex.describe()}: nothing will be done"
+    if rule is not None and rule.action == "kill":
+        # A kill rule matched the process itself: its orphan verdict does not exempt it (kill_process policy).
+        if h.proc is None:
+            return "; not visible here: the kill will be refused"
+        return ""
     if h.verdict.kind in ("protected", "unknown"):
-        return f"; {h.verdict.kind}: the kill will be refused"
+        return f"; {h.verdict.kind}: the {rule.action if rule else 'kill'} will be refused"
     return ""
 
 
@@ -548,7 +641,7 @@ def explain(policy: Policy, snap: Snapshot, config: Config | None = None) -> lis
                         chosen.append(h)
                         excluded.add(h.pid)
                     victims = " -> " + ", then ".join(
-                        f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)}{_refusal_note(h)})"
+                        f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)}{_refusal_note(h, rule, eng.exempt)})"
                         for h in chosen) + f" ({rule.select} first, until back under the limit)"
                 grace = (f"warn{' and notify ' + ', '.join(rule.notify) if rule.notify else ''}, wait "
                          f"{_secs(rule.grace_period)}, re-check, then " if rule.grace_period else "")
@@ -558,8 +651,8 @@ def explain(policy: Policy, snap: Snapshot, config: Config | None = None) -> lis
                                f"once they have: {grace}{what}{victims}")
                     decision = "pending-duration"
                 else:
-                    note = _refusal_note(a.target.holder) if a.target.holder is not None and \
-                        rule.action in ("kill", "reap") else ""
+                    note = _refusal_note(a.target.holder, rule, eng.exempt) if a.target.holder is not None \
+                        and rule.action in ("kill", "reap") else ""
                     verdict = f"would {grace}{what}{victims}{note}"
                     decision = "would-act"
             conds = [s.text() for s in a.states]

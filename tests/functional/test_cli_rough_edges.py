@@ -31,7 +31,9 @@ def test_status_prints_the_whole_command_when_piped(procs, scenario):
 
 
 def test_log_prints_the_whole_message_when_piped(procs, scenario):
-    p = procs.sleeper("keepme")
+    from tests.functional.names_helpers import spawn_named
+
+    p = spawn_named(procs, "keepme")  # its names agree: a renamed python is a disguise (issue 25)
     path = scenario([{"pid": p.pid, "gpu": 0, "memory": "1GiB"}])
     cfg = path.parent / "config.yaml"
     cfg.write_text("protect: ['keepme']\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import os
 import textwrap
 import time
 
@@ -165,44 +166,45 @@ def test_protected_newest_job_means_nothing_is_killed_and_the_hit_says_why(procs
 
 
 def test_a_kill_refused_at_act_time_is_planned_around_and_an_unreachable_rest_is_left_alone(procs, scenario):
-    """The snapshot does not call the newest protected, but the kill (which re-classifies with the
-    guard's own config) refuses it. The guard plans again without it: when the rest can reach the limit
-    it takes the rest; when it cannot, it kills nothing more."""
+    """The plan takes the largest first, but its kill is refused at act time (it is the guard's own
+    process: a hard rule no policy overrides). The guard plans again without it: when the rest can reach
+    the limit it takes the rest; when it cannot, it kills nothing more."""
+    me = os.getpid()
+
     def run(limit: str):
-        oldest, small = spawn_sleeps(procs, 2)
-        newest = procs.sleeper("gt-protectme")
+        small, mid = spawn_sleeps(procs, 2)
         bystander = procs.sleeper("gt-bystander")
-        path = scenario(holders=[{"pid": oldest.pid, "gpu": 0, "memory": "3GiB"},
+        path = scenario(holders=[{"pid": me, "gpu": 0, "memory": "3GiB"},
                                  {"pid": small.pid, "gpu": 1, "memory": "1GiB"},
-                                 {"pid": newest.pid, "gpu": 0, "memory": "2GiB"}])
+                                 {"pid": mid.pid, "gpu": 0, "memory": "2GiB"}])
         pol = parse_policy(textwrap.dedent(f"""\
             rules:
               - name: cap
                 scope: per_user
+                select: largest
                 conditions:
                   - {{type: user_memory, operator: ">", value: {limit}}}
                 action: kill
                 timeout: 2s
         """))
         clock = Clock()
-        sampler = sampler_for(path, clock, Config())  # the snapshot's verdicts: not protected
-        eng = Engine(pol, config=Config(protect=Config().protect + ("gt-protectme",)), sampler=sampler,
-                     record=lambda h: None)
+        sampler = sampler_for(path, clock, Config())
+        eng = Engine(pol, config=Config(), sampler=sampler, record=lambda h: None)
         hits = eng.evaluate(sampler.sample(), "enforce")
-        return hits, oldest, small, newest, bystander
+        return hits, small, mid, bystander
 
-    # 6 GiB, limit 4 GiB: the newest (2 GiB) alone is the plan; refused; then small + oldest reach it.
-    hits, oldest, small, newest, bystander = run("4GiB")
+    # 6 GiB, limit 3 GiB: the largest (3 GiB, refused: gputop itself) alone was the plan; then mid (2) and
+    # small (1) reach it.
+    hits, small, mid, bystander = run("3GiB")
     assert [(h["pid"], h["outcome"]) for h in hits] == [
-        (newest.pid, "refused"), (small.pid, "terminated"), (oldest.pid, "terminated")], hits
-    assert wait_gone(small.pid) and wait_gone(oldest.pid)
-    assert alive(newest) and alive(bystander)
-    # 6 GiB, limit 1 GiB: without the newest (2 GiB) nothing can get under: only the refusal, no kill.
-    for p in (newest, bystander):
-        p.kill()
-        p.wait(5)
-    hits, oldest, small, newest, bystander = run("1GiB")
-    assert [(h["pid"], h["outcome"]) for h in hits] == [(newest.pid, "refused"), (None, "cannot-reach-limit")], hits
+        (me, "refused"), (mid.pid, "terminated"), (small.pid, "terminated")], hits
+    assert wait_gone(small.pid) and wait_gone(mid.pid)
+    assert alive(bystander)
+    bystander.kill()
+    bystander.wait(5)
+    # 6 GiB, limit 1 GiB: without the largest (3 GiB) nothing can get under: only the refusal, no kill.
+    hits, small, mid, bystander = run("1GiB")
+    assert [(h["pid"], h["outcome"]) for h in hits] == [(me, "refused"), (None, "cannot-reach-limit")], hits
     assert "its kill was refused just now" in hits[1]["message"]
     time.sleep(0.2)
-    assert alive(oldest) and alive(small) and alive(newest) and alive(bystander)
+    assert alive(small) and alive(mid) and alive(bystander)

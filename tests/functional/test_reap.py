@@ -366,14 +366,15 @@ def test_interrupted_reap_leaves_nothing_stopped_and_is_in_the_audit_log(procs, 
 
 
 def test_a_protected_process_anywhere_in_the_tree_keeps_the_tree(procs, scenario, tmp_path, monkeypatch):
+    from tests.functional.names_helpers import program
+
     # The protected process is the holder's sibling, not on the holder's ancestor chain: only the check
     # of every tree member finds it.
     write_config(tmp_path / "c.yaml", monkeypatch, protect=["^gtkeepsib$"])
     marker = unique("gt-sib")
     script = tmp_path / "tree.sh"
     script.write_text(f"{PY} -c 'import time; time.sleep(600)  # {marker}-w' &\n"
-                      f"{PY} -c 'import ctypes,time;ctypes.CDLL(None).prctl(15,b\"gtkeep\"+b\"sib\",0,0,0);"
-                      f"time.sleep(600)  # {marker}-s' &\nwait\n")
+                      f"{program('gtkeepsib')} '# {marker}-s' &\nwait\n")  # called so: its names agree (issue 25)
     procs.spawn(["setsid", "sh", "-c", f"bash {script} & exit 0"]).wait(10)
     deadline = time.time() + 10
     while time.time() < deadline:

@@ -228,7 +228,16 @@ def test_a_protect_word_inside_an_argument_protects_nothing(procs, scenario, tmp
     procs.spawn(["setsid", "sh", "-c", f"{PY} -c '{SLEEP}' train.py --out=/data/screenshots {m} & exit 0"]).wait(10)
     [job] = find(m)
     procs.pids.append(job)
-    tmux_named = procs.sleeper("tmux: server")  # the name says tmux: protected (not an orphan either)
+    # A program whose name says tmux, and whose names agree (a script named tmux: comm "tmux", argv
+    # [python, .../tmux]): protected (not an orphan either). (It was a python whose comm alone said
+    # "tmux: server": a disguise since issue 25, never protected by a name.)
+    script = tmp_path / "tmux"
+    script.write_text(f"#!{PY}\nimport time\ntime.sleep(600)\n")
+    script.chmod(0o755)
+    tmux_named = procs.spawn([str(script)])
+    deadline = time.time() + 10
+    while time.time() < deadline and open(f"/proc/{tmux_named.pid}/comm").read().strip() != "tmux":
+        time.sleep(0.02)
     scenario(holders=[{"pid": job, "gpu": 0, "memory": "1GiB"}, {"pid": tmux_named.pid, "gpu": 1, "memory": "1GiB"}])
     st = {h["pid"]: h["verdict"] for h in json.loads(run_gputop("status", "--json").stdout)["holders"]}
     assert st[job]["kind"] == "orphan", st[job]

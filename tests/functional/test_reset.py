@@ -17,6 +17,7 @@ from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
     alive, check_common, records, spawn_ignoring_term, write_config,
 )
+from tests.functional.names_helpers import spawn_named
 
 
 def resets(sc) -> list[dict]:
@@ -66,7 +67,7 @@ def test_force_kills_holders_through_the_kill_path_then_resets(procs, scenario, 
 
 def test_force_refuses_when_a_holder_is_protected(procs, scenario, tmp_path, monkeypatch):
     write_config(tmp_path / "c.yaml", monkeypatch, protect=["gt-precious"])
-    holder = procs.sleeper("gt-precious")
+    holder = spawn_named(procs, "gt-precious")  # its names agree: a renamed python is a disguise (issue 25)
     sc = scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
     r = run_gputop("reset", "--gpu", "0", "--force")
     assert r.returncode == EXIT_REFUSED
@@ -78,7 +79,7 @@ def test_force_refuses_when_a_holder_is_protected(procs, scenario, tmp_path, mon
 
 def test_force_kills_nobody_when_one_holder_blocks_the_reset(procs, scenario, tmp_path, monkeypatch):
     write_config(tmp_path / "c.yaml", monkeypatch, protect=["gt-precious"])
-    precious = procs.sleeper("gt-precious")
+    precious = spawn_named(procs, "gt-precious")
     plain = procs.sleeper("gt-plain")
     sc = scenario(holders=[{"pid": plain.pid, "gpu": 0, "memory": "1GiB"},
                            {"pid": precious.pid, "gpu": 0, "memory": "1GiB"}])
@@ -92,7 +93,7 @@ def test_force_kills_nobody_when_one_holder_blocks_the_reset(procs, scenario, tm
 def test_dry_run_makes_every_check_and_does_nothing(procs, scenario, tmp_path, monkeypatch):
     write_config(tmp_path / "c.yaml", monkeypatch, protect=["gt-precious"])
     plain = procs.sleeper("gt-plain")
-    precious = procs.sleeper("gt-precious")
+    precious = spawn_named(procs, "gt-precious")
     sc = scenario(holders=[{"pid": plain.pid, "gpu": 0, "memory": "1GiB"},
                            {"pid": precious.pid, "gpu": 1, "memory": "1GiB"}], gpus=3)
     cfg = load_config()

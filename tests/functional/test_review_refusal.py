@@ -19,9 +19,12 @@ from tests.functional.test_reap_safety import find, running
 
 PY = sys.executable
 SLEEP = "import time; time.sleep(600)"
-# A member that renames itself (prctl PR_SET_NAME) to a protected name when told to (SIGUSR1).
+# A member that becomes protected when told to (SIGUSR1): it takes the nohup mark (SIGHUP ignored) and
+# renames itself tmux. (Issue 25: a python that only calls itself tmux is a disguise, never protected by
+# the name; the nohup mark is what protects it now.)
 RENAME = ("import ctypes,signal,time; "
-          "signal.signal(signal.SIGUSR1, lambda *a: ctypes.CDLL(None).prctl(15,b'tmux',0,0,0)); time.sleep(600)")
+          "signal.signal(signal.SIGUSR1, lambda *a: (signal.signal(signal.SIGHUP, signal.SIG_IGN), "
+          "ctypes.CDLL(None).prctl(15,b'tmux',0,0,0))); time.sleep(600)")
 
 
 def _wait_caught(pid: int, sig: int, timeout: float = 10.0) -> None:
@@ -42,7 +45,7 @@ def _state(pid: int) -> str:
 
 
 def test_a_refused_reap_leaves_a_member_its_owner_stopped_stopped(procs, scenario, tmp_path, monkeypatch):
-    write_config(tmp_path / "config.yaml", monkeypatch, protect=["^tmux$"])
+    write_config(tmp_path / "config.yaml", monkeypatch, protect=["^tmux$"], nohup_protects=True)
     m = unique("gtrev-ref")
     script = tmp_path / "tree.sh"
     script.write_text(f"{PY} -c '{SLEEP}' {m}-h &\n{PY} -c '{SLEEP}' {m}-paused &\n"

@@ -8,6 +8,7 @@ import psutil
 
 from gputop.tui.process_tree import ProcessTree
 from tests.conftest import wait_gone
+from tests.functional.names_helpers import spawn_named
 from tests.tui.helpers import audit_records, open_app, run_async, screen_text, wait_row, wait_screen, wait_until
 
 
@@ -169,7 +170,7 @@ async def test_a_refused_kill_is_shown_as_a_failure(procs, scenario):
     from gputop.snapshot import Sampler
     from gputop.tui.app import GputopApp
 
-    victim = procs.sleeper("keepme")
+    victim = spawn_named(procs, "keepme")  # its names agree: a renamed python is a disguise (issue 25)
     path = scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"}])
     config = Config(protect=("keepme",))  # the victim is protected: the actions module refuses
     app = GputopApp(Sampler.open("simulated", str(path), config), config=config, interval=0.2)
@@ -192,7 +193,7 @@ async def test_protected_process_dies_only_through_the_explicit_override(procs, 
     from gputop.tui.app import GputopApp
     from gputop.tui.dialogs.kill import OVERRIDE
 
-    victim = procs.sleeper("keepme")
+    victim = spawn_named(procs, "keepme")  # its names agree: a renamed python is a disguise (issue 25)
     bystander = procs.sleeper("bystander")
     path = scenario([{"pid": victim.pid, "gpu": 0, "memory": "4GiB"},
                      {"pid": bystander.pid, "gpu": 0, "memory": "1GiB"}])
@@ -276,7 +277,7 @@ async def test_reset_dialog_offers_only_what_would_be_done(procs, scenario):
     from gputop.snapshot import Sampler
     from gputop.tui.app import GputopApp
 
-    keep = procs.sleeper("keepme")
+    keep = spawn_named(procs, "keepme")  # its names agree: a renamed python is a disguise (issue 25)
     held = procs.sleeper("heldjob")
     path = scenario([{"pid": keep.pid, "gpu": 0, "memory": "4GiB"}, {"pid": held.pid, "gpu": 1, "memory": "1GiB"}],
                     gpus=2)

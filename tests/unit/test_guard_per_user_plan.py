@@ -16,10 +16,13 @@ GIB = 1024**3
 AT = 1_796_000_000.0
 
 
-def holder(pid, mem, age, user="alice", kind=NOT_ORPHAN, reason="alive"):
+JUPYTER_KERNEL = ("python", "-m", "ipykernel_launcher", "-f", "kernel.json")  # the default protect_cmdline
+
+
+def holder(pid, mem, age, user="alice", kind=NOT_ORPHAN, reason="alive", cmdline=None):
     """A holder that started ``age`` seconds before AT (smaller age: newer)."""
-    proc = ProcInfo(pid=pid, ppid=1, name=f"job{pid}", cmdline=("python", f"job{pid}.py"), start_time=AT - age,
-                    uid=1000, user=user, sid=pid)
+    proc = ProcInfo(pid=pid, ppid=1, name=f"job{pid}", cmdline=cmdline or ("python", f"job{pid}.py"),
+                    start_time=AT - age, uid=1000, user=user, sid=pid)
     return Holder(pid, (GpuUse(0, "C", mem, 50.0),), proc, (), Verdict(kind, reason), runtime=age)
 
 
@@ -28,7 +31,7 @@ def snap(*holders):
                     roots=(), backends=())
 
 
-def rule(limit="8GiB", select="newest", ctype="user_memory"):
+def rule(limit="8GiB", select="newest", ctype="user_memory", action="kill"):
     text = textwrap.dedent(f"""\
         rules:
           - name: cap
@@ -36,7 +39,7 @@ def rule(limit="8GiB", select="newest", ctype="user_memory"):
             select: {select}
             conditions:
               - {{type: {ctype}, operator: ">", value: {limit}}}
-            action: kill
+            action: {action}
     """)
     return parse_policy(text).rules[0]
 
@@ -64,23 +67,36 @@ def test_newest_alone_is_enough_so_it_is_the_whole_plan():
 
 
 def test_protected_newest_that_the_rest_cannot_replace_means_kill_nothing():
-    jupyter = holder(30, 9 * GIB, age=10, kind=PROTECTED, reason="jupyter kernel (protect_cmdline)")
+    jupyter = holder(30, 9 * GIB, age=10, kind=PROTECTED, reason="jupyter kernel (protect_cmdline)",
+                     cmdline=JUPYTER_KERNEL)
     p = plan(rule(), snap(jupyter, SMALL_1, SMALL_2, BYSTANDER))
     assert not p.reachable and p.chosen == ()
     assert [(h.pid, why.split(" ")[0]) for h, why in p.skipped] == [(30, "protected")]
 
 
 def test_protected_newest_is_skipped_when_the_others_reach_the_limit():
-    jupyter = holder(30, 2 * GIB, age=10, kind=PROTECTED, reason="jupyter kernel")
+    jupyter = holder(30, 2 * GIB, age=10, kind=PROTECTED, reason="jupyter kernel", cmdline=JUPYTER_KERNEL)
     mid = holder(25, 5 * GIB, age=50)
     p = plan(rule(), snap(jupyter, mid, SMALL_1, SMALL_2))  # 9 GiB: mid (5) alone brings it to 4
     assert p.reachable and pids(p.chosen) == [25] and pids(h for h, _ in p.skipped) == [30]
 
 
-def test_unknown_verdict_is_never_chosen():
+def test_what_only_the_ancestry_says_does_not_exempt_from_a_per_user_kill():
+    """Issue 25: nohup, a parent named tmux or a chain too long to follow decide whether a tree is abandoned,
+    not whether the admin's limit applies. Only the process itself matching a protect pattern is skipped."""
+    for kind, why in ((UNKNOWN, "ancestor chain is longer than 64"),
+                      (PROTECTED, "pid 7 (tmux) matches protect pattern 'tmux'"),
+                      (PROTECTED, "pid 30 (job30) ignores SIGHUP: detached with nohup")):
+        h = holder(30, 9 * GIB, age=10, kind=kind, reason=why)
+        p = plan(rule(), snap(h, SMALL_1, SMALL_2))
+        assert p.reachable and pids(p.chosen) == [30] and p.skipped == (), why
+
+
+def test_a_per_user_reap_keeps_the_orphan_verdict():
     unknown = holder(30, 9 * GIB, age=10, kind=UNKNOWN, reason="session leader cannot be seen")
-    p = plan(rule(), snap(unknown, SMALL_1, SMALL_2))
+    p = plan(rule(action="reap"), snap(unknown, SMALL_1, SMALL_2))
     assert not p.reachable and p.chosen == ()
+    assert [why.split(" ")[0] for _, why in p.skipped] == ["unknown"]
 
 
 def test_a_signalled_process_in_its_grace_counts_as_going_and_nothing_more_is_chosen():

@@ -119,9 +119,12 @@ def test_a_protect_word_inside_an_argument_or_path_protects_nothing():
 
 
 def test_protect_matches_argv0_basename_and_the_name():
-    t = Table(INIT, P(81, 1, "server", 50, 80, "/usr/bin/tmux new -d"), P(82, 81, "python", 60, 80))
-    assert "'tmux'" in classify(82, t, protect=PROTECT).reason
-    t = Table(INIT, P(81, 1, "screen", 50, 80, "/opt/x/run"), P(82, 81, "python", 60, 80))
+    # The names a real tmux server and screen session have: comm "tmux: server" (argv[0] "tmux"), and
+    # comm "screen" with argv[0] "SCREEN". (Before issue 25 this test used a name "server" under argv[0]
+    # tmux, and a name "screen" under argv[0] "run": names that disagree are a disguise now, never protected.)
+    t = Table(INIT, P(81, 1, "tmux: server", 50, 80, "/usr/bin/tmux new -d"), P(82, 81, "python", 60, 80))
+    assert "'tmux" in classify(82, t, protect=PROTECT).reason
+    t = Table(INIT, P(81, 1, "screen", 50, 80, "/usr/bin/SCREEN -dmS x"), P(82, 81, "python", 60, 80))
     assert classify(82, t, protect=PROTECT).kind == PROTECTED
     t = Table(INIT, P(81, 1, "run", 50, 80, "/srv/screen/bin/run --x"), P(82, 81, "python", 60, 80))
     assert classify(82, t, protect=PROTECT).kind == ORPHAN  # a directory named screen is not screen
@@ -228,3 +231,71 @@ def test_windows_explorer_children_are_protected():
 def test_windows_cycle_is_unknown():
     t = Table(W(10, 11, "a.exe", 5), W(11, 10, "b.exe", 5))
     assert classify(10, t, platform="windows", protect=PROTECT).kind == UNKNOWN
+
+
+# ---- issue 25: protect patterns match the whole name, and never a disguised process ----------------
+
+def _alone(name, cmd):
+    """One orphan (its session leader 80 is gone) named ``name`` running ``cmd``."""
+    return Table(INIT, P(81, 1, name, 50, 80, cmd))
+
+
+@pytest.mark.parametrize("name,cmd", [
+    ("xmrig-tmux", "./xmrig-tmux -o pool:3333"),  # 'tmux' matched as a substring before
+    ("tmuxminer", "tmuxminer"),
+    ("my-screen-job", "my-screen-job"),
+    ("notjupyter", "notjupyter"),
+    ("python", "/home/u/tmux/miner.py"),  # a directory named tmux in argv[0]'s path
+])
+def test_a_protect_pattern_matches_only_the_whole_name(name, cmd):
+    v = classify(81, _alone(name, cmd), protect=PROTECT)
+    assert v.kind == ORPHAN, v.reason
+
+
+@pytest.mark.parametrize("name,cmd", [
+    ("tmux", "tmux new -d"), ("tmux: server", "tmux new -d"), ("jupyter-lab", "/opt/venv/bin/jupyter-lab"),
+    ("jupyter", "/usr/local/bin/jupyter lab"), ("jupyter-noteboo", "/usr/bin/jupyter-notebook"),
+    ("screen", "SCREEN -dmS x"), ("code-server", "/usr/bin/code-server"),
+    # a shebang script: comm is the script's name, argv[0] the interpreter (python3 /opt/bin/jupyter-lab)
+    ("jupyter-lab", "/usr/bin/python3 /opt/venv/bin/jupyter-lab --no-browser"),
+])
+def test_the_default_patterns_still_protect_what_they_meant(name, cmd):
+    v = classify(81, _alone(name, cmd), protect=PROTECT)
+    assert v.kind == PROTECTED, v.reason
+
+
+def test_user_patterns_are_anchored_too():
+    prot = compile_protect(["train", "keep-.*"])
+    assert classify(81, _alone("train", "train"), protect=prot).kind == PROTECTED
+    assert classify(81, _alone("keep-me", "keep-me"), protect=prot).kind == PROTECTED
+    assert classify(81, _alone("xmrig-train", "xmrig-train"), protect=prot).kind == ORPHAN
+    assert classify(81, _alone("trainer", "trainer"), protect=prot).kind == ORPHAN
+
+
+@pytest.mark.parametrize("name,cmd", [
+    ("xmrig", "jupyter-lab --port 8888"),  # exec -a jupyter-lab: argv[0] lies, comm stays xmrig
+    ("tmux", "/home/u/xmrig -o pool:3333"),  # prctl(PR_SET_NAME, "tmux"): comm lies
+    ("jupyter-lab", "/usr/bin/python3 /home/u/miner.py"),  # comm lies about the script an interpreter runs
+])
+def test_a_disguised_process_is_never_protected_by_a_name(name, cmd):
+    v = classify(81, _alone(name, cmd), protect=PROTECT)
+    assert v.kind == ORPHAN, v.reason
+
+
+class ExeTable(Table):
+    """A table that also says which executable each process runs (as ProcTable.exe does)."""
+
+    def __init__(self, exes, *procs):
+        super().__init__(*procs)
+        self.exes = exes
+
+    def exe(self, pid):
+        return self.exes.get(pid)
+
+
+def test_name_and_argv0_agreeing_is_not_enough_when_the_executable_disagrees():
+    # comm and argv[0] both say tmux, but the executable is xmrig: a disguise (the rogue audit's test).
+    proc = P(81, 1, "tmux", 50, 80, "tmux new -d")
+    assert classify(81, ExeTable({81: "/home/u/.cache/xmrig"}, INIT, proc), protect=PROTECT).kind == ORPHAN
+    assert classify(81, ExeTable({81: "/usr/bin/tmux"}, INIT, proc), protect=PROTECT).kind == PROTECTED
+    assert classify(81, ExeTable({}, INIT, proc), protect=PROTECT).kind == PROTECTED  # exe unreadable

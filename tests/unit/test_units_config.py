@@ -39,7 +39,8 @@ def test_formatting_unknown_is_na_not_zero():
 
 def test_config_defaults_without_file():
     c = load_config()
-    assert c == Config() and "tmux" in c.protect and c.reap_grace == 60
+    # the default protect patterns are anchored (issue 25): tmux's is "tmux(: .*)?"
+    assert c == Config() and "tmux(: .*)?" in c.protect and c.reap_grace == 60
 
 
 def test_config_file(tmp_path):

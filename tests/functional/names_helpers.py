@@ -1,0 +1,60 @@
+"""A real process called NAME whose names agree (issue 25).
+
+``procs.sleeper(NAME)`` renames a python with prctl: its name says NAME, its argv[0] and executable say
+python. That is a disguise (gputop.disguise, the rogue audit's test), and no protect pattern protects a
+disguised process. A test that needs a process protected by its name starts a program really called so:
+a python script named NAME (comm NAME, argv [python, .../NAME, ...], the interpreter running its script).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_DIR: Path | None = None
+
+
+def program(name: str) -> str:
+    """The path of a script called ``name`` that sleeps 600 s (its arguments are ignored: markers)."""
+    global _DIR
+    if _DIR is None:
+        _DIR = Path(tempfile.mkdtemp(prefix="gputop-names-"))
+        os.chmod(_DIR, 0o755)
+        atexit.register(shutil.rmtree, _DIR, True)
+    path = _DIR / name
+    if not path.exists():
+        path.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+        os.chmod(path, 0o755)
+    return str(path)
+
+
+def spawn_named(procs, name: str, *args: str, timeout: float = 20.0):
+    """Start ``program(name)`` (with ``args``) through ``procs``; return once the kernel calls it ``name``."""
+    p = procs.spawn([program(name), *args])
+    want = name.encode()[:15]
+    deadline = time.time() + timeout
+    while time.time() < deadline and p.poll() is None:
+        try:
+            with open(f"/proc/{p.pid}/comm", "rb") as f:
+                if f.read().strip() == want:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.02)
+    return p
+
+
+def binary(name: str, source: str = "sleep") -> str:
+    """A copy of the program ``source`` (sleep, sh, ...) called ``name``: every name of a process that runs
+    it says ``name``."""
+    program("x")  # makes the directory
+    path = _DIR / name  # type: ignore[operator]
+    if not path.exists():
+        shutil.copy2(shutil.which(source), path)
+        os.chmod(path, 0o755)
+    return str(path)
