@@ -274,6 +274,9 @@ class GuardDaemon:
             return None
         try:
             server = auditlog.NodeAuditServer().start()
+        except auditlog.AuditSocketBusy as e:  # a second guard never takes a live trail over
+            self.say(str(e), LOG_WARNING)
+            return None
         except OSError as e:
             self.say(f"cannot serve the node audit trail on {auditlog.node_socket_path()}: "
                      f"{e.strerror or e}", LOG_ERR)
