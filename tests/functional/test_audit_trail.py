@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
@@ -19,6 +18,7 @@ import pytest
 
 from gputop import auditlog
 from tests.conftest import ROOT, _default_sighup, run_gputop, wait_gone
+from tests.functional.audit_helpers import as_user, make_user
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts a tmpfs / creates a user)")
 
@@ -206,12 +206,8 @@ USER = "gti15a"
 def second_user():
     if os.geteuid() != 0 or not shutil.which("useradd"):
         pytest.skip("needs root and useradd to create a second user")
-    subprocess.run(["userdel", USER], capture_output=True)
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", USER], check=True)
-    try:
-        yield pwd.getpwnam(USER)
-    finally:
-        subprocess.run(["userdel", USER], capture_output=True)
+    with make_user(USER) as pw:
+        yield pw
 
 
 def test_a_second_users_kill_is_in_the_node_trail_with_that_uid(second_user, tmp_path):
@@ -223,11 +219,6 @@ def test_a_second_users_kill_is_in_the_node_trail_with_that_uid(second_user, tmp
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def _as_user(pw, cmd: list[str], env: dict, **kw):
-    return subprocess.Popen(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", *cmd],
-                            env=env, cwd=ROOT, **kw)
-
-
 def _second_user_kill(pw, shared: Path, tmp_path: Path):
     home = shared / "home"
     home.mkdir()
@@ -236,16 +227,16 @@ def _second_user_kill(pw, shared: Path, tmp_path: Path):
            "GPUTOP_AUDIT_SOCKET": str(shared / "run" / "audit.sock"),
            "GPUTOP_NODE_AUDIT_LOG": str(shared / "log" / "audit.jsonl"),
            "GPUTOP_SYSTEM_CONFIG": str(shared / "none.yaml"), "GPUTOP_BACKEND": "simulated"}
-    victim = _as_user(pw, ["sleep", "300"], env, preexec_fn=_default_sighup)
+    victim = as_user(pw, ["sleep", "300"], env, preexec_fn=_default_sighup)
     try:
-        _kill_as_user(pw, env, victim, shared, tmp_path)
+        _killas_user(pw, env, victim, shared, tmp_path)
     finally:
         if victim.poll() is None:
             victim.kill()
         victim.wait(10)
 
 
-def _kill_as_user(pw, env: dict, victim, shared: Path, tmp_path: Path):
+def _killas_user(pw, env: dict, victim, shared: Path, tmp_path: Path):
     import yaml
 
     scn = shared / "scenario.yaml"
@@ -264,14 +255,14 @@ def _kill_as_user(pw, env: dict, victim, shared: Path, tmp_path: Path):
         while not (shared / "run" / "audit.sock").exists():
             assert time.time() < deadline and daemon.poll() is None, "the guard did not serve the node trail"
             time.sleep(0.1)
-        k = _as_user(pw, [sys.executable, "-m", "gputop", "--scenario", str(scn), "kill", "--pid",
+        k = as_user(pw, [sys.executable, "-m", "gputop", "--scenario", str(scn), "kill", "--pid",
                           str(victim.pid), "--force"], env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                      text=True)
         out, err = k.communicate(timeout=60)
         assert k.returncode == 0, err
         assert wait_gone(victim.pid, 10)
         # the user cannot edit or erase the node trail
-        w = _as_user(pw, [sys.executable, "-c", f"open({env['GPUTOP_NODE_AUDIT_LOG']!r}, 'a')"], env,
+        w = as_user(pw, [sys.executable, "-c", f"open({env['GPUTOP_NODE_AUDIT_LOG']!r}, 'a')"], env,
                      stderr=subprocess.PIPE)
         assert w.wait(30) != 0
     finally:
