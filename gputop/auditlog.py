@@ -9,7 +9,9 @@ Two trails:
   Every face sends each record to the server's Unix socket ``/run/gputop/audit.sock``
   (``$GPUTOP_AUDIT_SOCKET``); the server stamps it with the sender's uid, gid and pid from
   ``SO_PEERCRED`` (from the kernel: a user cannot forge it) and appends it. Users can neither edit nor
-  erase it. Where no socket exists (no node service installed) only your own log is written.
+  erase it, nor push root's records out of it: root's and the guard's records go to ``audit.jsonl``,
+  every other uid's to its own ``audit-uid-U.jsonl`` with its own rotation (``read_node`` merges them).
+  Where no socket exists (no node service installed) only your own log is written.
 
 Writes are robust: one ``write()`` of a whole line under ``flock`` in ``O_APPEND`` mode (concurrent writers
 keep whole lines, in the order they got the lock); a failed or short write (a full disk) is cut back with

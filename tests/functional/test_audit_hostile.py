@@ -157,3 +157,24 @@ def test_a_stale_socket_is_replaced_and_a_foreign_one_is_never_unlinked(shared):
         assert auditlog.listener_pid(shared.sock) == os.getpid()
     finally:
         other.close()
+
+
+def test_gputop_log_reads_every_users_file_in_the_order_the_server_received_them(tmp_path):
+    import json
+
+    from tests.conftest import run_gputop
+
+    log = tmp_path / "node" / "audit.jsonl"
+    srv = auditlog.NodeAuditServer(tmp_path / "run" / "audit.sock", log)  # not started: handle() only
+    order = []
+    for i, uid in enumerate([0, 1001, 0, 1002, 1001, 0]):
+        peer = {"uid": uid, "gid": uid, "pid": 100 + i, "user": str(uid)}
+        assert srv.handle(peer, json.dumps({"at": time.time(), "action": "kill", "n": i}).encode()) == "ok"
+        order.append(i)
+        time.sleep(0.002)  # 'received' has milliseconds
+    assert sorted(p.name for p in log.parent.iterdir()) == ["audit-uid-1001.jsonl", "audit-uid-1002.jsonl",
+                                                            "audit.jsonl"]
+    assert [r["n"] for r in auditlog.read(path=log)] == [0, 2, 5]
+    assert [r["n"] for r in auditlog.read_node(path=log)] == order
+    r = run_gputop("log", "--node", "--json", env={"GPUTOP_NODE_AUDIT_LOG": str(log)})
+    assert r.returncode == 0 and [x["n"] for x in json.loads(r.stdout)] == order, r.stderr
