@@ -105,9 +105,11 @@ class NodeGuard:
             time.sleep(0.1)
 
     def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        _, self.err = self.proc.communicate(timeout=60)
+        """SIGTERM, and its stderr (stopping twice is fine)."""
+        if self.proc.stderr is not None and not self.proc.stderr.closed:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            _, self.err = self.proc.communicate(timeout=60)
         return self.err
 
 

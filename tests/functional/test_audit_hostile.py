@@ -9,14 +9,15 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import time
 
 import pytest
 
 from gputop import auditlog
-from tests.functional.audit_helpers import (NodeGuard, Shared, make_user, root_kill, root_kills_in, run_flood,
-                                            slow_connections)
+from tests.functional.audit_helpers import (NodeGuard, Shared, as_user, make_user, root_kill, root_kills_in,
+                                            run_flood, slow_connections)
 
 FLOOD_SECONDS = float(os.environ.get("GPUTOP_TEST_FLOOD_SECONDS", "10"))
 USER = "gti25a"
@@ -66,7 +67,13 @@ def test_32_slow_connections_from_a_user_never_block_roots_records(second_user, 
         # root's record also lands when sent on the public socket, the one the user is crowding
         data = b'{"action": "public-socket-probe", "outcome": "ok"}'
         answer = auditlog._connect_send(shared.sock, data, 5.0)
+        # the user cannot reach root's own socket at all
+        probe = as_user(second_user, [sys.executable, "-c", "import socket, sys; s = socket.socket(socket.AF_UNIX);"
+                                      " s.connect(sys.argv[1])", str(auditlog.private_socket_path(shared.sock))],
+                        shared.env, stderr=subprocess.PIPE, text=True)
+        assert probe.wait(30) != 0 and "Permission denied" in probe.stderr.read()
         assert slow.poll() is None, "the slow client stopped early: the test proves nothing"
+        guard.stop()  # its guard-stop is written while the slow connections are still there
     finally:
         if slow is not None:
             slow.kill()
@@ -80,6 +87,27 @@ def test_32_slow_connections_from_a_user_never_block_roots_records(second_user, 
     assert any(r.get("action") == "public-socket-probe" and r["peer"]["uid"] == 0 for r in recs)
     dropped = [r for r in recs if r.get("action") == "audit-dropped" and r["peer"]["uid"] == second_user.pw_uid]
     assert dropped and all(r["peer"]["uid"] != 0 for r in dropped)  # counted, in the user's own file
+    assert [r["action"] for r in auditlog.read(path=shared.log)][-1] == "guard-stop"
+
+
+def test_a_client_dribbling_one_byte_at_a_time_is_cut_at_its_deadline(shared):
+    """The deadline is for the whole record: a byte every 0.3 s (each read well within any per-read
+    timeout) still ends the connection after ``timeout`` seconds."""
+    srv = auditlog.NodeAuditServer(shared.sock, shared.log, timeout=1.0).start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(shared.sock))
+            t0, cut = time.monotonic(), None
+            while time.monotonic() - t0 < 10:
+                try:
+                    s.send(b" ")
+                except OSError:
+                    cut = time.monotonic() - t0
+                    break
+                time.sleep(0.3)
+        assert cut is not None and cut < 5, "the server kept reading a client that never finishes"
+    finally:
+        srv.close()
 
 
 def test_roots_kill_of_a_process_with_a_70_kb_command_line_is_recorded_cut_down(shared):
