@@ -336,11 +336,26 @@ def _summary(rec, data: bytes, why: str) -> dict:
     return out
 
 
+def _cap(sizes: list[int], excess: int) -> int:
+    """The largest cap (at least 256) such that cutting every size above it down to it (plus a marker of
+    about 48 bytes) saves ``excess`` bytes; 256 when even that does not."""
+    lo, hi = 256, max(sizes)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        saved = sum(e - mid - 48 for e in sizes if e > mid)
+        if saved >= excess:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def fit(rec: dict, limit: int = MAX_RECORD) -> bytes:
     """``rec`` encoded in at most ``limit`` bytes: never refused, cut down. Lists longer than 256 items keep
     their first 256 and a marker; then the longest strings are shortened, each ending in
     "…[truncated N bytes]" (N: the UTF-8 bytes cut); a record that still does not fit (thousands of small
-    fields) becomes a summary of its main fields. Either way ``truncated: true`` says it was cut."""
+    fields) becomes a summary of its main fields. Either way ``truncated: true`` says it was cut. Work is
+    bounded (a few passes over the record), whatever a client sends."""
     try:
         data = _encode(rec)
     except (ValueError, TypeError, RecursionError):
@@ -354,21 +369,21 @@ def fit(rec: dict, limit: int = MAX_RECORD) -> bytes:
         if isinstance(v, list) and len(v) > _MAX_ITEMS:
             c[k] = v[:_MAX_ITEMS] + [_marker(len(v) - _MAX_ITEMS, "items")]
     data = _encode(rec)
-    for _ in range(200):
+    for _ in range(6):  # each round shortens every string above one cap at once: bounded work per record
         excess = len(data) - limit
         if excess <= 0:
             return data
-        strings = [x for x in _leaves(rec) if isinstance(x[2], str) and len(x[2]) > 256]
+        strings = [(len(json.dumps(x[2])), x) for x in _leaves(rec) if isinstance(x[2], str) and len(x[2]) > 256]
         if not strings:
             break
-        c, k, s = max(strings, key=lambda x: len(x[2]))
-        m = _MARKED.search(s)  # cut before (by the client): the count adds up
-        before, s = (int(m.group(1)), s[:m.start()]) if m else (0, s)
-        enc = len(json.dumps(s))
-        keep = max(200, int(len(s) * max(0, enc - excess - 64) / enc))
-        if keep >= len(s):
-            keep = len(s) // 2
-        c[k] = s[:keep] + _marker(before + len(s[keep:].encode("utf-8", "replace")))
+        cap = _cap([e for e, _ in strings], excess)
+        for enc, (c, k, s) in strings:
+            if enc <= cap:
+                continue
+            m = _MARKED.search(s)  # cut before (by the client, or a round before): the count adds up
+            before, s = (int(m.group(1)), s[:m.start()]) if m else (0, s)
+            keep = min(len(s) - 1, max(200, int(len(s) * max(0, cap - 48) / enc)))
+            c[k] = s[:keep] + _marker(before + len(s[keep:].encode("utf-8", "replace")))
         data = _encode(rec)
     if len(data) <= limit:
         return data
@@ -377,7 +392,7 @@ def fit(rec: dict, limit: int = MAX_RECORD) -> bytes:
 
 # ---- the node audit server -------------------------------------------------------------------
 
-MAX_READ = 1024 * 1024  # the most the server reads from one client; a record is then cut to MAX_RECORD
+MAX_READ = 256 * 1024  # the most the server reads from one client; a record is then cut to MAX_RECORD
 PER_UID_CONNECTIONS = 8  # connections one uid may have open on the public socket at once
 MAX_CONNECTIONS = 256  # all of them together (root has its own socket besides)
 _served: dict[str, "NodeAuditServer"] = {}  # socket path -> the server this process runs on it

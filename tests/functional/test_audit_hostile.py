@@ -5,6 +5,7 @@ Each test runs a real root guard daemon serving the trail and a second real user
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -188,8 +189,6 @@ def test_a_stale_socket_is_replaced_and_a_foreign_one_is_never_unlinked(shared):
 
 
 def test_gputop_log_reads_every_users_file_in_the_order_the_server_received_them(tmp_path):
-    import json
-
     from tests.conftest import run_gputop
 
     log = tmp_path / "node" / "audit.jsonl"
@@ -206,3 +205,19 @@ def test_gputop_log_reads_every_users_file_in_the_order_the_server_received_them
     assert [r["n"] for r in auditlog.read_node(path=log)] == order
     r = run_gputop("log", "--node", "--json", env={"GPUTOP_NODE_AUDIT_LOG": str(log)})
     assert r.returncode == 0 and [x["n"] for x in json.loads(r.stdout)] == order, r.stderr
+
+
+@pytest.mark.parametrize("rec", [
+    {"action": "kill", "message": "é" * 200_000},
+    {"action": "kill", "target": {"pid": 7, "cmdline": ["a" * 30_000] * 10}},
+    {"action": "kill", "target": {"pid": 7, "cmdline": ["x"] * 100_000}},
+    {"action": "kill", "details": {str(i): i for i in range(50_000)}, "target": {"pid": 7}},
+    {"action": "kill", "emoji": "\U0001f600\x1b[31m" * 40_000},
+], ids=["non-ascii", "many-long-args", "many-short-args", "many-keys", "emoji-and-escapes"])
+def test_any_oversized_record_is_cut_to_the_limit_and_still_says_what_happened(rec):
+    data = auditlog.fit(rec)
+    out = json.loads(data)
+    assert len(data) <= auditlog.MAX_RECORD and out["truncated"] is True and out["action"] == "kill"
+    if "target" in rec:
+        assert out["target"]["pid"] == 7
+    assert auditlog.fit({"action": "small"}) == auditlog._encode({"action": "small"})  # small: untouched
