@@ -204,15 +204,20 @@ def run_flood(pw, seconds: float, *, rate: float = 19.0, size: int = 60_000, max
         try:
             guard.wait_started()
             f = flood(pw, shared, seconds, rate, size)
-            kills, failures, t0 = [], [], time.monotonic()
-            while f.poll() is None:
-                pid, r = root_kill(shared)
-                kills.append(pid)
-                if r.returncode != 0 or "WARNING" in r.stderr:
-                    failures.append((pid, r.returncode, r.stderr.strip()[-300:]))
-                say(f"{time.monotonic() - t0:5.1f} s: root killed pid {pid} (exit {r.returncode})")
-                time.sleep(0.5)
-            out, _ = f.communicate(timeout=60)
+            try:
+                kills, failures, t0 = [], [], time.monotonic()
+                while f.poll() is None:
+                    pid, r = root_kill(shared)
+                    kills.append(pid)
+                    if r.returncode != 0 or "WARNING" in r.stderr:
+                        failures.append((pid, r.returncode, r.stderr.strip()[-300:]))
+                    say(f"{time.monotonic() - t0:5.1f} s: root killed pid {pid} (exit {r.returncode})")
+                    time.sleep(0.5)
+                out, _ = f.communicate(timeout=60)
+            finally:
+                if f.poll() is None:
+                    f.kill()
+                    f.wait(10)
             flooded = json.loads(out)
         finally:
             guard.stop()
