@@ -202,6 +202,7 @@ def test_gputop_log_reads_every_users_file_in_the_order_the_server_received_them
     assert sorted(p.name for p in log.parent.iterdir()) == ["audit-uid-1001.jsonl", "audit-uid-1002.jsonl",
                                                             "audit.jsonl"]
     assert [r["n"] for r in auditlog.read(path=log)] == [0, 2, 5]
+    assert {oct(p.stat().st_mode & 0o777) for p in log.parent.iterdir()} == {"0o640"}  # root and adm read them
     assert [r["n"] for r in auditlog.read_node(path=log)] == order
     r = run_gputop("log", "--node", "--json", env={"GPUTOP_NODE_AUDIT_LOG": str(log)})
     assert r.returncode == 0 and [x["n"] for x in json.loads(r.stdout)] == order, r.stderr
