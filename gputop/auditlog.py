@@ -238,10 +238,17 @@ def private_socket_path(sock_path: Path | None = None) -> Path:
     return p.with_name(f"{p.stem}-root{p.suffix}")
 
 
+class _NotConnected(OSError):
+    """connect() failed: nothing was sent."""
+
+
 def _connect_send(path: Path, data: bytes, timeout: float) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
-        s.connect(str(path))
+        try:
+            s.connect(str(path))
+        except OSError as e:
+            raise _NotConnected(e.errno, e.strerror or str(e)) from None
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
         return s.recv(256)
@@ -266,14 +273,16 @@ def send_node(data: bytes, timeout: float = 3.0) -> bool | None:
             return None
         except (OSError, ValueError):
             pass  # there, but not for us to see: the connect below says why
-        answer = b""
+        answer = None
         private = private_socket_path(sock_path)
         if os.access(private, os.W_OK):  # root (or the server's own user): the path users cannot exhaust
             try:
                 answer = _connect_send(private, data, timeout)
-            except OSError:
-                answer = b""
-        if not answer.startswith(b"ok"):
+            except _NotConnected:
+                pass  # not served there (an older server): the public socket
+            except OSError as e:
+                answer = f"error: {e.strerror or e}".encode()  # sent: never twice
+        if answer is None:
             try:
                 answer = _connect_send(sock_path, data, timeout)
             except OSError as e:
