@@ -263,7 +263,8 @@ class GuardDaemon:
 
     def start_node_trail(self) -> "auditlog.NodeAuditServer | None":
         """Serve the node audit trail (root, or a socket path given in the environment). A failure is an
-        error in the journal, not a reason to stop guarding."""
+        error in the journal, not a reason to stop guarding. A socket another live process serves (a second
+        guard daemon) is never taken over: one warning line, and this daemon guards without serving it."""
         auditlog.set_warn_writer(lambda m: self.say(m, LOG_ERR))
         problem = auditlog.check_writable(self.config)
         if problem:
