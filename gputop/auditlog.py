@@ -9,7 +9,9 @@ Two trails:
   Every face sends each record to the server's Unix socket ``/run/gputop/audit.sock``
   (``$GPUTOP_AUDIT_SOCKET``); the server stamps it with the sender's uid, gid and pid from
   ``SO_PEERCRED`` (from the kernel: a user cannot forge it) and appends it. Users can neither edit nor
-  erase it. Where no socket exists (no node service installed) only your own log is written.
+  erase it, nor push root's records out of it: root's and the guard's records go to ``audit.jsonl``,
+  every other uid's to its own ``audit-uid-U.jsonl`` with its own rotation (``read_node`` merges them).
+  Where no socket exists (no node service installed) only your own log is written.
 
 Writes are robust: one ``write()`` of a whole line under ``flock`` in ``O_APPEND`` mode (concurrent writers
 keep whole lines, in the order they got the lock); a failed or short write (a full disk) is cut back with
@@ -25,6 +27,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 import socket
 import struct
 import sys
@@ -42,7 +45,7 @@ NODE_LOG = Path("/var/log/gputop/audit.jsonl")
 NODE_SOCKET = Path("/run/gputop/audit.sock")
 MAX_BYTES = 16 * 1024 * 1024  # rotate beyond this ($GPUTOP_AUDIT_MAX_BYTES)
 KEEP = 5  # rotated files kept: audit.jsonl.1 .. .5
-MAX_RECORD = 64 * 1024  # the node server refuses a bigger record
+MAX_RECORD = 64 * 1024  # a node record is cut down to this size (never refused)
 _warn_writer: Callable[[str], None] | None = None
 
 
@@ -210,7 +213,7 @@ def append(record: dict, config: Config | None = None, path: str | os.PathLike |
         raise AuditLogError(msg) from None
     finally:
         if path is None:
-            send_node(data)
+            send_node(fit(rec, MAX_RECORD - 1024))  # room for the server's peer and received stamps
     return p
 
 
@@ -222,29 +225,71 @@ def _pid_of(rec: dict):
 _node_warned = False
 
 
+def _self_peer() -> dict:
+    """This process as SO_PEERCRED would give it (for a record the serving process writes itself)."""
+    uid = os.geteuid()
+    return {"uid": uid, "gid": os.getegid(), "pid": os.getpid(), "user": user_name(uid)}
+
+
+def private_socket_path(sock_path: Path | None = None) -> Path:
+    """The server's second socket, mode 0600: only root (the server's own uid) can connect to it, so no user
+    can fill it or its backlog. /run/gputop/audit.sock -> /run/gputop/audit-root.sock."""
+    p = Path(sock_path or node_socket_path())
+    return p.with_name(f"{p.stem}-root{p.suffix}")
+
+
+class _NotConnected(OSError):
+    """connect() failed: nothing was sent."""
+
+
+def _connect_send(path: Path, data: bytes, timeout: float) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(str(path))
+        except OSError as e:
+            raise _NotConnected(e.errno, e.strerror or str(e)) from None
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        return s.recv(256)
+
+
 def send_node(data: bytes, timeout: float = 3.0) -> bool | None:
     """Send one encoded record to the node audit server. None: no node trail on this node (no socket);
-    True: the server wrote it; False: it could not (warned once per process)."""
+    True: the server wrote it; False: it could not (warned once per process).
+
+    In the process that serves the trail (the guard daemon) the record is written directly, never through
+    a socket a user could keep busy; root's faces use the server's private socket, which users cannot
+    reach, and fall back to the public one."""
     global _node_warned
     sock_path = node_socket_path()
-    try:
-        os.stat(sock_path)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        pass  # there, but not for us to see: the connect below says why
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(str(sock_path))
-            s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
-            answer = s.recv(256)
-        if answer.startswith(b"ok"):
-            return True
-        why = answer.decode("utf-8", "replace").strip() or "no answer"
-    except OSError as e:
-        why = e.strerror or str(e)
+    served = _served.get(str(sock_path))
+    if served is not None:
+        answer = served.handle(_self_peer(), data).encode()
+    else:
+        try:
+            os.stat(sock_path)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            pass  # there, but not for us to see: the connect below says why
+        answer = None
+        private = private_socket_path(sock_path)
+        if os.access(private, os.W_OK):  # root (or the server's own user): the path users cannot exhaust
+            try:
+                answer = _connect_send(private, data, timeout)
+            except _NotConnected:
+                pass  # not served there (an older server): the public socket
+            except OSError as e:
+                answer = f"error: {e.strerror or e}".encode()  # sent: never twice
+        if answer is None:
+            try:
+                answer = _connect_send(sock_path, data, timeout)
+            except OSError as e:
+                answer = f"error: {e.strerror or e}".encode()
+    if answer.startswith(b"ok"):
+        return True
+    why = answer.decode("utf-8", "replace").strip() or "no answer"
     if not _node_warned:
         _node_warned = True
         warn(f"the node audit trail ({sock_path}) did not take this record: {why}; it is in your own log "
@@ -252,12 +297,138 @@ def send_node(data: bytes, timeout: float = 3.0) -> bool | None:
     return False
 
 
+# ---- cutting an oversized record down --------------------------------------------------------
+
+_MAX_ITEMS = 256  # a longer list keeps its first 256 items and a marker
+_MARKED = re.compile(r"…\[truncated (\d+) bytes\]$")
+_KEEP_KEYS = ("at", "time", "host", "face", "action", "outcome", "ok", "reason", "received")
+
+
+def _marker(n: int, what: str = "bytes") -> str:
+    return f"…[truncated {n} {what}]"
+
+
+def _leaves(rec) -> list:
+    """(container, key, value) for every str and list below ``rec``, iteratively (no recursion limit)."""
+    out, stack, seen = [], [rec], 0
+    while stack and seen < 100_000:
+        c = stack.pop()
+        seen += 1
+        items = c.items() if isinstance(c, dict) else enumerate(c)
+        for k, v in items:
+            if isinstance(v, (dict, list)):
+                if isinstance(v, list):
+                    out.append((c, k, v))
+                stack.append(v)
+            elif isinstance(v, str):
+                out.append((c, k, v))
+    return out
+
+
+def _summary(rec, data: bytes, why: str) -> dict:
+    """The last resort for a record that cannot be cut down field by field: its plain top-level fields
+    (each at most 200 characters) and the start of its text."""
+    out: dict = {}
+    if isinstance(rec, dict):
+        for k in _KEEP_KEYS:
+            v = rec.get(k)
+            if isinstance(v, str):
+                out[k] = v[:200]
+            elif isinstance(v, (int, float, bool)) or v is None and k in rec:
+                out[k] = v
+        t = rec.get("target")
+        if isinstance(t, dict):
+            out["target"] = {k: t[k] for k in ("pid", "start_time", "gpu") if isinstance(t.get(k), (int, float))}
+    out["truncated"] = True
+    out["message"] = f"{why}; the first 1000 bytes are in 'text'"
+    out["text"] = data[:1000].decode("utf-8", "replace")
+    return out
+
+
+def _cap(sizes: list[int], excess: int) -> int:
+    """The largest cap (at least 256) such that cutting every size above it down to it (plus a marker of
+    about 48 bytes) saves ``excess`` bytes; 256 when even that does not."""
+    lo, hi = 256, max(sizes)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        saved = sum(e - mid - 48 for e in sizes if e > mid)
+        if saved >= excess:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def fit(rec: dict, limit: int = MAX_RECORD) -> bytes:
+    """``rec`` encoded in at most ``limit`` bytes: never refused, cut down. Lists longer than 256 items keep
+    their first 256 and a marker; then the longest strings are shortened, each ending in
+    "…[truncated N bytes]" (N: the UTF-8 bytes cut); a record that still does not fit (thousands of small
+    fields) becomes a summary of its main fields. Either way ``truncated: true`` says it was cut. Work is
+    bounded (a few passes over the record), whatever a client sends."""
+    try:
+        data = _encode(rec)
+    except (ValueError, TypeError, RecursionError):
+        return _encode(_summary(rec, b"", "a record that cannot be encoded (nested too deep)"))
+    if len(data) <= limit:
+        return data
+    size = len(data)
+    rec = json.loads(data)  # a deep copy of plain JSON values, ours to cut
+    rec["truncated"] = True
+    for c, k, v in _leaves(rec):
+        if isinstance(v, list) and len(v) > _MAX_ITEMS:
+            c[k] = v[:_MAX_ITEMS] + [_marker(len(v) - _MAX_ITEMS, "items")]
+    data = _encode(rec)
+    for _ in range(6):  # each round shortens every string above one cap at once: bounded work per record
+        excess = len(data) - limit
+        if excess <= 0:
+            return data
+        strings = [(len(json.dumps(x[2])), x) for x in _leaves(rec) if isinstance(x[2], str) and len(x[2]) > 256]
+        if not strings:
+            break
+        cap = _cap([e for e, _ in strings], excess)
+        for enc, (c, k, s) in strings:
+            if enc <= cap:
+                continue
+            m = _MARKED.search(s)  # cut before (by the client, or a round before): the count adds up
+            before, s = (int(m.group(1)), s[:m.start()]) if m else (0, s)
+            keep = min(len(s) - 1, max(200, int(len(s) * max(0, cap - 48) / enc)))
+            c[k] = s[:keep] + _marker(before + len(s[keep:].encode("utf-8", "replace")))
+        data = _encode(rec)
+    if len(data) <= limit:
+        return data
+    return _encode(_summary(rec, data, f"a record of {size} bytes cut down to its main fields"))
+
+
 # ---- the node audit server -------------------------------------------------------------------
+
+MAX_READ = 256 * 1024  # the most the server reads from one client; a record is then cut to MAX_RECORD
+PER_UID_CONNECTIONS = 8  # connections one uid may have open on the public socket at once
+MAX_CONNECTIONS = 256  # all of them together (root has its own socket besides)
+_served: dict[str, "NodeAuditServer"] = {}  # socket path -> the server this process runs on it
+
+
+class AuditSocketBusy(AuditLogError):
+    """Another live server holds the node audit socket (a second guard daemon never takes it over)."""
+
 
 def _peer(conn: socket.socket) -> dict:
     pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                         struct.calcsize("3i")))
     return {"uid": uid, "gid": gid, "pid": pid, "user": user_name(uid)}
+
+
+def listener_pid(sock_path: Path, timeout: float = 1.0) -> int | None:
+    """The pid of the process listening on ``sock_path`` (SO_PEERCRED of a connection), None when no process
+    answers there (no file, not a socket, a stale socket: ECONNREFUSED)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(str(sock_path))
+            return _peer(s)["pid"]
+    except socket.timeout:
+        return -1  # it exists and is listening, but its backlog is full: alive
+    except OSError:
+        return None
 
 
 def _node_group() -> int:
@@ -270,95 +441,244 @@ def _node_group() -> int:
         return 0
 
 
+def user_log_path(log: Path, uid: int) -> Path:
+    """Where the node trail keeps the records of ``uid`` (not root): audit.jsonl -> audit-uid-1001.jsonl."""
+    return log.with_name(f"{log.stem}-uid-{int(uid)}{log.suffix}")
+
+
+def user_max_bytes() -> int:
+    """A user's node-trail file rotates beyond this: a quarter of the main trail's size."""
+    return max(4096, max_bytes() // 4)
+
+
 class NodeAuditServer:
     """Accepts one JSON record per connection on a Unix socket, stamps it with the peer's credentials
     and appends it to the node trail. Runs in daemon threads of the (root) guard daemon.
 
-    Bounded: a record over MAX_RECORD bytes or a client slower than ``timeout`` is refused; a uid sending
-    more than ``rate`` records in 10 s is refused until the window ends (one "audit-dropped" record says
-    how many)."""
+    No user can erase or block it:
+
+    - **Budgets per uid.** Records from root (and from the server's own uid) go to the main trail
+      ``audit.jsonl``; every other uid's records go to that uid's own file ``audit-uid-U.jsonl``, which
+      rotates on its own (at a quarter of the main size, ``KEEP`` old files). A user's flood only pushes out
+      that user's older records. A user may send ``rate`` records in 10 s; what is over is dropped and one
+      "audit-dropped" record in that user's file counts it.
+    - **Nobody waits on a user.** The accept loop only accepts: each connection has its own thread and a
+      deadline of ``timeout`` seconds for the whole record; one uid holds at most ``PER_UID_CONNECTIONS``
+      at once (more are closed and counted as dropped). Root's faces use a second socket, mode 0600, that
+      users cannot connect to, and the serving process writes its own records directly.
+    - **Never refused for size.** A record over ``MAX_RECORD`` is cut down (``fit``), not refused.
+    - **One server per socket.** ``start`` takes ``<socket>.lock`` (flock) and checks that nobody answers on
+      the socket; a live one raises AuditSocketBusy, a dead one (a stale file) is replaced. ``close`` unlinks
+      a socket path only while it still is the socket this server bound (same st_dev and st_ino).
+    """
 
     def __init__(self, sock_path: Path | None = None, log: Path | None = None, *, timeout: float = 2.0,
-                 rate: int = 200):
+                 rate: int = 200, per_uid: int = PER_UID_CONNECTIONS):
         self.sock_path = Path(sock_path or node_socket_path())
+        self.private_path = private_socket_path(self.sock_path)
         self.log = Path(log or node_log_path())
         self.timeout = timeout
         self.rate = rate
+        self.per_uid = per_uid
+        self.owners = {0, os.geteuid()}  # their records go to the main trail, never rate-limited
         self._window: dict[int, list] = {}  # uid -> [window start, count, dropped]
-        self._sem = threading.BoundedSemaphore(32)
-        self._lock = threading.Lock()
+        self._conns: dict[object, int] = {}  # uid (or "private") -> connections open now
+        self._total = 0
+        self._lock = threading.Lock()  # the bookkeeping above
+        self._file_locks: dict[Path, threading.Lock] = {}
+        self._listeners: list[tuple[socket.socket, Path, tuple]] = []
+        self._lock_fd: int | None = None
         self.sock: socket.socket | None = None
 
+    # ---- lifecycle ----
+
     def start(self) -> "NodeAuditServer":
-        self.sock_path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.sock_path.parent, 0o755)
-        if self.sock_path.is_socket():
-            self.sock_path.unlink()  # a stale socket from a daemon that died (we hold the guard lock)
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(str(self.sock_path))
-        os.chmod(self.sock_path, 0o666)  # every user may write; the kernel says who they are
-        s.listen(64)
-        self.sock = s
-        threading.Thread(target=self._accept, name="gputop-audit-server", daemon=True).start()
+        import fcntl
+        import stat
+
+        d = self.sock_path.parent
+        d.mkdir(parents=True, exist_ok=True)
+        if d.stat().st_uid == os.geteuid():
+            os.chmod(d, 0o755)
+        fd = os.open(self.sock_path.with_name(self.sock_path.name + ".lock"),
+                     os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            self._busy(listener_pid(self.sock_path))
+        pid = listener_pid(self.sock_path)
+        if pid is not None:  # served without our lock (an older gputop): still never taken over
+            os.close(fd)
+            self._busy(pid)
+        self._lock_fd = fd
+        try:
+            for path, mode in ((self.sock_path, 0o666), (self.private_path, 0o600)):
+                try:
+                    if stat.S_ISSOCK(os.lstat(path).st_mode):
+                        os.unlink(path)  # dead: we hold the lock and nobody answers on it
+                except FileNotFoundError:
+                    pass
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    s.bind(str(path))
+                    st = os.stat(path)
+                    os.chmod(path, mode)  # public: every user may write, the kernel says who they are
+                    s.listen(128)
+                except OSError:
+                    s.close()
+                    raise
+                self._listeners.append((s, path, (st.st_dev, st.st_ino)))
+        except OSError:
+            self.close()
+            raise
+        self.sock = self._listeners[0][0]
+        _served[str(self.sock_path)] = self
+        for s, path, _ in self._listeners:
+            private = path == self.private_path
+            threading.Thread(target=self._accept, args=(s, private), daemon=True,
+                             name="gputop-audit-root" if private else "gputop-audit-server").start()
         return self
 
+    def _busy(self, pid: int | None):
+        who = f"pid {pid}" if pid and pid > 0 else "another process"
+        raise AuditSocketBusy(f"the node audit trail {self.sock_path} is already served by {who}: not taken "
+                              "over (this process does not serve it; its records go to that server)")
+
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        if _served.get(str(self.sock_path)) is self:
+            del _served[str(self.sock_path)]
+        listeners, self._listeners, self.sock = self._listeners, [], None
+        for s, path, ident in listeners:
             try:
-                self.sock_path.unlink()
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) == ident:  # still ours: never unlink another server's socket
+                    os.unlink(path)
             except OSError:
                 pass
-
-    def _accept(self) -> None:
-        while self.sock is not None:
             try:
-                conn, _ = self.sock.accept()
+                s.shutdown(socket.SHUT_RDWR)  # wakes the accept() of its thread
             except OSError:
-                return
-            if not self._sem.acquire(blocking=False):
-                conn.close()  # too many at once: the client warns, its own log has the record
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+                pass
+            s.close()
+        if listeners:
+            self._flush_dropped()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
-    def _serve(self, conn: socket.socket) -> None:
+    # ---- connections ----
+
+    def _accept(self, sock: socket.socket, private: bool) -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                if not any(s is sock for s, _, _ in self._listeners):
+                    return  # closed
+                time.sleep(0.05)  # EMFILE and the like: never spin
+                continue
+            try:
+                peer = _peer(conn)
+            except OSError:
+                conn.close()
+                continue
+            key = "private" if private else peer["uid"]
+            limit = 64 if private else self.per_uid
+            with self._lock:
+                n = self._conns.get(key, 0)
+                over = n >= limit or (not private and self._total >= MAX_CONNECTIONS)
+                if not over:
+                    self._conns[key] = n + 1
+                    self._total += 0 if private else 1
+            if over:
+                conn.close()  # the client warns; its own log has the record
+                if not private:
+                    self._count_drop(peer["uid"])
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(conn, peer, key), daemon=True).start()
+            except RuntimeError:  # no thread left
+                conn.close()
+                self._release(key)
+
+    def _release(self, key) -> None:
+        with self._lock:
+            self._conns[key] -= 1
+            if not self._conns[key]:
+                del self._conns[key]
+            if key != "private":
+                self._total -= 1
+
+    def _serve(self, conn: socket.socket, peer: dict, key) -> None:
         try:
             with conn:
-                conn.settimeout(self.timeout)
-                answer = self.handle(_peer(conn), _read_all(conn, MAX_RECORD))
+                deadline = time.monotonic() + self.timeout
+                raw, whole = _read_all(conn, MAX_READ, deadline)
+                answer = self.handle(peer, raw, whole)
+                conn.settimeout(max(0.05, deadline - time.monotonic()))
                 conn.sendall(answer.encode() + b"\n")
-        except OSError:
+        except OSError:  # too slow (its deadline passed), or gone
             pass
         finally:
-            self._sem.release()
+            self._release(key)
 
-    def handle(self, peer: dict, raw: bytes | None) -> str:
+    # ---- records ----
+
+    def handle(self, peer: dict, raw: bytes, whole: bool = True) -> str:
         """The answer for one client: 'ok' or 'error: why'."""
-        if raw is None:
-            return f"error: record larger than {MAX_RECORD} bytes"
-        if not self._allow(peer["uid"]):
+        if not raw.strip():
+            return "error: empty record"  # a probe (listener_pid), not a record
+        uid = peer["uid"]
+        if uid not in self.owners and not self._allow(uid):
             return "error: rate limited"
-        try:
-            rec = json.loads(raw)
-            if not isinstance(rec, dict):
-                raise ValueError("not a JSON object")
-        except (ValueError, RecursionError) as e:
-            rec = {"action": "bad-record", "outcome": "rejected", "ok": False,
-                   "message": f"a client sent a record that is not a JSON object: {type(e).__name__}",
+        rec = None
+        if whole:
+            try:
+                rec = json.loads(raw)
+            except (ValueError, RecursionError) as e:
+                why = f"a client sent a record that is not a JSON object: {type(e).__name__}"
+            else:
+                why = "a client sent a record that is not a JSON object: not an object"
+        else:
+            why = f"a client sent more than {MAX_READ} bytes"
+        if not isinstance(rec, dict):
+            rec = {"action": "bad-record", "outcome": "rejected", "ok": False, "message": why,
                    "text": raw[:200].decode("utf-8", "replace")}
         rec["peer"] = peer  # what the kernel says about the sender; overrides anything the client sent
         rec["received"] = iso(time.time())
         return self.write(rec)
 
+    def path_for(self, uid: int) -> Path:
+        return self.log if uid in self.owners else user_log_path(self.log, uid)
+
     def write(self, rec: dict) -> str:
+        peer = rec.get("peer") if isinstance(rec.get("peer"), dict) else {}
+        uid = peer.get("uid", 0)
+        path = self.path_for(uid)
+        limit = None if uid in self.owners else user_max_bytes()
+        with self._lock:
+            lock = self._file_locks.setdefault(path, threading.Lock())
         try:
-            with self._lock:
-                append_line(self.log, _encode(rec), mode=0o640, on_new=_chgrp)
+            with lock:
+                append_line(path, fit(rec), mode=0o640, limit=limit, on_new=_chgrp)
         except OSError as e:
-            warn(f"the node audit trail {self.log} could not be written: {e.strerror or e}")
+            warn(f"the node audit trail {path} could not be written: {e.strerror or e}")
             return f"error: the node trail cannot be written: {e.strerror or e}"
         return "ok"
+
+    def _count_drop(self, uid: int) -> None:
+        if uid in self.owners:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._window.setdefault(uid, [now, 0, 0])[2] += 1
+
+    def _dropped_record(self, uid: int, dropped: int) -> dict:
+        return {"at": time.time(), "time": iso(time.time()), "action": "audit-dropped", "outcome": "dropped",
+                "ok": False, "peer": {"uid": uid, "user": user_name(uid)}, "received": iso(time.time()),
+                "message": f"{dropped} record(s) from uid {uid} dropped: over {self.rate} in 10 s or over "
+                           f"{self.per_uid} connections at once"}
 
     def _allow(self, uid: int) -> bool:
         now = time.monotonic()
@@ -369,13 +689,20 @@ class NodeAuditServer:
             else:
                 dropped = 0
             w[1] += 1
-            if w[1] > self.rate:
+            allowed = w[1] <= self.rate
+            if not allowed:
                 w[2] += 1
-        if dropped:
-            self.write({"at": time.time(), "time": iso(time.time()), "action": "audit-dropped",
-                        "outcome": "rate-limited", "ok": False, "peer": {"uid": uid, "user": user_name(uid)},
-                        "message": f"{dropped} record(s) from uid {uid} refused: over {self.rate} in 10 s"})
-        return w[1] <= self.rate
+        if dropped:  # in that user's own file: a flood never writes into the main trail
+            self.write(self._dropped_record(uid, dropped))
+        return allowed
+
+    def _flush_dropped(self) -> None:
+        with self._lock:
+            pending = [(uid, w[2]) for uid, w in self._window.items() if w[2]]
+            for w in self._window.values():
+                w[2] = 0
+        for uid, n in pending:
+            self.write(self._dropped_record(uid, n))
 
 
 def _chgrp(fd: int) -> None:
@@ -386,17 +713,22 @@ def _chgrp(fd: int) -> None:
         pass
 
 
-def _read_all(conn: socket.socket, limit: int) -> bytes | None:
-    """Everything the client sends until it shuts down writing; None when over ``limit``."""
+def _read_all(conn: socket.socket, limit: int, deadline: float) -> tuple[bytes, bool]:
+    """What the client sends until it shuts down writing, by ``deadline`` (socket.timeout after it):
+    (data, True); or the first ``limit`` bytes and False when it sends more."""
     chunks, n = [], 0
     while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the client was too slow")
+        conn.settimeout(left)
         b = conn.recv(65536)
         if not b:
-            return b"".join(chunks)
+            return b"".join(chunks), True
+        chunks.append(b)
         n += len(b)
         if n > limit:
-            return None
-        chunks.append(b)
+            return b"".join(chunks)[:limit], False
 
 
 # ---- reading ---------------------------------------------------------------------------------
@@ -442,3 +774,38 @@ def read(since: float | None = None, config: Config | None = None,
                     continue
             out.append(rec)
     return out
+
+
+def user_logs(log: Path) -> list[Path]:
+    """The per-uid files of the node trail ``log`` (audit-uid-U.jsonl), by uid."""
+    prefix, suffix = f"{log.stem}-uid-", log.suffix
+    found = []
+    try:
+        names = os.listdir(log.parent)
+    except OSError:
+        return []
+    for name in names:
+        uid = name[len(prefix):len(name) - len(suffix)] if suffix else name[len(prefix):]
+        if name.startswith(prefix) and name.endswith(suffix) and uid.isdigit():
+            found.append((int(uid), log.with_name(name)))
+    return [p for _, p in sorted(found)]
+
+
+def read_node(since: float | None = None, path: str | os.PathLike | None = None) -> list[dict]:
+    """The whole node trail: the main trail (root, the guard) and every user's own file, rotated files
+    included, merged into the order the server received them (its ``received`` stamp; each file is
+    already in that order). Records are filtered by ``since`` as in ``read``."""
+    import heapq
+
+    log = Path(path) if path is not None else node_log_path()
+
+    def keyed(records: list[dict]):
+        last = ""
+        for rec in records:
+            r = rec.get("received")
+            if isinstance(r, str):
+                last = r
+            yield last, rec
+
+    chains = [read(since, path=p) for p in [log, *user_logs(log)]]
+    return [rec for _, rec in heapq.merge(*(keyed(c) for c in chains), key=lambda x: x[0])]

@@ -19,7 +19,8 @@ the kernel is ``python -m ipykernel_launcher -f ...``; the workers are ``python 
 
 A YAML scenario in a temp dir names them on four simulated GPUs; a background thread keeps it current
 (utilisation that moves, a restarted retry worker) and reaps the demo's own exited children. ``env.sh`` there
-sets GPUTOP_SCENARIO and GPUTOP_STATE_DIR for a second shell. A watcher process holds the read end of a
+sets GPUTOP_SCENARIO, GPUTOP_STATE_DIR and the demo's own GPUTOP_AUDIT_SOCKET and GPUTOP_NODE_AUDIT_LOG
+for a second shell (the demo and a guard started from env.sh never touch the node's audit trail). A watcher process holds the read end of a
 pipe whose write end only gputop holds: when gputop dies, even by SIGKILL, the pipe closes and the watcher
 kills every demo process it recorded (pid and start time checked) and removes the directory.
 """
@@ -369,12 +370,34 @@ class Demo:
         self._watch_fd = w
         self._watcher = p
 
+    @property
+    def audit_socket(self) -> Path:
+        """The demo's own node-audit socket: the demo never sends to /run/gputop/audit.sock."""
+        return self.dir / "run" / "audit.sock"
+
+    @property
+    def node_audit_log(self) -> Path:
+        """The demo's own node trail: demo actions never reach /var/log/gputop/audit.jsonl."""
+        return self.dir / "log" / "audit.jsonl"
+
+    def sandbox(self) -> Path:
+        """Point this process at the demo: its state dir (unless one is set), its own audit socket and
+        node trail (always, whatever was set), and write ``env.sh`` for a second shell."""
+        os.environ.setdefault("GPUTOP_STATE_DIR", str(self.dir / "state"))
+        os.environ["GPUTOP_AUDIT_SOCKET"] = str(self.audit_socket)
+        os.environ["GPUTOP_NODE_AUDIT_LOG"] = str(self.node_audit_log)
+        return self.write_env(os.environ["GPUTOP_STATE_DIR"])
+
     def write_env(self, state_dir: str | os.PathLike | None = None) -> Path:
-        """``env.sh``: source it in a second shell to point gputop at this demo (scenario, state dir)."""
+        """``env.sh``: source it in a second shell to point gputop at this demo (scenario, state dir, and
+        the demo's own audit socket and node trail: a guard started there, even as root, serves the demo's
+        trail and never touches the node's)."""
         state = state_dir or os.environ.get("GPUTOP_STATE_DIR") or (self.dir / "state")
         text = (f"# gputop --demo: source this file ('. {self.env_path}') to use the demo from another shell\n"
                 f"export GPUTOP_SCENARIO={shlex.quote(str(self.scenario_path))}\n"
-                f"export GPUTOP_STATE_DIR={shlex.quote(str(state))}\n")
+                f"export GPUTOP_STATE_DIR={shlex.quote(str(state))}\n"
+                f"export GPUTOP_AUDIT_SOCKET={shlex.quote(str(self.audit_socket))}\n"
+                f"export GPUTOP_NODE_AUDIT_LOG={shlex.quote(str(self.node_audit_log))}\n")
         self.env_path.write_text(text)
         return self.env_path
 

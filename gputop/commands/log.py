@@ -26,7 +26,10 @@ $GPUTOP_AUDIT_LOG says otherwise), and the node trail /var/log/gputop/audit.json
 written by the root guard service with the uid the kernel gave for each sender, which no user can edit.
 Without --node/--mine the node trail is shown when you may read it (root, group adm), else your own log.
 A record that cannot be shown (bad JSON, unexpected types) is listed as a bad record; the rest still show.
-Both logs rotate at 16 MiB, keeping 5 old files (audit.jsonl.1 .. .5); all are read."""
+In the node trail, root's and the guard's records are in audit.jsonl and each other user's in
+audit-uid-UID.jsonl (a flood by one user rotates only that user's file); all are read, in the order the
+server received them. Logs rotate at 16 MiB (a user's node file at 4 MiB), keeping 5 old files
+(audit.jsonl.1 .. .5); all are read."""
 
 
 def add_arguments(p) -> None:
@@ -175,7 +178,7 @@ def run(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be 1 or more")
     path, which, note = _choose(args, config)
-    records = auditlog.read(since, path=path)
+    records = auditlog.read_node(since, path=path) if which == "node" else auditlog.read(since, path=path)
     if args.limit:
         records = records[-args.limit:]
     if note:

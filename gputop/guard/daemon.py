@@ -292,7 +292,8 @@ class GuardDaemon:
 
     def start_node_trail(self) -> "auditlog.NodeAuditServer | None":
         """Serve the node audit trail (root, or a socket path given in the environment). A failure is an
-        error in the journal, not a reason to stop guarding."""
+        error in the journal, not a reason to stop guarding. A socket another live process serves (a second
+        guard daemon) is never taken over: one warning line, and this daemon guards without serving it."""
         auditlog.set_warn_writer(lambda m: self.say(m, LOG_ERR))
         problem = auditlog.check_writable(self.config)
         if problem:
@@ -303,6 +304,9 @@ class GuardDaemon:
             return None
         try:
             server = auditlog.NodeAuditServer().start()
+        except auditlog.AuditSocketBusy as e:  # a second guard never takes a live trail over
+            self.say(str(e), LOG_WARNING)
+            return None
         except OSError as e:
             self.say(f"cannot serve the node audit trail on {auditlog.node_socket_path()}: "
                      f"{e.strerror or e}", LOG_ERR)

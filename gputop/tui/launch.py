@@ -56,9 +56,8 @@ def run_tui(args) -> int:
 
             demo = stack.enter_context(Demo())
             scenario, backend = str(demo.scenario_path), "simulated"
-            # A sandbox: the demo's guard switch and audit log must not touch the node's real ones.
-            os.environ.setdefault("GPUTOP_STATE_DIR", str(demo.dir / "state"))
-            demo.write_env(os.environ["GPUTOP_STATE_DIR"])  # a second shell sources it (see the banner)
+            # A sandbox: the demo's guard switch, audit log and node trail must not touch the node's real ones.
+            demo.sandbox()  # also writes env.sh, which a second shell sources (see the banner)
         # The devices first, from the backends alone: the process layer (gputop.snapshot and what it
         # imports, ~a quarter of what the first frame needs) is imported once they are on the screen.
         found = probe(backend, scenario)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +18,7 @@ import pytest
 
 from gputop import auditlog
 from tests.conftest import ROOT, _default_sighup, run_gputop, wait_gone
+from tests.functional.audit_helpers import as_user, make_user
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts a tmpfs / creates a user)")
 
@@ -148,7 +149,9 @@ def test_an_audit_log_failure_is_printed_once(procs, scenario, tmp_path, monkeyp
 
 # ---- the node trail --------------------------------------------------------------------------
 
-def test_node_server_stamps_the_kernels_uid_and_refuses_oversized_records(tmp_path, monkeypatch):
+def test_node_server_stamps_the_kernels_uid_and_cuts_oversized_records(tmp_path, monkeypatch):
+    """(Was: ...and_refuses_oversized_records. Issue 25: a record over 64 KiB is now cut down, not refused,
+    and the rate limit applies to users, never to root's or the guard's own records.)"""
     sock, log = tmp_path / "run" / "audit.sock", tmp_path / "log" / "audit.jsonl"
     monkeypatch.setenv("GPUTOP_AUDIT_SOCKET", str(sock))
     srv = auditlog.NodeAuditServer(sock, log, rate=5).start()
@@ -161,14 +164,39 @@ def test_node_server_stamps_the_kernels_uid_and_refuses_oversized_records(tmp_pa
         assert rec["peer"]["uid"] == os.getuid() and rec["peer"]["pid"] == os.getpid()
         assert rec["peer"]["user"] != "forged"
         assert auditlog.read(path=own)[0]["action"] == "kill"  # your own log has it too
-        assert auditlog.send_node(b"{" + b" " * (auditlog.MAX_RECORD + 10) + b"}") is False
-        for _ in range(6):
-            auditlog.send_node(b'{"action": "spam"}\n')
-        assert sum(r.get("action") == "spam" for r in auditlog.read(path=log)) == 4  # 5 per 10 s
+        # over the socket, as another process sends it: stamped by SO_PEERCRED, cut down, not refused
+        big = json.dumps({"action": "kill", "outcome": "killed", "message": "m" * 100_000}).encode()
+        assert auditlog._connect_send(sock, big, 5.0).startswith(b"ok")
+        line = log.read_bytes().splitlines()[-1]
+        rec = json.loads(line)
+        assert len(line) < auditlog.MAX_RECORD and rec["truncated"] is True and rec["peer"]["uid"] == os.getuid()
+        assert rec["action"] == "kill" and rec["message"].startswith("mmm")
+        cut = re.search(r"…\[truncated (\d+) bytes\]$", rec["message"])
+        assert cut and len(rec["message"]) - len(cut.group(0)) + int(cut.group(1)) == 100_000
+        huge = b'{"action": "x", "m": "' + b"y" * (auditlog.MAX_READ + 10) + b'"}'
+        assert auditlog._connect_send(sock, huge, 10.0).startswith(b"ok")
+        rec = auditlog.read(path=log)[-1]
+        assert rec["action"] == "bad-record" and "more than" in rec["message"]
+        # a user (any uid but root's and the server's) is rate-limited, in a file of its own
+        peer = {"uid": 4242, "gid": 4242, "pid": 1, "user": "4242"}
+        answers = [srv.handle(peer, b'{"action": "spam"}') for _ in range(7)]
+        assert answers == ["ok"] * 5 + ["error: rate limited"] * 2
+        srv._window[4242][0] -= 11  # the 10 s window ends
+        assert srv.handle(peer, b'{"action": "spam"}') == "ok"
+        users = auditlog.read(path=auditlog.user_log_path(log, 4242))
+        assert [r["action"] for r in users] == ["spam"] * 5 + ["audit-dropped", "spam"]
+        assert users[5]["message"].startswith("2 record(s) from uid 4242 dropped")
+        assert not any(r.get("action") in ("spam", "audit-dropped") for r in auditlog.read(path=log))
+        assert [r["action"] for r in auditlog.read_node(path=log)][-8:] == (
+            ["bad-record"] + ["spam"] * 5 + ["audit-dropped", "spam"])
+        for _ in range(20):  # root is never rate-limited
+            assert srv.handle({"uid": 0, "gid": 0, "pid": 1, "user": "root"}, b'{"action": "r"}') == "ok"
         assert oct(log.stat().st_mode & 0o777) == "0o640"
         assert oct(sock.stat().st_mode & 0o777) == "0o666"
+        assert oct(auditlog.private_socket_path(sock).stat().st_mode & 0o777) == "0o600"
     finally:
         srv.close()
+    assert not sock.exists() and not auditlog.private_socket_path(sock).exists()
 
 
 USER = "gti15a"
@@ -178,12 +206,8 @@ USER = "gti15a"
 def second_user():
     if os.geteuid() != 0 or not shutil.which("useradd"):
         pytest.skip("needs root and useradd to create a second user")
-    subprocess.run(["userdel", USER], capture_output=True)
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", USER], check=True)
-    try:
-        yield pwd.getpwnam(USER)
-    finally:
-        subprocess.run(["userdel", USER], capture_output=True)
+    with make_user(USER) as pw:
+        yield pw
 
 
 def test_a_second_users_kill_is_in_the_node_trail_with_that_uid(second_user, tmp_path):
@@ -195,11 +219,6 @@ def test_a_second_users_kill_is_in_the_node_trail_with_that_uid(second_user, tmp
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def _as_user(pw, cmd: list[str], env: dict, **kw):
-    return subprocess.Popen(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", *cmd],
-                            env=env, cwd=ROOT, **kw)
-
-
 def _second_user_kill(pw, shared: Path, tmp_path: Path):
     home = shared / "home"
     home.mkdir()
@@ -208,16 +227,16 @@ def _second_user_kill(pw, shared: Path, tmp_path: Path):
            "GPUTOP_AUDIT_SOCKET": str(shared / "run" / "audit.sock"),
            "GPUTOP_NODE_AUDIT_LOG": str(shared / "log" / "audit.jsonl"),
            "GPUTOP_SYSTEM_CONFIG": str(shared / "none.yaml"), "GPUTOP_BACKEND": "simulated"}
-    victim = _as_user(pw, ["sleep", "300"], env, preexec_fn=_default_sighup)
+    victim = as_user(pw, ["sleep", "300"], env, preexec_fn=_default_sighup)
     try:
-        _kill_as_user(pw, env, victim, shared, tmp_path)
+        _killas_user(pw, env, victim, shared, tmp_path)
     finally:
         if victim.poll() is None:
             victim.kill()
         victim.wait(10)
 
 
-def _kill_as_user(pw, env: dict, victim, shared: Path, tmp_path: Path):
+def _killas_user(pw, env: dict, victim, shared: Path, tmp_path: Path):
     import yaml
 
     scn = shared / "scenario.yaml"
@@ -236,20 +255,20 @@ def _kill_as_user(pw, env: dict, victim, shared: Path, tmp_path: Path):
         while not (shared / "run" / "audit.sock").exists():
             assert time.time() < deadline and daemon.poll() is None, "the guard did not serve the node trail"
             time.sleep(0.1)
-        k = _as_user(pw, [sys.executable, "-m", "gputop", "--scenario", str(scn), "kill", "--pid",
+        k = as_user(pw, [sys.executable, "-m", "gputop", "--scenario", str(scn), "kill", "--pid",
                           str(victim.pid), "--force"], env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                      text=True)
         out, err = k.communicate(timeout=60)
         assert k.returncode == 0, err
         assert wait_gone(victim.pid, 10)
         # the user cannot edit or erase the node trail
-        w = _as_user(pw, [sys.executable, "-c", f"open({env['GPUTOP_NODE_AUDIT_LOG']!r}, 'a')"], env,
+        w = as_user(pw, [sys.executable, "-c", f"open({env['GPUTOP_NODE_AUDIT_LOG']!r}, 'a')"], env,
                      stderr=subprocess.PIPE)
         assert w.wait(30) != 0
     finally:
         daemon.send_signal(signal.SIGTERM)
         _, derr = daemon.communicate(timeout=30)
-    recs = auditlog.read(path=env["GPUTOP_NODE_AUDIT_LOG"])
+    recs = auditlog.read_node(path=env["GPUTOP_NODE_AUDIT_LOG"])  # the user's records are in its own file
     kills = [r for r in recs if r.get("action") == "kill" and (r.get("target") or {}).get("pid") == victim.pid]
     assert kills, (recs, derr)
     assert kills[0]["peer"]["uid"] == pw.pw_uid and kills[0]["peer"]["user"] == USER

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -71,6 +72,7 @@ def test_demo_keeps_guard_state_and_audit_log_in_its_own_directory(monkeypatch):
     def fake_run(self):
         seen["state"], seen["guard"], seen["scenario"] = (os.environ.get("GPUTOP_STATE_DIR"), guard_dir(),
                                                           str(self.demo.scenario_path))
+        seen["socket"], seen["trail"] = os.environ["GPUTOP_AUDIT_SOCKET"], os.environ["GPUTOP_NODE_AUDIT_LOG"]
 
     monkeypatch.setattr(tui_app.GputopApp, "run", fake_run)
     monkeypatch.setattr("gputop.tui.launch.require_terminal", lambda: None)
@@ -79,6 +81,9 @@ def test_demo_keeps_guard_state_and_audit_log_in_its_own_directory(monkeypatch):
     assert run_tui(args) == 0
     demo_dir = os.path.dirname(seen["scenario"])
     assert seen["state"] == os.path.join(demo_dir, "state") and str(seen["guard"]) == seen["state"]
+    # the node audit trail too (conftest had pointed both elsewhere, standing in for /run/gputop and /var/log)
+    assert seen["socket"] == os.path.join(demo_dir, "run", "audit.sock")
+    assert seen["trail"] == os.path.join(demo_dir, "log", "audit.jsonl")
 
 
 def test_kill_9_of_the_demo_leaves_none_of_its_processes():
@@ -128,3 +133,43 @@ def test_the_tui_refuses_without_a_terminal():
     r = run_gputop("--demo")  # stdin, stdout and stderr are pipes here
     assert r.returncode == 2 and "needs a terminal" in r.stderr and "gputop status" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the bug was a root guard started from env.sh")
+def test_a_root_guard_started_from_env_sh_serves_the_demos_trail_never_the_nodes(tmp_path):
+    """Issue 25: a guard run as root from the demo's env.sh took /run/gputop/audit.sock over, wrote demo
+    actions into the node trail and deleted the socket when it stopped."""
+    from gputop import auditlog
+    from tests.conftest import ROOT, _default_sighup
+
+    node_sock, node_log = auditlog.node_socket_path(), auditlog.node_log_path()  # conftest's stand-ins
+    node = auditlog.NodeAuditServer(node_sock, node_log).start()
+    ident = (os.stat(node_sock).st_dev, os.stat(node_sock).st_ino)
+    try:
+        with Demo(animate=False) as demo:
+            shell = subprocess.run(["sh", "-c", f". {demo.env_path} && env"], capture_output=True, text=True,
+                                   check=True, env={"PATH": os.environ["PATH"]}).stdout
+            env = dict(os.environ)
+            env.update(line.split("=", 1) for line in shell.splitlines()
+                       if line.startswith("GPUTOP_") and "=" in line)
+            assert env["GPUTOP_AUDIT_SOCKET"] == str(demo.audit_socket) != str(node_sock)
+            guard = subprocess.Popen([sys.executable, "-m", "gputop", "guard", "run", "--interval", "0.5",
+                                      "--policy-file", str(ROOT / "examples" / "policy.yaml")], env=env, cwd=ROOT,
+                                     stderr=subprocess.PIPE, text=True, preexec_fn=_default_sighup)
+            try:
+                deadline = time.time() + 30
+                while not any(r.get("action") == "guard-start" for r in auditlog.read(path=demo.node_audit_log)):
+                    assert time.time() < deadline and guard.poll() is None, "the demo's guard never started"
+                    time.sleep(0.2)
+            finally:
+                guard.send_signal(signal.SIGTERM)
+                _, err = guard.communicate(timeout=30)
+            assert guard.returncode == 0, err
+            demo_recs = auditlog.read(path=demo.node_audit_log)
+            assert [r["action"] for r in demo_recs][-1] == "guard-stop" and demo_recs[0]["peer"]["uid"] == 0
+            assert not demo.audit_socket.exists()  # its own socket, removed at stop
+        assert (os.stat(node_sock).st_dev, os.stat(node_sock).st_ino) == ident  # the node's: untouched
+        assert auditlog.read_node(path=node_log) == []  # and no demo record in the node trail
+        assert auditlog.listener_pid(node_sock) == os.getpid()
+    finally:
+        node.close()
