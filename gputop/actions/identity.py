@@ -151,28 +151,69 @@ def _wait_exit(handles: list[Handle], timeout: float) -> None:
 
 
 
+_BIND_LISTEN = 0.1  # how long a name that is bound but not listened on may stay so before it is ignored
+_TRUST_FOR = 0.5  # how long a trusted holder's credentials are taken as still valid (each check is queued
+#                   on the holder's socket until it closes: this keeps a long wait far below its backlog)
+
+
 class TargetLock:
     """A lock on one target identity, shared by every gputop on the host, whoever runs it.
 
     An abstract Unix socket name (no file, no permissions, released by the kernel when its holder exits)
-    is bound by the invocation that signals; a concurrent one finds it taken, sends nothing, and waits to
-    report what happened: so ten concurrent kills of one process do not all claim to have killed it."""
+    is bound, and listened on, by the invocation that signals; a concurrent one finds it taken, sends
+    nothing, and waits to report what happened: so ten concurrent kills of one process do not all claim
+    to have killed it.
+
+    Anyone can bind any abstract name, so a taken name is obeyed only when its holder's credentials,
+    read from the kernel (connect, then SO_PEERCRED), are root's or this process's own effective uid.
+    A name held by another uid, or by a socket whose credentials cannot be read (bound but never
+    listened on, or its queue full), is not obeyed: this invocation acts without the lock
+    (``foreign_holder`` then says what held it). So another user can never stall root's kill, reap or
+    guard; at worst, under such squatting, two of this uid's concurrent invocations both signal the
+    same verified process (each through its own pidfd)."""
 
     def __init__(self, action: str, pid: int, start: float):
         self.name = f"\0gputop-{action}-{pid}-{int(round(start * 100))}"
         self.sock: socket.socket | None = None
+        self.foreign_holder: dict | None = None  # {"pid", "uid"} (None when unreadable) of an ignored holder
+        self._trusted_until = 0.0
 
     def acquire(self) -> bool:
+        """True when this invocation may signal: the lock is ours, or the name is held by someone whose
+        word does not count (see the class). False: a trusted gputop holds it."""
         if not IS_LINUX:
             return True  # no abstract sockets: every invocation acts for itself
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.bind(self.name)
-        except OSError:
-            s.close()
-            return False
-        self.sock = s
-        return True
+        if self.sock is not None:
+            return True
+        deadline = time.monotonic() + _BIND_LISTEN
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.bind(self.name)
+                s.listen(socket.SOMAXCONN)  # so that waiters can read our credentials
+            except OSError as e:
+                s.close()
+                if e.errno != errno.EADDRINUSE:
+                    return True  # no lock to be had (out of descriptors...): act, as without abstract sockets
+            else:
+                self.sock = s
+                self.foreign_holder = None
+                return True
+            if time.monotonic() < self._trusted_until:
+                return False
+            cred = _holder_cred(self.name)
+            if cred == "refused" and time.monotonic() < deadline:
+                time.sleep(0.005)  # between its holder's bind and listen, or freed meanwhile: look again
+                continue
+            if isinstance(cred, tuple):
+                pid, uid = cred
+                if uid == 0 or uid == os.geteuid():
+                    self._trusted_until = time.monotonic() + _TRUST_FOR
+                    return False
+                self.foreign_holder = {"pid": pid, "uid": uid}
+            else:
+                self.foreign_holder = {"pid": None, "uid": None}
+            return True
 
     def wait(self, pid: int, start: float, timeout: float) -> bool:
         """Wait until the lock is free or the target is gone; True once the lock is ours."""
@@ -190,3 +231,24 @@ class TargetLock:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def _holder_cred(name: str) -> tuple[int, int] | str:
+    """(pid, uid) of whoever listens on the abstract socket ``name``, from the kernel (SO_PEERCRED: the
+    listener's credentials when it called listen()); "refused" when nothing listens on it; "unreadable"
+    when its queue is full or the connection fails otherwise."""
+    import struct
+
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.setblocking(False)  # a full queue must not block us
+    try:
+        c.connect(name)
+        pid, uid, _gid = struct.unpack("iII", c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("iII")))
+        return pid, uid
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "unreadable"
+    finally:
+        c.close()

@@ -159,10 +159,14 @@ class SimulatedBackend(Backend):
             return
         if st.st_mtime_ns == self._mtime:
             return
-        try:
-            from gputop import safeyaml  # bounded: size, aliases, nodes (a scenario may come from anyone)
+        from gputop import safeyaml, trustfile  # bounded: size, aliases, nodes (a scenario may come from anyone)
 
-            gpus, holders = parse_scenario(safeyaml.load(safeyaml.read_regular(self.path)), str(self.path))
+        try:  # as root, only a file only root can change (gputop.trustfile)
+            gpus, holders = parse_scenario(safeyaml.load(trustfile.read_text(self.path, "scenario")), str(self.path))
+        except trustfile.UntrustedFile:  # refused at start (exit 2); later, the last good scenario stays
+            if initial:
+                raise
+            return
         except ScenarioError as e:
             if initial:
                 raise UsageError(f"bad scenario: {str(e).splitlines()[0]}") from None
