@@ -1,0 +1,122 @@
+"""Issue 25: another local user binds gputop's per-target lock names (abstract Unix sockets, which anyone
+can bind). Root's kill, reap and guard obey a taken name only when the kernel (SO_PEERCRED) says its
+holder is root or themselves: a squatter never makes them answer "busy" and send nothing.
+
+Every test runs the squatter as a second real user (setpriv), against real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gputop.actions.identity import TargetLock
+from gputop.procs import read_proc
+from tests.conftest import run_gputop, wait_gone
+from tests.functional.actions_helpers import (
+    OtherUser, alive, orphan_python, records, spawn_ignoring_term, unique,
+)
+
+PY = sys.executable
+# Binds the abstract name given in hex (listening on it or not), says "bound", then holds it.
+SQUAT = ("import socket,sys,time; s=socket.socket(socket.AF_UNIX); s.bind(bytes.fromhex(sys.argv[1])); "
+         "sys.argv[2]=='listen' and s.listen(1); print('bound', flush=True); time.sleep(600)")
+
+
+def squat(procs, other: OtherUser, name: str, listen: bool) -> subprocess.Popen:
+    """The other user holds the abstract socket ``name`` (a str starting with NUL)."""
+    p = procs.spawn(other.setpriv() + [PY, "-c", SQUAT, name.encode().hex(), "listen" if listen else "no"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = p.stdout.readline()
+    assert line.strip() == b"bound", p.stderr.read()
+    return p
+
+
+def lock_name(action: str, pid: int) -> str:
+    return TargetLock(action, pid, read_proc(pid).start_time).name
+
+
+@pytest.fixture
+def other(monkeypatch, request):
+    return OtherUser.make(monkeypatch, request)
+
+
+@pytest.mark.parametrize("listen", [True, False], ids=["listening", "bound-only"])
+def test_root_kill_force_goes_through_a_lock_name_another_user_holds(procs, scenario, other, monkeypatch,
+                                                                     tmp_path, listen):
+    from tests.functional.actions_helpers import write_config
+
+    write_config(tmp_path / "config.yaml", monkeypatch)
+    miner = spawn_ignoring_term(procs, unique("gt25-miner"))  # needs the SIGKILL of --force
+    bystander = procs.sleeper("gt25-bystander")
+    scenario(holders=[{"pid": miner.pid, "gpu": 0, "memory": "1GiB"},
+                      {"pid": bystander.pid, "gpu": 1, "memory": "1GiB"}])
+    squatter = squat(procs, other, lock_name("kill", miner.pid), listen)
+    r = run_gputop("kill", "--pid", str(miner.pid), "--force", "--timeout", "1", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    [res] = json.loads(r.stdout)["results"]
+    assert res["outcome"] == "killed", res
+    assert wait_gone(miner.pid, 5)
+    assert alive(bystander.pid) and squatter.poll() is None
+    [rec] = records(action="kill", pid=miner.pid)
+    assert any(s["signal"] == "SIGKILL" for s in rec["signals"])
+
+
+def test_root_reap_apply_goes_through_a_lock_name_another_user_holds(procs, scenario, other, monkeypatch,
+                                                                     tmp_path):
+    from tests.functional.actions_helpers import write_config
+
+    write_config(tmp_path / "config.yaml", monkeypatch)
+    job = orphan_python(procs, "gt25-orphan")
+    bystander = orphan_python(procs, "gt25-bystander")  # an orphan too, but holds no GPU
+    scenario(holders=[{"pid": job, "gpu": 0, "memory": "1GiB"}])
+    squatter = squat(procs, other, lock_name("reap", job), listen=True)
+    r = run_gputop("reap", "--apply", "--grace", "0.5", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    [res] = json.loads(r.stdout)["results"]
+    assert res["outcome"] == "reaped", res
+    assert wait_gone(job, 5)
+    assert alive(bystander) and squatter.poll() is None
+
+
+def test_the_lock_obeys_only_root_or_the_same_uid(procs, other):
+    """The rule itself, on real sockets: a name another uid holds is not "busy"; a name this uid holds is,
+    and it is ours once freed."""
+    target = procs.sleeper("gt25-target")
+    name = lock_name("kill", target.pid)
+    squatter = squat(procs, other, name, listen=True)
+    lock = TargetLock("kill", target.pid, read_proc(target.pid).start_time)
+    assert lock.acquire() is True and lock.sock is None  # acts, without holding the name
+    assert lock.foreign_holder["pid"] == squatter.pid and lock.foreign_holder["uid"] != 0
+    squatter.kill()
+    squatter.wait()
+    mine = TargetLock("kill", target.pid, read_proc(target.pid).start_time)
+    assert mine.acquire() is True and mine.sock is not None
+    again = TargetLock("kill", target.pid, read_proc(target.pid).start_time)
+    assert again.acquire() is False  # root's own holder is obeyed
+    t0 = time.monotonic()
+    assert again.wait(target.pid, read_proc(target.pid).start_time, 0.3) is False
+    assert time.monotonic() - t0 >= 0.25  # it did wait for root's holder
+    mine.release()
+    assert again.acquire() is True and again.sock is not None
+    again.release()
+
+
+def test_an_unprivileged_gputop_obeys_roots_lock(procs, other):
+    """Root's holder counts for everyone: a user's gputop waits for root's kill of the user's process."""
+    me = procs.spawn(other.setpriv() + [PY, "-c", "import time; time.sleep(600)"])
+    deadline = time.time() + 10
+    while read_proc(me.pid) is None or read_proc(me.pid).uid == 0:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    probe = ("import sys; from gputop.actions.identity import TargetLock; "
+             "l = TargetLock('kill', int(sys.argv[1]), float(sys.argv[2])); print(l.acquire(), l.foreign_holder)")
+    start = str(read_proc(me.pid).start_time)
+    held = TargetLock("kill", me.pid, read_proc(me.pid).start_time)
+    assert held.acquire() and held.sock is not None  # root holds it: the user obeys
+    r = other.run("-c", probe, str(me.pid), start, module=False)
+    assert r.stdout.split()[0] == "False", r.stdout + r.stderr
+    held.release()
