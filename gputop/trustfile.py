@@ -111,6 +111,17 @@ def _walk(path: str, what: str) -> str:
     return cur  # the path names a directory: open() says so
 
 
+def private_dir(path: str) -> bool:
+    """Whether ``path`` is a directory only root may write (owned by root, no group or other write, the
+    sticky bit no excuse here), reached through directories that pass the rule above."""
+    try:
+        real = _walk(path, "directory")
+        st = os.lstat(real)
+    except (UntrustedFile, OSError):
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022
+
+
 def open_file(path: str | os.PathLike, what: str) -> int:
     """A read-only descriptor on ``path`` (O_NONBLOCK: a FIFO never blocks). As root, only once the file
     passes the rule above (UntrustedFile otherwise); OSError as open() raises it."""

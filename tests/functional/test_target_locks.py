@@ -91,6 +91,7 @@ def test_the_lock_obeys_only_root_or_the_same_uid(procs, other):
     lock = TargetLock("kill", target.pid, read_proc(target.pid).start_time)
     assert lock.acquire() is True and lock.sock is None  # acts, without holding the name
     assert lock.foreign_holder["pid"] == squatter.pid and lock.foreign_holder["uid"] != 0
+    lock.release()
     squatter.kill()
     squatter.wait()
     mine = TargetLock("kill", target.pid, read_proc(target.pid).start_time)
@@ -120,3 +121,28 @@ def test_an_unprivileged_gputop_obeys_roots_lock(procs, other):
     r = other.run("-c", probe, str(me.pid), start, module=False)
     assert r.stdout.split()[0] == "False", r.stdout + r.stderr
     held.release()
+
+
+def test_ten_concurrent_root_kills_under_a_squatted_name_still_signal_once(procs, scenario, other, monkeypatch,
+                                                                          tmp_path):
+    """Root's own lock (a flock in /run/gputop/locks) keeps root's invocations apart when another user
+    holds the abstract name: one kills, the others report the exit and send nothing."""
+    from tests.functional.actions_helpers import write_config
+
+    write_config(tmp_path / "config.yaml", monkeypatch)
+    miner = spawn_ignoring_term(procs, unique("gt25-conc"))
+    bystander = procs.sleeper("gt25-bystander")
+    scenario(holders=[{"pid": miner.pid, "gpu": 0, "memory": "1GiB"},
+                      {"pid": bystander.pid, "gpu": 1, "memory": "1GiB"}])
+    squatter = squat(procs, other, lock_name("kill", miner.pid), listen=True)
+    # --any-process: a late invocation must not be refused for "holds no GPU" once the miner is gone
+    cmd = [PY, "-m", "gputop", "kill", "--pid", str(miner.pid), "--force", "--timeout", "1", "--any-process",
+           "--json"]
+    runs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(10)]
+    results = [json.loads(p.communicate(timeout=60)[0])["results"][0] for p in runs]
+    outcomes = sorted(r["outcome"] for r in results)
+    assert outcomes.count("killed") == 1, outcomes
+    assert set(outcomes) <= {"killed", "exited", "not-found"}, [r["message"] for r in results]
+    assert wait_gone(miner.pid, 5) and alive(bystander.pid) and squatter.poll() is None
+    recs = records(action="kill", pid=miner.pid)
+    assert sum(1 for r in recs if any(s["signal"] in ("SIGTERM", "SIGKILL") for s in r["signals"])) == 1
