@@ -146,3 +146,28 @@ def test_ten_concurrent_root_kills_under_a_squatted_name_still_signal_once(procs
     assert wait_gone(miner.pid, 5) and alive(bystander.pid) and squatter.poll() is None
     recs = records(action="kill", pid=miner.pid)
     assert sum(1 for r in recs if any(s["signal"] in ("SIGTERM", "SIGKILL") for s in r["signals"])) == 1
+
+
+def test_the_enforcing_guard_kills_through_a_squatted_name(procs, scenario, other, tmp_path):
+    from gputop import auditlog
+    from tests.conftest import _default_sighup
+    from tests.functional.test_guard_daemon import KILL_VICTIMS, holders
+    from tests.functional.test_guard_engine import named
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(KILL_VICTIMS)
+    bystander = named(procs, "bystander")
+    victim = named(procs, "victim")
+    scenario(holders=holders(bystander, victim), gpus=1)
+    squatter = squat(procs, other, lock_name("kill", victim.pid), listen=False)
+    daemon = subprocess.Popen([PY, "-m", "gputop", "guard", "run", "--interval", "0.3", "--enforce",
+                               "--policy-file", str(policy)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL, preexec_fn=_default_sighup)
+    try:
+        assert wait_gone(victim.pid, 30), "the guard did not kill the victim whose lock name was squatted"
+    finally:
+        daemon.terminate()
+        daemon.wait(20)
+    assert alive(bystander.pid) and squatter.poll() is None
+    kills = [r for r in auditlog.read() if r.get("action") == "kill" and r.get("face") == "guard"]
+    assert kills and {r["outcome"] for r in kills} <= {"terminated", "killed"}, [r["message"] for r in kills]
