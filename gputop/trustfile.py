@@ -56,10 +56,11 @@ def _check(st: os.stat_result, what: str, path: str, entry: str, kind: str) -> N
     """Raise UntrustedFile unless ``entry`` (a file, directory or symlink on the way to ``path``) is
     root's and no one else may write it."""
     if st.st_uid != 0:
+        fix = {"the file": f"check its content, then run 'chown root {entry}'",
+               "symlink": f"check where it leads, then run 'chown -h root {entry}' (or name the file itself)",
+               }.get(kind, f"run 'chown root {entry}' (or move the file to a root-owned directory)")
         raise UntrustedFile(what, path, f"{kind} {entry} is owned by {_who(st.st_uid)}, not by root, and "
-                            "root only loads files only root can change",
-                            f"check its content, then run 'chown root {entry}'"
-                            + ("" if kind == "the file" else " (or move the file to a root-owned directory)"))
+                            "root only loads files only root can change", fix)
     if kind == "symlink":
         return  # a symlink's own mode means nothing
     mode = stat.S_IMODE(st.st_mode)
