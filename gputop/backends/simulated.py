@@ -193,15 +193,17 @@ class SimulatedBackend(Backend):
             return
         if mtime == self._resets_mtime:
             return
+        from gputop import trustfile
+
         resets: dict[int, float] = {}
-        try:
-            for line in self._resets_log.read_text().splitlines():
+        try:  # as root, only a file only root can change: else the last resets read stay
+            for line in trustfile.read_text(self._resets_log, "scenario resets log", 16 << 20).splitlines():
                 try:
                     rec = json.loads(line)
                     resets[int(rec["gpu"])] = max(resets.get(int(rec["gpu"]), 0.0), float(rec["at"]))
                 except (ValueError, KeyError, TypeError):
                     continue
-        except OSError:
+        except (OSError, ValueError, trustfile.UntrustedFile):
             return
         self._resets, self._resets_mtime = resets, mtime
 

@@ -262,3 +262,36 @@ def test_a_running_guard_keeps_its_last_good_policy_and_config_when_they_turn_wr
     assert any(r.get("action") == "guard-config" and r.get("outcome") == "rejected" for r in recs)
     kills = [r for r in recs if r.get("action") == "kill" and r.get("face") == "guard"]
     assert {r["target"]["pid"] for r in kills} == {v1.pid, v2.pid}
+
+
+# ---- the walk itself ---------------------------------------------------------------------------------
+
+def test_dotdot_after_a_symlink_goes_where_the_kernel_goes(tmp_path):
+    """'link/../f' is f beside the link's *target*, not beside the link: the check follows the kernel,
+    not the spelling (a lexical clean-up would check tmp_path/f, which is fine, and read open/f)."""
+    from gputop import trustfile
+
+    (tmp_path / "f.yaml").write_text("rules: []\n")  # what a lexical reading would check
+    bad = tmp_path / "open"
+    (bad / "sub").mkdir(parents=True)
+    bad.chmod(0o777)
+    (bad / "f.yaml").write_text("rules: []\n")  # what the kernel reads
+    (tmp_path / "link").symlink_to(bad / "sub")
+    with pytest.raises(trustfile.UntrustedFile, match=f"directory {bad} is writable by others"):
+        trustfile.read_text(f"{tmp_path}/link/../f.yaml", "policy")
+    bad.chmod(0o755)
+    assert trustfile.read_text(f"{tmp_path}/link/../f.yaml", "policy") == "rules: []\n"
+
+
+def test_a_symlink_loop_is_an_error_not_a_hang(tmp_path):
+    import errno
+
+    from gputop import trustfile
+
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(OSError) as e:
+        trustfile.read_text(tmp_path / "a", "policy")
+    assert e.value.errno == errno.ELOOP
+    r = run_gputop("guard", "--test-policies", "--policy-file", str(tmp_path / "a"))
+    assert r.returncode == EXIT_USAGE and "Too many levels of symbolic links" in r.stderr, r.stderr
