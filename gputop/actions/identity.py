@@ -254,10 +254,14 @@ class TargetLock:
 
         from gputop import trustfile
 
-        try:
-            os.makedirs(ROOT_LOCK_DIR, mode=0o755, exist_ok=True)
-        except OSError:
-            return None
+        for d in (os.path.dirname(ROOT_LOCK_DIR), ROOT_LOCK_DIR):
+            try:
+                os.mkdir(d, 0o755)
+                os.chmod(d, 0o755)  # whatever the umask: /run/gputop also holds the node audit socket
+            except FileExistsError:
+                pass
+            except OSError:
+                return None
         if not trustfile.private_dir(ROOT_LOCK_DIR):
             return None
         path = os.path.join(ROOT_LOCK_DIR, self.name.lstrip("\0"))

@@ -171,3 +171,43 @@ def test_the_enforcing_guard_kills_through_a_squatted_name(procs, scenario, othe
     assert alive(bystander.pid) and squatter.poll() is None
     kills = [r for r in auditlog.read() if r.get("action") == "kill" and r.get("face") == "guard"]
     assert kills and {r["outcome"] for r in kills} <= {"terminated", "killed"}, [r["message"] for r in kills]
+
+
+FLOCK = ("import fcntl,os,sys,time; fd=os.open(sys.argv[1], os.O_RDWR|os.O_CREAT, 0o644); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(600)")
+
+
+def test_root_ignores_its_lock_directory_once_others_may_write_it(procs, scenario, other, monkeypatch, tmp_path):
+    """/run/gputop/locks made world-writable: the other user creates and flocks root's lock file there;
+    root no longer trusts the directory (it falls back to the checked abstract name) and kills."""
+    import os
+
+    from gputop.actions.identity import ROOT_LOCK_DIR
+    from tests.functional.actions_helpers import write_config
+
+    write_config(tmp_path / "config.yaml", monkeypatch)
+    miner = spawn_ignoring_term(procs, unique("gt25-dir"))
+    bystander = procs.sleeper("gt25-bystander")
+    scenario(holders=[{"pid": miner.pid, "gpu": 0, "memory": "1GiB"},
+                      {"pid": bystander.pid, "gpu": 1, "memory": "1GiB"}])
+    probe = TargetLock("kill", bystander.pid, read_proc(bystander.pid).start_time)
+    assert probe.acquire() and probe.file_fd is not None  # root's directory exists and is used
+    probe.release()
+    path = os.path.join(ROOT_LOCK_DIR, lock_name("kill", miner.pid).lstrip("\0"))
+    mode = os.stat(ROOT_LOCK_DIR).st_mode & 0o7777
+    os.chmod(ROOT_LOCK_DIR, 0o777)
+    try:
+        holder = procs.spawn(other.setpriv() + [PY, "-c", FLOCK, path], stdout=subprocess.PIPE)
+        assert holder.stdout.readline().strip() == b"locked"
+        r = run_gputop("kill", "--pid", str(miner.pid), "--force", "--timeout", "1", "--json")
+    finally:
+        os.chmod(ROOT_LOCK_DIR, mode)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["results"][0]["outcome"] == "killed"
+    assert wait_gone(miner.pid, 5) and alive(bystander.pid)
+    holder.kill()
+    holder.wait()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
