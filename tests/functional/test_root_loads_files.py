@@ -231,8 +231,11 @@ def test_a_running_guard_keeps_its_last_good_policy_and_config_when_they_turn_wr
         stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=_default_sighup)
     try:
         assert wait_gone(v1.pid, 30), "the guard did not kill the first victim"
-        # the policy is made world-writable and the other user rewrites it to kill the bystander
+        # the policy is made world-writable: the guard says so at once (a chmod alone), and keeps it
         policy.chmod(0o666)
+        err = poll(lambda: state.read_state().get("last_error"), what="the daemon's refusal of the chmodded policy")
+        assert "writable by others (mode 0666)" in err, err
+        # the other user rewrites it to kill the bystander
         wrote = other.run("-c", f"open('{policy}', 'w').write({KILL_BYSTANDERS!r})", module=False)
         assert wrote.returncode == 0, wrote.stderr
         err = poll(lambda: state.status()["last_error"], what="the refusal in the state")
