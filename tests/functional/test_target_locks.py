@@ -211,3 +211,50 @@ def test_root_ignores_its_lock_directory_once_others_may_write_it(procs, scenari
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+@pytest.fixture
+def third_user(request):
+    """A second unprivileged user (useradd), besides OtherUser's: squats against an unprivileged gputop."""
+    import pwd
+    import shutil
+
+    if not shutil.which("useradd"):
+        pytest.skip("useradd is missing")
+    name = "gt25sq"
+    subprocess.run(["userdel", "-f", name], capture_output=True)
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    request.addfinalizer(lambda: subprocess.run(["userdel", "-f", name], capture_output=True))
+    pw = pwd.getpwnam(name)
+    return ["setpriv", "--reuid", name, "--regid", str(pw.pw_gid), "--clear-groups"], pw.pw_uid
+
+
+def test_an_unprivileged_gputop_obeys_only_itself_and_root(procs, other, third_user):
+    """The abstract-name path, as a user: a name held by yet another user is not "busy" (listening or
+    bound only), a name held by the same user is."""
+    setpriv3, uid3 = third_user
+    job = procs.spawn(other.setpriv() + [PY, "-c", "import time; time.sleep(600)"])
+    deadline = time.time() + 10
+    while read_proc(job.pid) is None or read_proc(job.pid).uid == 0:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    start = read_proc(job.pid).start_time
+    name = lock_name("kill", job.pid)
+    probe = ("import sys,time; from gputop.actions.identity import TargetLock; "
+             "l = TargetLock('kill', int(sys.argv[1]), float(sys.argv[2])); t = time.monotonic(); "
+             "print(l.acquire(), l.foreign_holder, l.file_fd, round(time.monotonic() - t, 3))")
+    for listen in (True, False):
+        sq = procs.spawn(setpriv3 + [PY, "-c", SQUAT, name.encode().hex(), "listen" if listen else "no"],
+                         stdout=subprocess.PIPE)
+        assert sq.stdout.readline().strip() == b"bound"
+        r = other.run("-c", probe, str(job.pid), str(start), module=False)
+        acquired, rest = r.stdout.split(" ", 1)
+        assert acquired == "True", r.stdout + r.stderr
+        assert (f"'uid': {uid3}" if listen else "'uid': None") in rest and " None " in rest, r.stdout
+        sq.kill()
+        sq.wait()
+    # the same user's own holder is obeyed
+    own = procs.spawn(other.setpriv() + [PY, "-c", SQUAT, name.encode().hex(), "listen"], stdout=subprocess.PIPE)
+    assert own.stdout.readline().strip() == b"bound"
+    r = other.run("-c", probe, str(job.pid), str(start), module=False)
+    assert r.stdout.startswith("False"), r.stdout + r.stderr
