@@ -126,10 +126,10 @@ def _read_yaml(p: Path) -> dict:
     """The file's top-level mapping, every key checked against SCHEMA. Bad content raises UsageError."""
     import yaml  # only when there is a file: it costs ~10 ms of start-up
 
-    from gputop import safeyaml
+    from gputop import safeyaml, trustfile
 
-    try:  # a regular file (a FIFO never blocks) of at most 1 MiB
-        text = safeyaml.read_regular(p, MAX_CONFIG_BYTES)
+    try:  # a regular file (a FIFO never blocks) of at most 1 MiB; as root, only one only root can change
+        text = trustfile.read_text(p, "config file", MAX_CONFIG_BYTES)
     except (OSError, ValueError) as e:
         raise UsageError(f"config file {p} cannot be read: {getattr(e, 'strerror', None) or e} (make it a "
                          "readable regular file; /etc/gputop/config.yaml must be readable by every user: "

@@ -80,20 +80,26 @@ def read_regular(path: str | os.PathLike, limit: int = MAX_BYTES) -> str:
     fstat) and at most ``limit`` bytes. Raises OSError (FileNotFoundError when missing) or ValueError."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("not a regular file")
-        if st.st_size > limit:
-            raise ValueError(f"the file is {st.st_size} bytes; at most {limit} are allowed")
-        chunks, total = [], 0
-        while True:
-            b = os.read(fd, 65536)
-            if not b:
-                break
-            total += len(b)
-            if total > limit:
-                raise ValueError(f"the file is over {limit} bytes")
-            chunks.append(b)
+        return read_fd(fd, limit)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, limit: int = MAX_BYTES) -> str:
+    """The text of the open file ``fd``, which must be a regular file of at most ``limit`` bytes (fstat on
+    the descriptor itself). Raises ValueError or OSError; the caller closes ``fd``."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    if st.st_size > limit:
+        raise ValueError(f"the file is {st.st_size} bytes; at most {limit} are allowed")
+    chunks, total = [], 0
+    while True:
+        b = os.read(fd, 65536)
+        if not b:
+            break
+        total += len(b)
+        if total > limit:
+            raise ValueError(f"the file is over {limit} bytes")
+        chunks.append(b)
     return b"".join(chunks).decode("utf-8")

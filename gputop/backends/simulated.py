@@ -159,10 +159,14 @@ class SimulatedBackend(Backend):
             return
         if st.st_mtime_ns == self._mtime:
             return
-        try:
-            from gputop import safeyaml  # bounded: size, aliases, nodes (a scenario may come from anyone)
+        from gputop import safeyaml, trustfile  # bounded: size, aliases, nodes (a scenario may come from anyone)
 
-            gpus, holders = parse_scenario(safeyaml.load(safeyaml.read_regular(self.path)), str(self.path))
+        try:  # as root, only a file only root can change (gputop.trustfile)
+            gpus, holders = parse_scenario(safeyaml.load(trustfile.read_text(self.path, "scenario")), str(self.path))
+        except trustfile.UntrustedFile:  # refused at start (exit 2); later, the last good scenario stays
+            if initial:
+                raise
+            return
         except ScenarioError as e:
             if initial:
                 raise UsageError(f"bad scenario: {str(e).splitlines()[0]}") from None
@@ -189,15 +193,17 @@ class SimulatedBackend(Backend):
             return
         if mtime == self._resets_mtime:
             return
+        from gputop import trustfile
+
         resets: dict[int, float] = {}
-        try:
-            for line in self._resets_log.read_text().splitlines():
+        try:  # as root, only a file only root can change: else the last resets read stay
+            for line in trustfile.read_text(self._resets_log, "scenario resets log", 16 << 20).splitlines():
                 try:
                     rec = json.loads(line)
                     resets[int(rec["gpu"])] = max(resets.get(int(rec["gpu"]), 0.0), float(rec["at"]))
                 except (ValueError, KeyError, TypeError):
                     continue
-        except OSError:
+        except (OSError, ValueError, trustfile.UntrustedFile):
             return
         self._resets, self._resets_mtime = resets, mtime
 

@@ -644,9 +644,14 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
 
 def load_policy(path: str | os.PathLike) -> Policy:
     """Read and validate a policy file. Raises PolicyError (a UsageError, exit code 2)."""
+    from gputop import trustfile
+
     p = Path(os.path.expanduser(str(path)))
-    try:  # a regular file only (a FIFO must not block the daemon), and at most safeyaml.MAX_BYTES
-        text = safeyaml.read_regular(p)
+    try:  # a regular file only (a FIFO must not block the daemon), and at most safeyaml.MAX_BYTES;
+        # as root, only a file only root can change (gputop.trustfile)
+        text = trustfile.read_text(p, "policy")
+    except trustfile.UntrustedFile as e:
+        raise PolicyError([Issue(None, None, f"policy refused: {e.problem}; {e.fix}")], str(p)) from None
     except ValueError as e:
         raise PolicyError([Issue(None, None, f"invalid policy: {e}")], str(p)) from None
     except FileNotFoundError:

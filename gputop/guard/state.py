@@ -50,15 +50,16 @@ def daemon_path() -> Path:
 
 def file_sig(path: str | os.PathLike | None) -> tuple | None:
     """What tells a file's new version from the last one read (it is replaced atomically or appended to):
-    its mtime, size and inode; ``("missing",)`` when it cannot be read; None for no path. The daemon
-    re-reads its state and policy, and the TUI's side panel the state and hits, when this changes."""
+    its mtime, size and inode, and its owner and mode (a chmod or chown alone can make root refuse a policy:
+    gputop.trustfile); ``("missing",)`` when it cannot be read; None for no path. The daemon re-reads its
+    state and policy, and the TUI's side panel the state and hits, when this changes."""
     if not path:
         return None
     try:
         st = os.stat(path)
     except OSError:
         return ("missing",)
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_uid, st.st_mode)
 
 
 def _read_json(path: Path) -> dict:

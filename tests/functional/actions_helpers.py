@@ -152,10 +152,11 @@ class OtherUser:
         user = _unprivileged()
         if user is None:
             pytest.skip("no unprivileged user exists and none can be created")
-        # pytest's own tmp dirs are private to root; this one is readable by the other user.
+        # pytest's own tmp dirs are private to root; this one is readable by the other user, and writable
+        # with the sticky bit (like /tmp): root loads only files that no other user can replace (trustfile).
         shared = Path(tempfile.mkdtemp(prefix="gputop-perm-"))
         request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
-        os.chmod(shared, 0o777)
+        os.chmod(shared, 0o1777)
         self = cls(user[0], user[1], shared, monkeypatch)
         probe = self.run("-c", "import gputop", module=False)
         if probe.returncode != 0:
