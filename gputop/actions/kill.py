@@ -16,6 +16,7 @@ from gputop.actions.common import (
     FACES, NON_LETHAL, ActionResult, Ctx, Serial, err_text, log_record, memory_released, name, parse_signal,
     record, safety_refusal, same_start, sig_event, target_dict, user,
 )
+from gputop.actions import interrupt
 from gputop.actions.identity import Handle, TargetLock, wait_gone
 from gputop.config import Config, load_config
 from gputop.errors import (
@@ -191,7 +192,8 @@ class _KillRun:
         except Exception as e:
             return self.done(False, "not-found", f"pid {pid} cannot be opened: {err_text(e)}", EXIT_NOT_FOUND)
         try:
-            return self.send_and_wait(ctx, handle, sig)
+            with interrupt.deferred():  # SIGHUP/SIGTERM: finish the wait (and --force), record, then exit
+                return self.send_and_wait(ctx, handle, sig)
         except BaseException as e:
             # Interrupted (Ctrl-C, a bug) after a signal may have gone out: record it before it propagates.
             self.details["error"] = f"{type(e).__name__}: {e}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gputop.actions.common import (
     FACES, ActionResult, Ctx, OrphanTree, log_record, memory_released, name, proc_dict, record, target_dict,
 )
+from gputop.actions import interrupt
 from gputop.actions.identity import TargetLock
 from gputop.actions.plan import ReapPlan, Rules, plan_reap
 from gputop.config import Config, load_config
@@ -110,7 +111,8 @@ def reap_tree(root_pid: int, *, expected_start: float | None, face: str, grace: 
     if run.grace is None:  # every face gets the configured default (kill_timeout), not a constant of its own
         run.grace = ctx.config.kill_timeout
     try:
-        return _reap(ctx, run)
+        with interrupt.deferred():  # SIGHUP/SIGTERM now: finish the plan, record it, then exit as asked
+            return _reap(ctx, run)
     finally:
         ctx.close()
 
@@ -194,6 +196,10 @@ def _finish(ctx: Ctx, run: ReapRun, plan: ReapPlan) -> ActionResult:
     d = run.details
     survivors = d.get("survivors") or []
     n = len(d.get("members") or ())
+    if "not_converged" in d:
+        return run.done(False, "still-alive", f"the tree of pid {run.root_pid} did not settle: new processes kept "
+                        f"appearing after SIGKILL (a member that re-forks?); last seen: pid(s) {survivors or '?'}; "
+                        "check 'gputop reap' again", EXIT_FAILURE)
     if survivors:
         names = ", ".join(f"{p}" for p in survivors)
         return run.done(False, "still-alive", f"pid(s) {names} of the tree of pid {run.root_pid} are still alive "
@@ -210,6 +216,8 @@ def _finish(ctx: Ctx, run: ReapRun, plan: ReapPlan) -> ActionResult:
     if new_left:
         msg += (f"; started during the reap and left alone: {', '.join(str(e['pid']) for e in new_left)} "
                 "(not orphans of this tree; see the audit log)")
+    if interrupt.caught():
+        msg += f"; interrupted by {', '.join(interrupt.caught())}: the confirmed plan was carried out to its end"
     if mem is True:
         msg += "; GPU memory released"
     elif mem is False:
