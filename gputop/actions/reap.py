@@ -7,6 +7,7 @@ plans again, and hands the plan to the executor (gputop.actions.executor), which
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gputop.actions.common import (
@@ -14,12 +15,14 @@ from gputop.actions.common import (
 )
 from gputop.actions import interrupt
 from gputop.actions.identity import TargetLock
-from gputop.actions.plan import ReapPlan, Rules, plan_reap
+from gputop.actions.plan import PidNs, ReapPlan, Rules, plan_reap
 from gputop.config import Config, load_config
 from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
 from gputop.orphans import UNKNOWN, classify, compile_protect
 from gputop.ownership import NONE
-from gputop.procs import ProcTable, read_proc, self_and_ancestors
+from gputop.procs import (
+    IS_LINUX, ProcTable, pid_ns, pid_ns_init, pid_ns_members, read_proc, self_and_ancestors,
+)
 
 _REFUSAL_CODES = {"not-found": ("not-found", EXIT_NOT_FOUND), "identity-changed": ("identity-changed", EXIT_REFUSED)}
 
@@ -46,7 +49,37 @@ def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[
 
     hidden = getattr(table, "hidden", None) or (lambda pid: False)
     return Rules(verdict, frozenset(self_and_ancestors()) if never is None else never,
-                 frozenset(h.pid for h in snapshot.holders), hidden, owner)
+                 frozenset(h.pid for h in snapshot.holders), hidden, owner, namespace_reader(table))
+
+
+def namespace_reader(table):
+    """``pid -> PidNs | None``: the PID namespace ``pid`` is the init of, with every process in it (read
+    from /proc/PID/ns/pid and NSpid); None when it is no namespace's init. One read of the namespace link
+    for a process in our own namespace; the whole process table is looked at only for an init."""
+    if not IS_LINUX:
+        return lambda pid: None
+    own = pid_ns(os.getpid())
+    cache: dict[int, PidNs | None] = {}
+
+    def namespace(pid: int) -> PidNs | None:
+        if pid in cache:
+            return cache[pid]
+        info = table.get(pid)
+        ns = pid_ns_init(pid, info.ppid, own=own) if info is not None else None
+        if ns is False:
+            out = PidNs(None)
+        elif ns is None:
+            out = None
+        else:
+            pids = list(table.stat_fields()) if hasattr(table, "stat_fields") and table.stat_fields() else None
+            if pids is None:
+                pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+            inside, unreadable = pid_ns_members(pid, ns, pids, own=own)
+            out = PidNs(ns, tuple(inside), tuple(unreadable))
+        cache[pid] = out
+        return out
+
+    return namespace
 
 
 def orphan_trees(snapshot, table: ProcTable | None = None, config: Config | None = None) -> list[OrphanTree]:
