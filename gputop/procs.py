@@ -813,11 +813,12 @@ def ns_pids(pid: int, proc_root: str = "/proc") -> tuple[int, ...] | None:
     status = _read(f"{proc_root}/{pid}/status")
     if not status:
         return None
-    raw = _status_field(status, b"\nNSpid:")
-    if raw is None:
+    i = status.find(b"\nNSpid:")
+    if i < 0:
         return None
+    end = status.find(b"\n", i + 1)
     try:
-        return tuple(int(x) for x in raw.split())
+        return tuple(int(x) for x in status[i + 7: end if end >= 0 else None].split()) or None
     except ValueError:
         return None
 

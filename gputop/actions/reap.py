@@ -244,7 +244,7 @@ def _finish(ctx: Ctx, run: ReapRun, plan: ReapPlan) -> ActionResult:
            + (", SIGKILL needed" if d.get("sigkill") else ", all exited after SIGTERM"))
     left = d.get("left_alone") or []
     if left:
-        msg += f"; left alone as planned: {', '.join(str(e['pid']) for e in left)} (not orphans)"
+        msg += "; left alone as planned: " + ", ".join(f"{e['pid']} ({e['rule']})" for e in left)
     new_left = d.get("left_alone_new") or []
     if new_left:
         msg += (f"; started during the reap and left alone: {', '.join(str(e['pid']) for e in new_left)} "

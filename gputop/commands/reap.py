@@ -94,6 +94,8 @@ def render_tree(t: actions.OrphanTree) -> list[str]:
         under = f" and {len(e.subtree)} under it {list(e.subtree)}" if e.subtree else ""
         owner = f" [{visible(e.owner)}]" if e.owner else ""
         out.append(f"  left alone {e.pid:>7}{under}{owner}: {e.rule}: {e.reason}")
+        if e.namespace:  # a PID namespace's init: the host PIDs with the PIDs inside the namespace
+            out.append("    its PID namespace: " + ", ".join(f"{p} (pid {local} inside)" for p, local in e.namespace))
     if t.refusal is not None:
         out.append(f"  apply will refuse this tree ({t.refusal[0]}): {t.refusal[1]}")
     return out

@@ -127,3 +127,113 @@ def test_a_member_that_reforks_is_never_a_false_success(procs, scenario, cfg, re
     assert alive(innocent.pid)
     # The tree's own process group is stopped as one, so the chain is caught: every run succeeds here.
     assert ok == runs, f"{failed} of {runs} runs failed (no false success, but the chain was not caught)"
+
+
+# ---- 1. a PID namespace's init takes its whole namespace with it ----
+
+def _needs_unshare():
+    if not LINUX or os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
+        pytest.skip("needs root, unshare and nsenter (a new PID namespace)")
+    r = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"cannot make a PID namespace here: {r.stderr.decode(errors='replace').strip()}")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+def namespace_tree(procs, tmp_path, marker: str, setsid_inside: bool = True) -> dict[str, int]:
+    """An orphan root (sh) with a GPU holder, and ``unshare --pid --fork`` whose init (sh, pid 1 inside)
+    runs a worker and (``setsid_inside``) a setsid'd process of its own session."""
+    slp = "import time; time.sleep(600)"
+    ns = tmp_path / f"ns-{marker}.sh"
+    ns.write_text((f"setsid {PY} -c '{slp}  # {marker}-setsid' &\n" if setsid_inside else "")
+                  + f"{PY} -c '{slp}  # {marker}-child' &\nwait\n")
+    tree = tmp_path / f"tree-{marker}.sh"
+    tree.write_text(f"{PY} -c '{slp}  # {marker}-holder' &\nunshare --pid --fork sh {ns} &\nwait\n")
+    procs.spawn(["setsid", "sh", "-c", f"sh {tree} & exit 0"]).wait(10)
+    want = ["root", "holder", "unshare", "init", "child"] + (["setsid"] if setsid_inside else [])
+    deadline = time.time() + 15
+    found: dict[str, int] = {}
+    while time.time() < deadline and set(found) != set(want):
+        for pid in marked(marker):
+            cmd = _cmdline(pid)
+            if cmd[:2] == ["sh", str(tree)]:
+                found["root"] = pid
+            elif cmd[:1] == ["unshare"]:
+                found["unshare"] = pid
+            elif cmd[:2] == ["sh", str(ns)]:
+                found["init"] = pid
+            elif cmd and cmd[-1].endswith(f"# {marker}-holder"):
+                found["holder"] = pid
+            elif cmd and cmd[-1].endswith(f"# {marker}-child"):
+                found["child"] = pid
+            elif cmd and cmd[-1].endswith(f"# {marker}-setsid") and cmd[0] != "setsid":
+                found["setsid"] = pid
+        time.sleep(0.05)
+    assert set(found) == set(want), found
+    procs.pids.extend(found.values())
+    return found
+
+
+def test_a_pid_namespace_init_is_left_alone_with_what_its_namespace_holds(procs, scenario, cfg, tmp_path):
+    _needs_unshare()
+    marker = unique("gt-pidns")
+    t = namespace_tree(procs, tmp_path, marker)
+    # A process entered into the namespace from a live session (nsenter, as docker exec does).
+    slp = "import time; time.sleep(600)"
+    procs.spawn(["nsenter", "--target", str(t["init"]), "--pid", "--", PY, "-c", f"{slp}  # {marker}-entered"])
+    deadline = time.time() + 10
+    entered = None
+    while time.time() < deadline and entered is None:
+        entered = next((p for p in marked(f"{marker}-entered") if _cmdline(p)[:1] == [PY]), None)
+        time.sleep(0.05)
+    assert entered is not None
+    procs.pids.append(entered)
+    innocent = procs.sleeper("gt-innocent")
+    scenario(holders=[{"pid": t["holder"], "gpu": 0, "memory": "1GiB"}])
+
+    r = run_gputop("reap", "--json")
+    assert r.returncode == 0, r.stderr
+    [tree] = [x for x in json.loads(r.stdout)["trees"] if x["root"]["pid"] == t["root"]]
+    assert tree["refusal"] is None
+    members = {m["pid"] for m in tree["members"]}
+    assert {t["root"], t["holder"], t["unshare"]} <= members
+    assert not members & {t["init"], t["child"], t["setsid"], entered}
+    [e] = [x for x in tree["left_alone"] if x["pid"] == t["init"]]
+    assert e["rule"] == "pid-namespace" and "PID namespace" in e["reason"], e
+    assert str(t["setsid"]) in e["reason"] or str(entered) in e["reason"], e["reason"]
+    local = {x["pid"]: x["ns_pid"] for x in e["namespace"]}
+    assert local[t["init"]] == 1 and {t["setsid"], t["child"], entered} <= set(local)
+    assert all(v is not None and v > 1 for p, v in local.items() if p != t["init"])
+    text = run_gputop("reap", "--root", str(t["root"])).stdout
+    assert "PID namespace" in text and "inside" in text, text
+
+    r = run_gputop("reap", "--apply", "--root", str(t["root"]), "--grace", "1", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    [res] = json.loads(r.stdout)["results"]
+    assert res["ok"] and res["outcome"] == "reaped", res
+    for who in ("root", "holder", "unshare"):
+        assert wait_gone(t[who]), who
+    time.sleep(0.3)
+    for who in ("init", "child", "setsid"):
+        assert alive(t[who]) and state(t[who]) not in ("T", "t"), who
+    assert alive(entered) and alive(innocent.pid)
+    [rec] = records(action="reap", pid=t["root"])
+    assert any(x["pid"] == t["init"] and x["rule"] == "pid-namespace" for x in rec["details"]["left_alone"])
+    assert "started during the reap" not in rec["message"], rec["message"]
+
+
+def test_a_pid_namespace_with_nothing_to_keep_goes_with_its_init(procs, scenario, cfg, tmp_path):
+    _needs_unshare()
+    marker = unique("gt-pidns-all")
+    t = namespace_tree(procs, tmp_path, marker, setsid_inside=False)
+    scenario(holders=[{"pid": t["holder"], "gpu": 0, "memory": "1GiB"}])
+    r = actions.reap_tree(t["root"], expected_start=psutil.Process(t["root"]).create_time(), face="cli", grace=1)
+    assert r.ok and r.outcome == "reaped", r.to_dict()
+    for who in t:
+        assert wait_gone(t[who]), who
