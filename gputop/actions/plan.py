@@ -90,12 +90,17 @@ class ReapPlan:
         return tuple(p for e in self.left_alone for p in (e.pid, *e.subtree) if p in self._all_holders)
 
     _all_holders: frozenset = frozenset()
+    # Process groups the reap would orphan while they hold a process it leaves alone (orphaned_groups)
+    orphaned_groups: tuple = ()
 
     def to_dict(self) -> dict:
-        return {"root": self.root_pid, "members": [proc_dict(m) for m in self.members],
-                "left_alone": [e.to_dict() for e in self.left_alone], "holders": list(self.holders),
-                "held_back": list(self.held_back),
-                "refusal": {"rule": self.refusal[0], "message": self.refusal[1]} if self.refusal else None}
+        d = {"root": self.root_pid, "members": [proc_dict(m) for m in self.members],
+             "left_alone": [e.to_dict() for e in self.left_alone], "holders": list(self.holders),
+             "held_back": list(self.held_back),
+             "refusal": {"rule": self.refusal[0], "message": self.refusal[1]} if self.refusal else None}
+        if self.orphaned_groups:
+            d["orphaned_groups"] = [dict(g) for g in self.orphaned_groups]
+        return d
 
 
 @dataclass(frozen=True)
@@ -249,11 +254,61 @@ def plan_reap(table: TreeTable, root_pid: int, root_start: float | None, rules: 
             e = blocking[0]
             refusal = (e.rule, f"the tree of {_label(root)} is not reaped: {e.reason}"
                                + (f" (and {len(blocking) - 1} more)" if len(blocking) > 1 else ""))
+    orphaned = tuple(orphaned_groups(table, members, left))
+    if refusal is None and orphaned:
+        g = orphaned[0]
+        why = (f"pid(s) {g['left_alone']} of it are left alone"
+               + (f" and pid(s) {g['stopped']} are stopped" if g["stopped"] else
+                  f", and gputop stops the members it reaps there ({g['members']})"))
+        refusal = ("orphaned-group", f"the tree of {_label(root)} is not reaped: that would orphan process group "
+                                     f"{g['pgid']} (its members' parents outside the group, {g['anchors']}, are "
+                                     f"reaped), where {why}; the kernel sends SIGHUP and SIGCONT to a newly orphaned "
+                                     "group with a stopped process, which would end what the plan leaves alone"
+                                     + (f" (and {len(orphaned) - 1} more group(s))" if len(orphaned) > 1 else ""))
     if refusal is None and not holders:  # only a tree whose orphans hold a GPU is reaped (not one whose holders are left alone)
         refusal = ("not-orphan", f"{_label(root)} is not the root of an orphan tree that holds a GPU: no "
                                  "orphan in its tree holds one; see 'gputop reap'")
     return ReapPlan(root_pid, root, tuple(members), tuple(left), holders, refusal,
-                    _all_holders=frozenset(rules.holders))
+                    _all_holders=frozenset(rules.holders), orphaned_groups=orphaned)
+
+
+def orphaned_groups(table: TreeTable, members: list[ProcInfo], left: list[LeftAlone]) -> list[dict]:
+    """Process groups the reap would orphan while they hold a process it does not signal.
+
+    A group is orphaned when no process in it has a parent in the same session but in another group.
+    When a process's exit orphans a group that holds a stopped process, the kernel sends the whole group
+    SIGHUP and SIGCONT, and SIGHUP ends a process that does not handle it. So a group is reported when
+    every such parent of its processes (its "anchors") is a member, and it holds a process the reap leaves
+    alone (in the plan or not in the tree at all) together with a stopped process or a member (gputop
+    stops the members it reaps, and one may still be stopped when an anchor exits). Only groups of a
+    left-alone process in one of the members' sessions can be affected (an anchor shares the session),
+    so a plan with none costs nothing. The table must answer ``stat_fields()`` (ProcTable after a scan);
+    without it nothing is reported."""
+    fields = getattr(table, "stat_fields", None)
+    stats = fields() if callable(fields) else {}
+    if not stats or not left:
+        return []
+    member_pids = {m.pid for m in members}
+    kept = {p for e in left for p in (e.pid, *e.subtree)}
+    sessions = {stats[p].sid for p in member_pids if p in stats}
+    groups = {stats[p].pgid for p in kept if p in stats and stats[p].sid in sessions}
+    out = []
+    for g in sorted(groups):
+        procs = [i for p, st in stats.items() if st.pgid == g and (i := table.get(p)) is not None and not i.zombie]
+        if not procs:
+            continue
+        sid = stats[procs[0].pid].sid if procs[0].pid in stats else None
+        anchors = {q.ppid for q in procs if (par := stats.get(q.ppid)) is not None and par.sid == sid
+                   and par.pgid != g}
+        if not anchors or not anchors <= member_pids:
+            continue  # stays anchored by a process the reap leaves, or is orphaned already
+        left_in = [q.pid for q in procs if q.pid not in member_pids]
+        stopped = [q.pid for q in procs if q.state in ("T", "t")]
+        ours = [q.pid for q in procs if q.pid in member_pids]
+        if left_in and (stopped or ours):
+            out.append({"pgid": g, "anchors": sorted(anchors), "left_alone": left_in, "stopped": stopped,
+                        "members": ours})
+    return out
 
 
 def plan_group(table: TreeTable, group: Iterable[int], owner: ProcInfo, rules: Rules,

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from gputop import actions
+from gputop.errors import EXIT_REFUSED
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import alive, records, unique, with_marker, write_config
 
@@ -237,3 +238,74 @@ def test_a_pid_namespace_with_nothing_to_keep_goes_with_its_init(procs, scenario
     assert r.ok and r.outcome == "reaped", r.to_dict()
     for who in t:
         assert wait_gone(t[who]), who
+
+
+# ---- 4. a process group the reap would orphan, holding a stopped process it leaves alone ----
+
+@pytest.fixture
+def cgroups():
+    from tests.functional.test_ownership_cgroups import Cgroups
+
+    if not LINUX or os.geteuid() != 0:
+        pytest.skip("needs root on Linux to make cgroups")
+    c = Cgroups()
+    yield c
+    c.cleanup()
+
+
+def group_tree(procs, marker: str) -> dict[str, int]:
+    """An orphan root (python) with a GPU holder in its own group, and a child ``kept`` in a process group
+    of its own: the root is that group's only anchor (its parent in the session, in another group)."""
+    slp = "import time; time.sleep(600)"
+    code = (f"import os,subprocess,sys,time\n"
+            f"subprocess.Popen([sys.executable, '-c', '{slp}  # {marker}-holder'])\n"
+            f"subprocess.Popen([sys.executable, '-c', '{slp}  # {marker}-kept'], process_group=0)\n"
+            f"time.sleep(600)  # {marker}-root\n")
+    procs.spawn(["setsid", "sh", "-c", f"{PY} -c \"{code}\" & exit 0"]).wait(10)
+    found: dict[str, int] = {}
+    deadline = time.time() + 15
+    while time.time() < deadline and len(found) < 3:
+        for pid in marked(marker):
+            cmd = _cmdline(pid)
+            for who in ("holder", "kept", "root"):
+                if cmd[:1] == [PY] and cmd[-1].rstrip().endswith(f"# {marker}-{who}"):
+                    found[who] = pid
+        time.sleep(0.05)
+    assert len(found) == 3, found
+    procs.pids.extend(found.values())
+    assert os.getpgid(found["kept"]) == found["kept"] != os.getpgid(found["root"])
+    return found
+
+
+def test_a_group_the_reap_would_orphan_with_a_stopped_process_left_alone_is_refused(procs, scenario, cfg, cgroups):
+    marker = unique("gt-orphgrp")
+    t = group_tree(procs, marker)
+    # ``kept`` is managed by a systemd unit: not an orphan, left alone (the rest of the tree is reaped).
+    cgroups.move(cgroups.systemd, f"{cgroups.tag}/system.slice/{cgroups.tag}-kept.service", t["kept"])
+    os.kill(t["kept"], signal.SIGSTOP)  # a paused job (Ctrl-Z, or a scheduler's suspend)
+    scenario(holders=[{"pid": t["holder"], "gpu": 0, "memory": "1GiB"}])
+
+    r = run_gputop("reap", "--json")
+    [tree] = [x for x in json.loads(r.stdout)["trees"] if x["root"]["pid"] == t["root"]]
+    assert [e["pid"] for e in tree["left_alone"]] == [t["kept"]]
+    assert tree["refusal"]["rule"] == "orphaned-group", tree["refusal"]
+    assert f"process group {t['kept']}" in tree["refusal"]["message"]
+    assert "apply will refuse this tree (orphaned-group)" in run_gputop("reap").stdout
+
+    r = run_gputop("reap", "--apply", "--root", str(t["root"]), "--grace", "1")
+    assert r.returncode == EXIT_REFUSED, r.stdout + r.stderr  # nothing signalled
+    time.sleep(0.5)
+    assert all(alive(p) for p in t.values())
+    assert state(t["kept"]) == "T"  # still as its owner left it: gputop continues nothing it did not stop
+    [rec] = records(action="reap", pid=t["root"])
+    assert rec["outcome"] == "refused" and rec["details"]["rule"] == "orphaned-group" and rec["signals"] == []
+
+    # Running again, it no longer risks the kernel's SIGHUP: the tree is reaped, and it stays.
+    os.kill(t["kept"], signal.SIGCONT)
+    r = run_gputop("reap", "--apply", "--root", str(t["root"]), "--grace", "1", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    [res] = json.loads(r.stdout)["results"]
+    assert "started during the reap" not in res["message"] and f"{t['kept']} (not-orphan)" in res["message"]
+    assert wait_gone(t["root"]) and wait_gone(t["holder"])
+    time.sleep(0.3)
+    assert alive(t["kept"])
