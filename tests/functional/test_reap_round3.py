@@ -309,3 +309,114 @@ def test_a_group_the_reap_would_orphan_with_a_stopped_process_left_alone_is_refu
     assert wait_gone(t["root"]) and wait_gone(t["holder"])
     time.sleep(0.3)
     assert alive(t["kept"])
+
+
+# ---- 3. a signal to gputop mid-grace: the plan is finished (or rolled back), the record says so ----
+
+STUBBORN = ("import signal,subprocess,sys,time\n"
+            "def on_term(*a):\n"
+            "    open({flag!r}, 'w').write('x')  # SIGTERM arrived: the grace has begun; ignored\n"
+            "signal.signal(signal.SIGTERM, on_term)\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # {marker}-polite'])\n"
+            "while True: time.sleep(0.05)  # {marker}-stubborn\n")
+
+
+def stubborn_tree(procs, tmp_path, marker: str) -> dict[str, int]:
+    """An orphan tree whose root ignores SIGTERM (it writes ``flag`` when one arrives) with a polite child."""
+    script = tmp_path / f"{marker}.py"
+    script.write_text(STUBBORN.format(flag=str(tmp_path / f"{marker}.flag"), marker=marker))
+    [root] = orphan_of(procs, f"{PY} {script}", f"{marker}.py")
+    deadline = time.time() + 10
+    polite = []
+    while time.time() < deadline and not polite:
+        polite = [p for p in marked(f"{marker}-polite") if _cmdline(p)[:1] == [PY]]
+        time.sleep(0.05)
+    procs.pids.extend(polite)
+    return {"root": root, "polite": polite[0]}
+
+
+def signal_mid_grace(argv: list[str], flag: Path, sigs: list[int]) -> tuple[subprocess.Popen, str]:
+    """Run gputop; once the tree has its SIGTERM (``flag``), send it ``sigs``, 0.3 s apart."""
+    from tests.conftest import _default_sighup
+
+    p = subprocess.Popen([PY, "-m", "gputop", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, preexec_fn=_default_sighup)
+    deadline = time.time() + 60
+    while not flag.exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    assert flag.exists(), "the tree never got its SIGTERM"
+    for s in sigs:
+        p.send_signal(s)
+        time.sleep(0.3)
+    out, _ = p.communicate(timeout=60)
+    return p, out
+
+
+def nothing_stopped(pids) -> None:
+    for pid in pids:
+        assert state(pid) not in ("T", "t"), f"pid {pid} was left stopped"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_to_reap_apply_mid_grace_finishes_the_plan(procs, scenario, cfg, tmp_path, sig):
+    marker = unique("gt-intr-reap")
+    t = stubborn_tree(procs, tmp_path, marker)
+    innocent = procs.sleeper("gt-innocent")
+    scenario(holders=[{"pid": t["polite"], "gpu": 0, "memory": "1GiB"}])
+    p, out = signal_mid_grace(["reap", "--apply", "--root", str(t["root"]), "--grace", "2"],
+                              tmp_path / f"{marker}.flag", [sig])
+    assert p.returncode == -sig, out  # it still ends as the signal asked, after the record
+    assert wait_gone(t["root"]) and wait_gone(t["polite"])  # the one that ignores SIGTERM got SIGKILL
+    nothing_stopped(marked(marker))
+    assert alive(innocent.pid)
+    [rec] = records(action="reap", pid=t["root"])
+    assert rec["outcome"] == "reaped" and rec["ok"], rec
+    assert rec["interrupted"] == {"signals": [signal.Signals(sig).name], "then": "finished"}
+    assert "SIGKILL" in [s["signal"] for s in rec["signals"]]
+
+
+def test_a_second_signal_to_reap_apply_rolls_back(procs, scenario, cfg, tmp_path):
+    marker = unique("gt-intr-twice")
+    t = stubborn_tree(procs, tmp_path, marker)
+    scenario(holders=[{"pid": t["polite"], "gpu": 0, "memory": "1GiB"}])
+    p, out = signal_mid_grace(["reap", "--apply", "--root", str(t["root"]), "--grace", "5"],
+                              tmp_path / f"{marker}.flag", [signal.SIGHUP, signal.SIGHUP])
+    assert p.returncode == -signal.SIGHUP, out
+    time.sleep(0.3)
+    assert alive(t["root"])  # not killed: the second signal stopped the reap where it was
+    nothing_stopped([t["root"], *marked(marker)])
+    [rec] = records(action="reap", pid=t["root"])
+    assert rec["outcome"] == "interrupted" and not rec["ok"]
+    assert rec["interrupted"] == {"signals": ["SIGHUP", "SIGHUP"], "then": "rolled back"}
+    assert rec["signals"][-1]["signal"] == "SIGCONT"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_to_kill_mid_wait_finishes_the_kill(procs, scenario, cfg, tmp_path, sig):
+    marker = unique("gt-intr-kill")
+    t = stubborn_tree(procs, tmp_path, marker)
+    scenario(holders=[{"pid": t["root"], "gpu": 0, "memory": "1GiB"}])
+    p, out = signal_mid_grace(["kill", "--pid", str(t["root"]), "--force", "--timeout", "2"],
+                              tmp_path / f"{marker}.flag", [sig])
+    assert p.returncode == -sig, out
+    assert wait_gone(t["root"])
+    assert alive(t["polite"])  # a kill takes the one process, not its children
+    [rec] = records(action="kill", pid=t["root"])
+    assert rec["outcome"] == "killed" and rec["interrupted"]["then"] == "finished", rec
+    assert [s["signal"] for s in rec["signals"]] == ["SIGTERM", "SIGKILL"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_to_the_watchdog_mid_reap_finishes_the_reap(procs, scenario, tmp_path, monkeypatch, sig):
+    write_config(tmp_path / "c.yaml", monkeypatch, kill_timeout=2)
+    marker = unique("gt-intr-watch")
+    t = stubborn_tree(procs, tmp_path, marker)
+    scenario(holders=[{"pid": t["polite"], "gpu": 0, "memory": "1GiB"}])
+    p, out = signal_mid_grace(["reap", "--watch", "--apply", "--interval", "0.2", "--grace", "0"],
+                              tmp_path / f"{marker}.flag", [sig])
+    # SIGTERM: the watchdog's own handler stops it cleanly (exit 0) once the reap is done; SIGHUP ends it.
+    assert p.returncode == (0 if sig == signal.SIGTERM else -sig), out
+    assert wait_gone(t["root"]) and wait_gone(t["polite"])
+    nothing_stopped(marked(marker))
+    [rec] = records(action="reap", pid=t["root"])
+    assert rec["outcome"] == "reaped" and rec["interrupted"]["then"] == "finished", rec
