@@ -420,3 +420,50 @@ def test_a_signal_to_the_watchdog_mid_reap_finishes_the_reap(procs, scenario, tm
     nothing_stopped(marked(marker))
     [rec] = records(action="reap", pid=t["root"])
     assert rec["outcome"] == "reaped" and rec["interrupted"]["then"] == "finished", rec
+
+
+REAP_ORPHANS = """\
+rules:
+  - name: reap-orphans
+    conditions:
+      - {type: orphan, operator: "==", value: true}
+    action: reap
+    timeout: 2s
+"""
+
+
+def test_sigterm_to_the_guard_daemon_mid_reap_finishes_the_reap(procs, scenario, cfg, tmp_path):
+    # The daemon acts from its main loop, so the action holds SIGTERM; the daemon's own handler then
+    # stops it cleanly (exit 0) once the reap is recorded.
+    from tests.conftest import _default_sighup
+
+    marker = unique("gt-intr-guard")
+    t = stubborn_tree(procs, tmp_path, marker)
+    innocent = procs.sleeper("gt-innocent")
+    scenario(holders=[{"pid": t["polite"], "gpu": 0, "memory": "1GiB"},
+                      {"pid": innocent.pid, "gpu": 1, "memory": "1GiB"}])
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(REAP_ORPHANS)
+    flag = tmp_path / f"{marker}.flag"
+    log = open(tmp_path / "guard.log", "w+")
+    daemon = subprocess.Popen([PY, "-m", "gputop", "guard", "run", "--interval", "0.3", "--enforce",
+                               "--policy-file", str(policy)], stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, preexec_fn=_default_sighup)
+    try:
+        deadline = time.time() + 60
+        while not flag.exists() and time.time() < deadline and daemon.poll() is None:
+            time.sleep(0.02)
+        assert flag.exists(), "the guard never reaped"
+        daemon.send_signal(signal.SIGTERM)
+        rc = daemon.wait(30)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    log.seek(0)
+    assert rc == 0, log.read()
+    assert wait_gone(t["root"]) and wait_gone(t["polite"])
+    nothing_stopped(marked(marker))
+    assert alive(innocent.pid)
+    [rec] = records(action="reap", pid=t["root"])
+    assert rec["face"] == "guard" and rec["outcome"] == "reaped", rec
+    assert rec["interrupted"] == {"signals": ["SIGTERM"], "then": "finished"}
