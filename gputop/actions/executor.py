@@ -285,12 +285,15 @@ class Executor:
                 pass
         self.cont_groups()
 
-    def cont_groups(self) -> None:
+    def cont_groups(self, fresh: bool = True) -> None:
         """Continue what a group stop stopped and was never taken as a member (nothing gputop stopped
-        stays stopped): every process of a stopped group that is not tracked and was not stopped before."""
+        stays stopped): every process of a stopped group that is not tracked and was not stopped before.
+
+        ``fresh`` False: from the last scan, when it was taken after the last group stop with the tree
+        stopped (nothing in a stopped group can fork or appear after it): the end of a converged reap."""
         if not self.stopped_groups:
             return
-        table = _scanned()
+        table = _scanned() if fresh or self.last_scan is None else self.last_scan[0]
         out = []
         for p, st in table.stat_fields().items():
             if st.pgid not in self.stopped_groups or p in self.handles or p in self.group_prestopped:
@@ -459,7 +462,7 @@ def execute(ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
         survivors = ex.alive()
         if "not_converged" in run.details:
             survivors = sorted(set(survivors) | set(run.details["not_converged"]))
-        ex.cont_groups()  # anything a group stop caught that was not a member runs again
+        ex.cont_groups(fresh="not_converged" in run.details)  # what a group stop caught, not a member
     except BaseException as e:
         # Interrupted (Ctrl-C, a bug): never leave a tree stopped. Whatever has SIGTERM pending acts on it.
         ex.cont_all()

@@ -191,17 +191,17 @@ class _KillRun:
             return self.done(False, "permission-denied", f"pid {pid}: {err_text(e)}", EXIT_PERMISSION)
         except Exception as e:
             return self.done(False, "not-found", f"pid {pid} cannot be opened: {err_text(e)}", EXIT_NOT_FOUND)
-        try:
-            with interrupt.deferred():  # SIGHUP/SIGTERM: finish the wait (and --force), record, then exit
+        with interrupt.deferred():  # SIGHUP/SIGTERM: finish the wait (and --force), record, then exit
+            try:
                 return self.send_and_wait(ctx, handle, sig)
-        except BaseException as e:
-            # Interrupted (Ctrl-C, a bug) after a signal may have gone out: record it before it propagates.
-            self.details["error"] = f"{type(e).__name__}: {e}"
-            self.done(False, "interrupted", f"the kill of pid {pid} ({name(info)}) was interrupted "
-                      f"({type(e).__name__}) after the signals listed; check 'gputop status'", EXIT_FAILURE)
-            raise
-        finally:
-            handle.close()
+            except BaseException as e:
+                # Interrupted (Ctrl-C, a bug) after a signal may have gone out: record it before it propagates.
+                self.details["error"] = f"{type(e).__name__}: {e}"
+                self.done(False, "interrupted", f"the kill of pid {pid} ({name(info)}) was interrupted "
+                          f"({type(e).__name__}) after the signals listed; check 'gputop status'", EXIT_FAILURE)
+                raise
+            finally:
+                handle.close()
 
     def send_and_wait(self, ctx: Ctx, handle: Handle, sig: signal.Signals) -> ActionResult:
         pid, info = self.pid, self.info

@@ -114,8 +114,10 @@ class ReapRun:
         self.gpus: list[int] = []
         self.details: dict = {}
         self.signals: list[dict] = []
+        self.recorded = False
 
     def done(self, ok: bool, outcome: str, message: str, code: int, mem: bool | None = None) -> ActionResult:
+        self.recorded = True
         target = target_dict(self.root_pid, self.info, self.gpus, self.expected_start)
         rec = record("reap", self.face, outcome, ok, message, target, self.signals, self.reason,
                      dry_run=self.dry_run, grace=self.grace, exit_code=code, memory_released=mem,
@@ -145,7 +147,14 @@ def reap_tree(root_pid: int, *, expected_start: float | None, face: str, grace: 
         run.grace = ctx.config.kill_timeout
     try:
         with interrupt.deferred():  # SIGHUP/SIGTERM now: finish the plan, record it, then exit as asked
-            return _reap(ctx, run)
+            try:
+                return _reap(ctx, run)
+            except BaseException as e:  # a second signal, Ctrl-C: the executor rolled back what it held
+                if not run.recorded:  # ... but it came outside the executor: the record still goes out
+                    run.details["error"] = f"{type(e).__name__}: {e}"
+                    run.done(False, "interrupted", f"the reap of the tree of pid {root_pid} was interrupted "
+                             f"({type(e).__name__}) after the signals listed; check 'gputop reap'", EXIT_FAILURE)
+                raise
     finally:
         ctx.close()
 
