@@ -276,7 +276,9 @@ def kill_many(targets: list[tuple[int, float | None]], **kw) -> list[ActionResul
             sampler = None  # each kill_process reports the problem itself
     shared = Serial(sampler) if sampler is not None else None
     try:
-        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as ex:
+        # The kills run in worker threads, where no signal handler can be installed: the caller's thread
+        # holds SIGHUP/SIGTERM until every kill has finished and written its record.
+        with interrupt.deferred(), ThreadPoolExecutor(max_workers=min(32, len(targets))) as ex:
             futs = [ex.submit(kill_process, pid, expected_start=start, sampler=shared, **kw)
                     for pid, start in targets]
             return [f.result() for f in futs]

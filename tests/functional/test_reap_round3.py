@@ -467,3 +467,17 @@ def test_sigterm_to_the_guard_daemon_mid_reap_finishes_the_reap(procs, scenario,
     [rec] = records(action="reap", pid=t["root"])
     assert rec["face"] == "guard" and rec["outcome"] == "reaped", rec
     assert rec["interrupted"] == {"signals": ["SIGTERM"], "then": "finished"}
+
+
+def test_sighup_to_a_parallel_kill_mid_wait_finishes_every_kill(procs, scenario, cfg, tmp_path):
+    # Several --pid: the kills run in worker threads; the main thread holds the signal for them.
+    a, b = (stubborn_tree(procs, tmp_path, unique(f"gt-intr-many{i}")) for i in range(2))
+    scenario(holders=[{"pid": a["root"], "gpu": 0, "memory": "1GiB"}, {"pid": b["root"], "gpu": 1, "memory": "1GiB"}])
+    flag = next(tmp_path.glob("gt-intr-many0*.py")).with_suffix(".flag")
+    p, out = signal_mid_grace(["kill", "--pid", str(a["root"]), "--pid", str(b["root"]), "--force", "--timeout", "2"],
+                              flag, [signal.SIGHUP])
+    assert p.returncode == -signal.SIGHUP, out
+    assert wait_gone(a["root"]) and wait_gone(b["root"])
+    for t in (a, b):
+        [rec] = records(action="kill", pid=t["root"])
+        assert rec["outcome"] == "killed" and rec["interrupted"] == {"signals": ["SIGHUP"], "then": "finished"}
