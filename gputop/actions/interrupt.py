@@ -8,7 +8,9 @@ thread, ``deferred()`` holds SIGHUP and SIGTERM (an SSH drop, a service stop):
   then SIGKILL; a kill's timeout and --force); the audit record says it was interrupted, by what, and
   that the plan was finished;
 - a second one (someone insists) raises ``Interrupted`` in the main thread: the action's own rollback
-  runs (a reap continues, SIGCONT, whatever it stopped and did not kill) and records "interrupted";
+  runs (a reap continues, SIGCONT, whatever it stopped and did not kill) and records "interrupted".
+  Only where the signal's handler was the default action: a face with its own handler (the guard daemon
+  reloads on SIGHUP) gets the signal after the action, however many came;
 - SIGINT keeps Python's KeyboardInterrupt, which takes that same rollback path: Ctrl-C at the keyboard
   means stop now.
 
@@ -42,9 +44,15 @@ _active = 0  # actions in flight in any thread (see idle())
 _idle = threading.Condition(_lock)
 
 
+_old: dict[int, object] = {}  # the handlers deferred() replaced
+
+
 def _handler(signum, frame):
     _caught.append(signum)
-    if len(_caught) > 1:
+    # A second one rolls back only where the signal would have ended the process (its default action).
+    # A face with a handler of its own (the guard daemon reloads on SIGHUP, stops on SIGTERM) gets its
+    # signals after the action, however many came.
+    if len(_caught) > 1 and _old.get(signum) in (signal.SIG_DFL, None):
         raise Interrupted(f"{signal.Signals(signum).name} received again during the action")
 
 
@@ -76,6 +84,7 @@ def deferred():
         try:
             for s in HELD:
                 old[s] = signal.signal(s, _handler)
+                _old[s] = old[s]
         except (ValueError, OSError):  # not the main interpreter, or a platform without the signal
             for s, h in old.items():
                 signal.signal(s, h)
