@@ -112,6 +112,8 @@ def _finish(run: GroupRun) -> ActionResult:
     left = (d.get("left_alone") or []) + (d.get("left_alone_new") or [])
     if left:
         msg += "; left alone: " + "; ".join(str(e.get("reason")) for e in left[:5])
+    if interrupt.caught():
+        msg += f"; interrupted by {', '.join(interrupt.caught())}: the confirmed plan was carried out to its end"
     return run.done(True, "reaped", msg, EXIT_OK)
 
 
