@@ -481,3 +481,39 @@ def test_sighup_to_a_parallel_kill_mid_wait_finishes_every_kill(procs, scenario,
     for t in (a, b):
         [rec] = records(action="kill", pid=t["root"])
         assert rec["outcome"] == "killed" and rec["interrupted"] == {"signals": ["SIGHUP"], "then": "finished"}
+
+
+def test_another_users_process_entered_into_the_namespace_keeps_the_init(procs, scenario, cfg, tmp_path):
+    # A second real user's process, entered into the tree's PID namespace from a live session: SIGKILL to
+    # the init would kill it, so the init is left alone with everything in its namespace, and the rest of
+    # the tree (this user's orphans) is reaped.
+    from tests.functional.actions_helpers import _unprivileged
+
+    _needs_unshare()
+    user = _unprivileged()
+    if user is None or not shutil.which("setpriv"):
+        pytest.skip("needs setpriv and an unprivileged user")
+    marker = unique("gt-pidns-user")
+    t = namespace_tree(procs, tmp_path, marker, setsid_inside=False)
+    slp = "import time; time.sleep(600)"
+    procs.spawn(["nsenter", "--target", str(t["init"]), "--pid", "--", "setpriv", "--reuid", user[0], "--regid",
+                 user[1], "--clear-groups", PY, "-c", f"{slp}  # {marker}-theirs"])
+    deadline = time.time() + 10
+    theirs = None
+    while time.time() < deadline and theirs is None:
+        theirs = next((p for p in marked(f"{marker}-theirs") if _cmdline(p)[:1] == [PY]), None)
+        time.sleep(0.05)
+    assert theirs is not None and psutil.Process(theirs).uids().real != 0
+    procs.pids.append(theirs)
+    scenario(holders=[{"pid": t["holder"], "gpu": 0, "memory": "1GiB"}])
+    r = run_gputop("reap", "--apply", "--root", str(t["root"]), "--grace", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{t['init']} (pid-namespace)" in r.stdout, r.stdout
+    for who in ("root", "holder", "unshare"):
+        assert wait_gone(t[who]), who
+    time.sleep(0.3)
+    assert all(alive(p) and state(p) not in ("T", "t") for p in (t["init"], t["child"], theirs))
+    [rec] = records(action="reap", pid=t["root"])
+    [e] = [x for x in rec["details"]["left_alone"] if x["pid"] == t["init"]]
+    assert e["rule"] == "pid-namespace" and f"pid {theirs} (pid " in e["reason"] and "outside the tree" in e["reason"]
+    assert theirs not in {p for s in rec["signals"] for p in s["pids"]}
