@@ -802,3 +802,108 @@ def self_and_ancestors() -> set[int]:
     for info in table.ancestors(os.getpid(), limit=256):
         pids.add(info.pid)
     return pids
+
+
+# ---- PID namespaces (a reap must not SIGKILL a namespace's init: the kernel then kills every process in
+# that namespace, including ones entered later with nsenter or docker exec) ----
+
+_NS_GET_PARENT = 0xB702  # ioctl on a namespace fd: a fd for its parent namespace (Linux 4.9)
+
+
+def pid_ns(pid: int, proc_root: str = "/proc") -> int | None:
+    """The inode of ``pid``'s PID namespace (/proc/PID/ns/pid), or None if it cannot be read (gone, or
+    not ours to inspect: the link needs ptrace-read access)."""
+    try:
+        link = os.readlink(f"{proc_root}/{pid}/ns/pid")
+    except OSError:
+        return None
+    try:
+        return int(link[link.index("[") + 1:link.rindex("]")])
+    except ValueError:
+        return None
+
+
+def ns_pids(pid: int, proc_root: str = "/proc") -> tuple[int, ...] | None:
+    """NSpid from /proc/PID/status: its PID in our namespace, then in each nested one (last: its own)."""
+    status = _read(f"{proc_root}/{pid}/status")
+    if not status:
+        return None
+    i = status.find(b"\nNSpid:")
+    if i < 0:
+        return None
+    end = status.find(b"\n", i + 1)
+    try:
+        return tuple(int(x) for x in status[i + 7: end if end >= 0 else None].split()) or None
+    except ValueError:
+        return None
+
+
+def pid_ns_chain(pid: int, proc_root: str = "/proc", limit: int = 33) -> tuple[int, ...] | None:
+    """Inodes of ``pid``'s PID namespace and of each namespace above it (as far as the kernel lets us
+    go up), innermost first; None if its namespace cannot be opened."""
+    import fcntl
+
+    try:
+        fd = os.open(f"{proc_root}/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    chain: list[int] = []
+    try:
+        while len(chain) < limit:
+            chain.append(os.fstat(fd).st_ino)
+            try:
+                parent = fcntl.ioctl(fd, _NS_GET_PARENT)
+            except OSError:  # the initial namespace (EPERM: none above ours that we may see)
+                break
+            os.close(fd)
+            fd = parent
+    finally:
+        os.close(fd)
+    return tuple(chain)
+
+
+def pid_ns_init(pid: int, ppid: int, proc_root: str = "/proc", own: int | None = None) -> int | None | bool:
+    """The inode of the PID namespace ``pid`` is the init of (its namespace differs from its parent's);
+    None when it is not an init; False when it cannot be told (its namespace link cannot be read).
+
+    ``own``: our own namespace's inode: a process in it is no namespace's init here (its parent, which we
+    can see, is in it too), which answers most processes with one read."""
+    ns = pid_ns(pid, proc_root)
+    if ns is None:
+        nsp = ns_pids(pid, proc_root)  # status is readable by anyone: PID 1 inside its namespace = its init
+        if nsp is None:
+            return False
+        return False if len(nsp) > 1 and nsp[-1] == 1 else None
+    if own is not None and ns == own:
+        return None
+    parent = pid_ns(ppid, proc_root) if ppid > 0 else None
+    if parent is None:
+        nsp = ns_pids(pid, proc_root)
+        return ns if nsp is not None and len(nsp) > 1 and nsp[-1] == 1 else None
+    return ns if parent != ns else None
+
+
+def pid_ns_members(init: int, ns: int, pids, proc_root: str = "/proc", own: int | None = None
+                   ) -> tuple[list[tuple[int, int | None]], list[int]]:
+    """Processes among ``pids`` in PID namespace ``ns`` (whose init is ``init``) or in one nested in it,
+    each with its PID inside ``ns`` (from NSpid); and the processes whose namespace cannot be read (they
+    may be in it)."""
+    depth = len(ns_pids(init, proc_root) or ())
+    inside: list[tuple[int, int | None]] = []
+    unknown: list[int] = []
+    for pid in pids:
+        mine = pid_ns(pid, proc_root)
+        if mine is None:  # not ours to inspect: NSpid (world-readable) says how deep it is
+            nsp = ns_pids(pid, proc_root)
+            if nsp is not None and len(nsp) >= max(depth, 2):
+                unknown.append(pid)  # deep enough to be inside: cannot tell
+            continue
+        if mine == own:
+            continue
+        if mine != ns:
+            chain = pid_ns_chain(pid, proc_root)
+            if chain is None or ns not in chain:
+                continue
+        nsp = ns_pids(pid, proc_root) or ()
+        inside.append((pid, nsp[depth - 1] if depth and len(nsp) >= depth else None))
+    return inside, unknown

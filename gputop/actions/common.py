@@ -237,6 +237,11 @@ def record(action: str, face: str, outcome: str, ok: bool, message: str, target:
     if reason:
         rec["reason"] = reason
     rec.update(extra)
+    from gputop.actions.interrupt import note
+
+    intr = note(outcome)  # a SIGHUP/SIGTERM came while the action ran: say so, and what was done then
+    if intr is not None:
+        rec["interrupted"] = intr
     return rec
 
 

@@ -52,6 +52,17 @@ class Executor:
         self.last_scan: tuple[ProcTable, object] | None = None  # (table, rules) of the last new_members()
         self.scan_s = 0.0  # how long the last new_members() took (a scan of every process, mostly)
         self._never: frozenset[int] | None = None  # plan_never, once read
+        # Process groups gputop stopped as one (group_stop), and which of their processes were stopped
+        # before that (never continued); new processes found there stopped were stopped by gputop.
+        self.stopped_groups: set[int] = set()
+        self.group_prestopped: set[int] = set()
+        self.churn: list[int] = []  # new processes found by the last scan that were gone before a handle
+        # The first plan's left-alone processes, by identity: never reported as "started during the reap".
+        # (pid -> start ticks, or None for a process under a left-alone top, whose start the plan lacks)
+        self.planned_left: dict[int, int | None] = {p: None for e in plan.left_alone for p in e.subtree}
+        self.planned_left.update({e.pid: e.proc.start_ticks if e.proc is not None else None
+                                  for e in plan.left_alone})
+        self.ever_churn = False
 
     # ---- signals ----
     def adopt(self, procs: list[ProcInfo], sigs: list[int]) -> list[int]:
@@ -64,6 +75,7 @@ class Executor:
                 self.handles[m.pid] = Handle(m)
             except (ProcessLookupError, LookupError):  # exited, or the PID is another process now
                 self.gone.add(m.pid)
+                self.churn.append(m.pid)  # seen, then gone: what it left behind may not be seen yet
                 continue
             except Exception:  # alive but not verifiable or not ours to signal: never "gone"
                 if m.pid not in self.denied:
@@ -74,7 +86,7 @@ class Executor:
             if state is None:
                 now = read_proc(m.pid)
                 state = now.state if now is not None else None
-            if state in ("T", "t"):
+            if state in ("T", "t") and not self._we_stopped(m):
                 self.pre_stopped.add(m.pid)
             for s in sigs:
                 self.send(m.pid, s)
@@ -95,6 +107,58 @@ class Executor:
         self.run.signals.append({**ev, "note": note} if note else ev)
         for pid in pids:
             self.send(pid, sig)
+
+    def _we_stopped(self, m: ProcInfo) -> bool:
+        """True when ``m`` is stopped because gputop stopped its process group (group_stop)."""
+        return m.pgid in self.stopped_groups and m.pid not in self.group_prestopped
+
+    def group_stop(self) -> list[int]:
+        """SIGSTOP each of the tree's own process groups as one signal; return the groups stopped.
+
+        A member that forks a successor and exits every few hundred microseconds outruns any scan of
+        /proc: the successor a scan finds is gone before it can be stopped, and the next one is not in
+        the scan at all. A signal to a process group reaches every process in it, a child forked at that
+        instant included (the kernel restarts a fork that a group signal interrupts), and a stopped process
+        cannot fork: after this, a scan sees the whole group, and it stands still.
+
+        Only a group all of whose processes (in the last scan) are the tree's is stopped: tracked members,
+        or processes new since the reap began in the tree's sessions and not another tree's (the joiners'
+        rule). A group that holds anything else (a process left alone, gputop itself, a process that was
+        there before the reap and is not a member) is never signalled as a group; its members are stopped
+        one by one, as before."""
+        if not IS_LINUX:
+            return []
+        if self.last_scan is None:
+            self.new_members()
+        table = self.last_scan[0]
+        stats = table.stat_fields()
+        lin = self.lineage
+        tracked = {p for p in self.handles if p not in self.released}
+        groups = {stats[p].pgid for p in tracked if p in stats and p not in self.gone} | set(lin.groups)
+        mine = os.getpgrp()
+        by_group: dict[int, list[int]] = {}
+        for p, st in stats.items():
+            if st.pgid in groups:
+                by_group.setdefault(st.pgid, []).append(p)
+        out = []
+        for g, pids in sorted(by_group.items()):
+            if g <= 1 or g == mine or any(p in self.plan_never for p in pids):
+                continue
+            if not all(p in tracked or (st := stats[p]).sid in lin.sessions and lin.is_new(p, st)
+                       and (p, st.start) not in self.foreign for p in pids):
+                continue
+            if g not in self.stopped_groups:
+                self.group_prestopped |= {p for p in pids if p not in self.handles and _state(table, p) in ("T", "t")}
+            try:
+                os.killpg(g, signal.SIGSTOP)
+            except OSError:
+                continue  # gone (ESRCH), or not ours (EPERM): its processes are stopped one by one
+            self.stopped_groups.add(g)
+            out.append(g)
+        if out:
+            self.run.signals.append({**sig_event(signal.SIGSTOP, []), "groups": out,
+                                     "note": "the tree's own process group(s), stopped as one (no fork escapes)"})
+        return out
 
     def alive(self) -> list[int]:
         return [p for p, h in self.handles.items() if p not in self.gone and p not in self.released and h.alive()]
@@ -142,6 +206,9 @@ class Executor:
         found = [m for m in found if m.pid not in self.plan_never and not _is_mine(m.pid, table)]
         self.joined.update(m.pid for m in found)
         for e in left + left_j:
+            if e.pid in self.planned_left and self.planned_left[e.pid] in (
+                    None, e.proc.start_ticks if e.proc is not None else None):
+                continue  # left alone by the first plan: not new, and never reported as started during the reap
             seen = self.run.details.setdefault("left_alone_new", [])
             if all(x["pid"] != e.pid for x in seen):
                 seen.append(e.to_dict())
@@ -216,6 +283,38 @@ class Executor:
                 self.handles[pid].send(signal.SIGCONT)
             except OSError:
                 pass
+        self.cont_groups()
+
+    def cont_groups(self, fresh: bool = True) -> None:
+        """Continue what a group stop stopped and was never taken as a member (nothing gputop stopped
+        stays stopped): every process of a stopped group that is not tracked and was not stopped before.
+
+        ``fresh`` False: from the last scan, when it was taken after the last group stop with the tree
+        stopped (nothing in a stopped group can fork or appear after it): the end of a converged reap."""
+        if not self.stopped_groups:
+            return
+        table = _scanned() if fresh or self.last_scan is None else self.last_scan[0]
+        out = []
+        for p, st in table.stat_fields().items():
+            if st.pgid not in self.stopped_groups or p in self.handles or p in self.group_prestopped:
+                continue
+            info = table.get(p)
+            if info is None or info.zombie or info.state not in ("T", "t"):
+                continue
+            try:
+                h = Handle(info)
+            except Exception:
+                continue
+            try:
+                h.send(signal.SIGCONT)
+                out.append(p)
+            except OSError:
+                pass
+            finally:
+                h.close()
+        if out:
+            self.run.signals.append({**sig_event(signal.SIGCONT, out),
+                                     "note": "stopped with their process group, not members: continued"})
 
     # ---- the steps ----
     def terminate(self, grace: float) -> None:
@@ -243,24 +342,50 @@ class Executor:
             if time.monotonic() >= deadline:
                 break
 
-    def kill_rest(self) -> bool:
-        """SIGKILL every member still alive, after a freeze that takes in whatever joined the tree; until
-        a scan finds neither a live member nor a new one (success means every target is gone)."""
+    def kill_rest(self, rounds: int = 20, deadline_s: float = 30.0) -> bool:
+        """SIGKILL every member still alive, until the tree has converged: a round that stops the tree's
+        own process groups as one (group_stop), then freezes and scans, finds neither a live member nor
+        a new process, not even one that was gone before it could be held (``churn``: a process that
+        re-forks faster than a scan leaves a successor the scan may not show). Bounded by ``rounds`` and
+        ``deadline_s``; a tree that has not converged by then is a failure, never success: the processes
+        seen last are named in ``run.details["not_converged"]`` and as survivors."""
         killed_any = False
-        for _ in range(20):
+        end = time.monotonic() + deadline_s
+        quiet = 0
+        for _ in range(rounds):
+            self.churn = []
+            self.group_stop()
             self.freeze(self.alive())
             alive = self.alive()
-            if not alive:
+            self.ever_churn = self.ever_churn or bool(self.churn)
+            if not alive and not self.churn and self.last_scan is not None:
+                # Converged. Where a process was once seen vanishing and no group could be stopped as
+                # one, a scan can miss a successor: three quiet rounds in a row, then.
+                quiet += 1
+                if quiet >= (3 if self.ever_churn and not self.stopped_groups else 1):
+                    return killed_any
+                time.sleep(0.005)
+                continue
+            quiet = 0
+            if alive:
+                self.send_all(signal.SIGKILL, alive)
+                killed_any = True
+                if wait_gone([self.handles[p] for p in alive], 5.0):
+                    return killed_any  # ignores SIGKILL for now (uninterruptible I/O); reported as a survivor
+            if time.monotonic() >= end:
                 break
-            self.send_all(signal.SIGKILL, alive)
-            killed_any = True
-            if wait_gone([self.handles[p] for p in alive], 5.0):
-                break  # ignores SIGKILL for now (uninterruptible I/O); reported as a survivor
+        self.run.details["not_converged"] = sorted(set(self.churn) | set(self.alive()))
+        self.run.details["converge_rounds"] = rounds
         return killed_any
 
     def close(self) -> None:
         for h in self.handles.values():
             h.close()
+
+
+def _state(table: ProcTable, pid: int) -> str | None:
+    info = table.get(pid)
+    return info.state if info is not None else None
 
 
 def _scanned() -> ProcTable:
@@ -335,6 +460,9 @@ def execute(ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
         run.details["started_during_reap"] = sorted(ex.late)
         run.details["joined_by_session"] = sorted(ex.joined)
         survivors = ex.alive()
+        if "not_converged" in run.details:
+            survivors = sorted(set(survivors) | set(run.details["not_converged"]))
+        ex.cont_groups(fresh="not_converged" in run.details)  # what a group stop caught, not a member
     except BaseException as e:
         # Interrupted (Ctrl-C, a bug): never leave a tree stopped. Whatever has SIGTERM pending acts on it.
         ex.cont_all()

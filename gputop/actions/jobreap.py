@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from gputop.actions import interrupt
 from gputop.actions.common import ActionResult, Ctx, log_record, record
 from gputop.actions.plan import LeftAlone, ReapPlan, plan_group
 from gputop.actions.reap import ReapRun, make_rules
@@ -73,10 +74,11 @@ def reap_group(membership: Callable[[ProcTable], list[int]], owner: ProcInfo, *,
         run.gpus = sorted({g for h in snap.holders if h.pid in set(plan.pids) for g in h.gpus})
         if not plan.members:
             return run.done(True, "nothing", _left_text("no process to signal", plan), EXIT_OK)
-        result = execute(ctx, run, plan, snap, planner=planner, rescan=rescan, stats=table.stat_fields())
-        if result is not None:
-            return result
-        return _finish(run)
+        with interrupt.deferred():  # SIGHUP/SIGTERM: finish the plan, record it, then exit as asked
+            result = execute(ctx, run, plan, snap, planner=planner, rescan=rescan, stats=table.stat_fields())
+            if result is not None:
+                return result
+            return _finish(run)
     finally:
         ctx.close()
 
@@ -98,6 +100,9 @@ def _finish(run: GroupRun) -> ActionResult:
     survivors = d.get("survivors") or []
     n = len(d.get("members") or ())
     late = sorted(set(d.get("started_during_reap") or ()) | set(d.get("joined_by_session") or ()))
+    if "not_converged" in d:
+        return run.done(False, "still-alive", "the group did not settle: new processes kept appearing after "
+                        f"SIGKILL (a member that re-forks?); last seen: pid(s) {survivors or '?'}", EXIT_FAILURE)
     if survivors:
         return run.done(False, "still-alive", f"pid(s) {', '.join(map(str, survivors))} still alive after SIGKILL "
                         "(uninterruptible I/O?)", EXIT_FAILURE)
@@ -107,6 +112,8 @@ def _finish(run: GroupRun) -> ActionResult:
     left = (d.get("left_alone") or []) + (d.get("left_alone_new") or [])
     if left:
         msg += "; left alone: " + "; ".join(str(e.get("reason")) for e in left[:5])
+    if interrupt.caught():
+        msg += f"; interrupted by {', '.join(interrupt.caught())}: the confirmed plan was carried out to its end"
     return run.done(True, "reaped", msg, EXIT_OK)
 
 

@@ -19,6 +19,7 @@ from gputop.actions.common import (
     FACES, NON_LETHAL, ActionResult, Ctx, Serial, err_text, log_record, memory_released, name, parse_signal,
     record, safety_refusal, same_start, sig_event, target_dict, user,
 )
+from gputop.actions import interrupt
 from gputop.actions.identity import Handle, TargetLock, wait_gone
 from gputop.config import Config, load_config
 from gputop.errors import (
@@ -244,16 +245,17 @@ class _KillRun:
             return self.done(False, "permission-denied", f"pid {pid}: {err_text(e)}", EXIT_PERMISSION)
         except Exception as e:
             return self.done(False, "not-found", f"pid {pid} cannot be opened: {err_text(e)}", EXIT_NOT_FOUND)
-        try:
-            return self.send_and_wait(ctx, handle, sig)
-        except BaseException as e:
-            # Interrupted (Ctrl-C, a bug) after a signal may have gone out: record it before it propagates.
-            self.details["error"] = f"{type(e).__name__}: {e}"
-            self.done(False, "interrupted", f"the kill of pid {pid} ({name(info)}) was interrupted "
-                      f"({type(e).__name__}) after the signals listed; check 'gputop status'", EXIT_FAILURE)
-            raise
-        finally:
-            handle.close()
+        with interrupt.deferred():  # SIGHUP/SIGTERM: finish the wait (and --force), record, then exit
+            try:
+                return self.send_and_wait(ctx, handle, sig)
+            except BaseException as e:
+                # Interrupted (Ctrl-C, a bug) after a signal may have gone out: record it before it propagates.
+                self.details["error"] = f"{type(e).__name__}: {e}"
+                self.done(False, "interrupted", f"the kill of pid {pid} ({name(info)}) was interrupted "
+                          f"({type(e).__name__}) after the signals listed; check 'gputop status'", EXIT_FAILURE)
+                raise
+            finally:
+                handle.close()
 
     def send_and_wait(self, ctx: Ctx, handle: Handle, sig: signal.Signals) -> ActionResult:
         pid, info = self.pid, self.info
@@ -360,7 +362,9 @@ def kill_many(targets: list[tuple[int, float | None]], **kw) -> list[ActionResul
             sampler = None  # each kill_process reports the problem itself
     shared = Serial(sampler) if sampler is not None else None
     try:
-        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as ex:
+        # The kills run in worker threads, where no signal handler can be installed: the caller's thread
+        # holds SIGHUP/SIGTERM until every kill has finished and written its record.
+        with interrupt.deferred(), ThreadPoolExecutor(max_workers=min(32, len(targets))) as ex:
             futs = [ex.submit(kill_process, pid, expected_start=start, sampler=shared, **kw)
                     for pid, start in targets]
             return [f.result() for f in futs]

@@ -37,18 +37,34 @@ class LeftAlone:
 
     proc: ProcInfo | None  # None: it cannot be seen (then ``pid`` says which)
     pid: int
-    rule: str  # not-orphan | protected | unknown | hidden | other-user | never
+    rule: str  # not-orphan | pid-namespace | protected | unknown | hidden | other-user | never
     reason: str
     subtree: tuple[int, ...] = ()
     owner: str | None = None  # who manages it (a systemd unit, a container, ...), when known
+    # A PID namespace's init: every process in its namespace, (host pid, pid inside the namespace)
+    namespace: tuple[tuple[int, int | None], ...] = ()
 
     @property
     def blocks(self) -> bool:
         return self.rule in BLOCKING
 
     def to_dict(self) -> dict:
-        return {"pid": self.pid, "proc": proc_dict(self.proc), "rule": self.rule, "reason": self.reason,
-                "subtree": list(self.subtree), "owner": self.owner, "blocks": self.blocks}
+        d = {"pid": self.pid, "proc": proc_dict(self.proc), "rule": self.rule, "reason": self.reason,
+             "subtree": list(self.subtree), "owner": self.owner, "blocks": self.blocks}
+        if self.namespace:
+            d["namespace"] = [{"pid": p, "ns_pid": local} for p, local in self.namespace]
+        return d
+
+
+@dataclass(frozen=True)
+class PidNs:
+    """The PID namespace a process is the init of: SIGKILL to the init kills every process in it.
+
+    ``inode`` None: the process may be an init, but its namespace cannot be read (never signalled then)."""
+
+    inode: int | None
+    processes: tuple[tuple[int, int | None], ...] = ()  # (host pid, pid inside), the init included
+    unreadable: tuple[int, ...] = ()  # processes whose namespace cannot be read (they may be in it)
 
 
 @dataclass(frozen=True)
@@ -74,12 +90,17 @@ class ReapPlan:
         return tuple(p for e in self.left_alone for p in (e.pid, *e.subtree) if p in self._all_holders)
 
     _all_holders: frozenset = frozenset()
+    # Process groups the reap would orphan while they hold a process it leaves alone (orphaned_groups)
+    orphaned_groups: tuple = ()
 
     def to_dict(self) -> dict:
-        return {"root": self.root_pid, "members": [proc_dict(m) for m in self.members],
-                "left_alone": [e.to_dict() for e in self.left_alone], "holders": list(self.holders),
-                "held_back": list(self.held_back),
-                "refusal": {"rule": self.refusal[0], "message": self.refusal[1]} if self.refusal else None}
+        d = {"root": self.root_pid, "members": [proc_dict(m) for m in self.members],
+             "left_alone": [e.to_dict() for e in self.left_alone], "holders": list(self.holders),
+             "held_back": list(self.held_back),
+             "refusal": {"rule": self.refusal[0], "message": self.refusal[1]} if self.refusal else None}
+        if self.orphaned_groups:
+            d["orphaned_groups"] = [dict(g) for g in self.orphaned_groups]
+        return d
 
 
 @dataclass(frozen=True)
@@ -91,6 +112,7 @@ class Rules:
     holders: frozenset[int] = frozenset()  # GPU holders (for the plan's holder lists)
     hidden: Callable[[int], bool] = lambda pid: False  # exists but cannot be read
     owner: Callable[[int], str | None] = lambda pid: None  # who manages it (its cgroup owner's label), when known
+    namespace: Callable[[int], PidNs | None] = lambda pid: None  # the PID namespace it is the init of, if any
 
 
 def _label(p: ProcInfo) -> str:
@@ -113,6 +135,52 @@ def leave_reason(p: ProcInfo, owner: ProcInfo, rules: Rules) -> tuple[str, str, 
     if v.kind != ORPHAN:
         return v.kind, f"{_label(p)} is {v.kind}: {v.reason}", managed
     return None
+
+
+def judge(table: TreeTable, p: ProcInfo, owner: ProcInfo, rules: Rules
+          ) -> tuple[str, str, str | None, tuple[tuple[int, int | None], ...]] | None:
+    """(rule, reason, owner, namespace) when ``p`` must not be signalled: ``leave_reason``, and a PID
+    namespace's init whose namespace holds anything the reap would not take itself.
+
+    SIGKILL to a namespace's init makes the kernel kill every process in the namespace, so the init is
+    one unit with all of them: it is signalled only when every process in its namespace is in its own
+    subtree and would be signalled anyway. A process left alone inside (a setsid'd one, another user's,
+    a protected one), or one entered from outside the tree (nsenter, docker exec), keeps the init."""
+    why = leave_reason(p, owner, rules)
+    if why is not None:
+        return (*why, ())
+    ns = rules.namespace(p.pid)
+    if ns is None:
+        return None
+    head = f"{_label(p)} is the init of a PID namespace (SIGKILL to it kills every process in it)"
+    if ns.inode is None:
+        return UNKNOWN, f"{head}, and gputop cannot read which processes are in that namespace", None, ()
+    inner = set(_subtree(table, p.pid))
+    found: list[tuple[str, str]] = []
+    for q, local in ns.processes:
+        if q == p.pid:
+            continue
+        qi = table.get(q)
+        if qi is None or qi.zombie:
+            if qi is None and rules.hidden(q):
+                found.append(("hidden", f"pid {q} (pid {local} inside), which cannot be seen here"))
+            continue
+        where = f"pid {q} (pid {local} inside, {visible(qi.name)})"
+        w = leave_reason(qi, owner, rules)
+        if q not in inner:
+            found.append((w[0] if w is not None and w[0] in BLOCKING else "pid-namespace",
+                          f"{where}, entered into it from outside the tree (nsenter, docker exec)"
+                          + (f": {w[1]}" if w is not None else "")))
+        elif w is not None:
+            found.append((w[0] if w[0] in BLOCKING else "pid-namespace", f"{where}, left alone: {w[1]}"))
+    if not found and ns.unreadable:
+        found.append((UNKNOWN, f"pid(s) {list(ns.unreadable)[:5]} whose namespace cannot be read"))
+    if not found:
+        return None
+    blocking = [f for f in found if f[0] in BLOCKING]
+    rule, text = (blocking or found)[0]
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return rule, f"{head}; its PID namespace holds {text}{more}", None, ns.processes
 
 
 def _subtree(table: TreeTable, pid: int, limit: int = 100000) -> tuple[int, ...]:
@@ -151,9 +219,9 @@ def walk(table: TreeTable, parents: Iterable[int], known: set[int], owner: ProcI
                 continue
             if info.zombie:
                 continue  # exited: nothing to signal, and its children were reparented away
-            why = leave_reason(info, owner, rules)
+            why = judge(table, info, owner, rules)
             if why is not None:
-                left.append(LeftAlone(info, c, why[0], why[1], _subtree(table, c), why[2]))
+                left.append(LeftAlone(info, c, why[0], why[1], _subtree(table, c), why[2], why[3]))
                 continue
             members.append(info)
             queue.append(c)
@@ -172,6 +240,11 @@ def plan_reap(table: TreeTable, root_pid: int, root_start: float | None, rules: 
     refusal = _root_refusal(root, rules)
     if refusal is not None:  # nothing is planned under a root that is not an orphan root now
         return ReapPlan(root_pid, root, (), (), (), refusal)
+    ns = judge(table, root, root, rules)
+    if ns is not None:  # the root is a PID namespace's init that must stay (nothing else can be the reason here)
+        e = LeftAlone(root, root_pid, ns[0], ns[1], _subtree(table, root_pid), ns[2], ns[3])
+        return ReapPlan(root_pid, root, (), (e,), (), (ns[0], f"the tree of {_label(root)} is not reaped: {ns[1]}"),
+                        _all_holders=frozenset(rules.holders))
     members, left = walk(table, [root_pid], set(), root, rules)
     members = [root, *members]
     holders = tuple(m.pid for m in members if m.pid in rules.holders)
@@ -181,11 +254,61 @@ def plan_reap(table: TreeTable, root_pid: int, root_start: float | None, rules: 
             e = blocking[0]
             refusal = (e.rule, f"the tree of {_label(root)} is not reaped: {e.reason}"
                                + (f" (and {len(blocking) - 1} more)" if len(blocking) > 1 else ""))
+    orphaned = tuple(orphaned_groups(table, members, left))
+    if refusal is None and orphaned:
+        g = orphaned[0]
+        why = (f"pid(s) {g['left_alone']} of it are left alone"
+               + (f" and pid(s) {g['stopped']} are stopped" if g["stopped"] else
+                  f", and gputop stops the members it reaps there ({g['members']})"))
+        refusal = ("orphaned-group", f"the tree of {_label(root)} is not reaped: that would orphan process group "
+                                     f"{g['pgid']} (its members' parents outside the group, {g['anchors']}, are "
+                                     f"reaped), where {why}; the kernel sends SIGHUP and SIGCONT to a newly orphaned "
+                                     "group with a stopped process, which would end what the plan leaves alone"
+                                     + (f" (and {len(orphaned) - 1} more group(s))" if len(orphaned) > 1 else ""))
     if refusal is None and not holders:  # only a tree whose orphans hold a GPU is reaped (not one whose holders are left alone)
         refusal = ("not-orphan", f"{_label(root)} is not the root of an orphan tree that holds a GPU: no "
                                  "orphan in its tree holds one; see 'gputop reap'")
     return ReapPlan(root_pid, root, tuple(members), tuple(left), holders, refusal,
-                    _all_holders=frozenset(rules.holders))
+                    _all_holders=frozenset(rules.holders), orphaned_groups=orphaned)
+
+
+def orphaned_groups(table: TreeTable, members: list[ProcInfo], left: list[LeftAlone]) -> list[dict]:
+    """Process groups the reap would orphan while they hold a process it does not signal.
+
+    A group is orphaned when no process in it has a parent in the same session but in another group.
+    When a process's exit orphans a group that holds a stopped process, the kernel sends the whole group
+    SIGHUP and SIGCONT, and SIGHUP ends a process that does not handle it. So a group is reported when
+    every such parent of its processes (its "anchors") is a member, and it holds a process the reap leaves
+    alone (in the plan or not in the tree at all) together with a stopped process or a member (gputop
+    stops the members it reaps, and one may still be stopped when an anchor exits). Only groups of a
+    left-alone process in one of the members' sessions can be affected (an anchor shares the session),
+    so a plan with none costs nothing. The table must answer ``stat_fields()`` (ProcTable after a scan);
+    without it nothing is reported."""
+    fields = getattr(table, "stat_fields", None)
+    stats = fields() if callable(fields) else {}
+    if not stats or not left:
+        return []
+    member_pids = {m.pid for m in members}
+    kept = {p for e in left for p in (e.pid, *e.subtree)}
+    sessions = {stats[p].sid for p in member_pids if p in stats}
+    groups = {stats[p].pgid for p in kept if p in stats and stats[p].sid in sessions}
+    out = []
+    for g in sorted(groups):
+        procs = [i for p, st in stats.items() if st.pgid == g and (i := table.get(p)) is not None and not i.zombie]
+        if not procs:
+            continue
+        sid = stats[procs[0].pid].sid if procs[0].pid in stats else None
+        anchors = {q.ppid for q in procs if (par := stats.get(q.ppid)) is not None and par.sid == sid
+                   and par.pgid != g}
+        if not anchors or not anchors <= member_pids:
+            continue  # stays anchored by a process the reap leaves, or is orphaned already
+        left_in = [q.pid for q in procs if q.pid not in member_pids]
+        stopped = [q.pid for q in procs if q.state in ("T", "t")]
+        ours = [q.pid for q in procs if q.pid in member_pids]
+        if left_in and (stopped or ours):
+            out.append({"pgid": g, "anchors": sorted(anchors), "left_alone": left_in, "stopped": stopped,
+                        "members": ours})
+    return out
 
 
 def plan_group(table: TreeTable, group: Iterable[int], owner: ProcInfo, rules: Rules,
@@ -212,9 +335,9 @@ def plan_group(table: TreeTable, group: Iterable[int], owner: ProcInfo, rules: R
         if pid in seen:
             continue
         info = live[pid]
-        why = leave_reason(info, owner, rules)
+        why = judge(table, info, owner, rules)
         if why is not None:
-            left.append(LeftAlone(info, pid, why[0], why[1], _subtree(table, pid), why[2]))
+            left.append(LeftAlone(info, pid, why[0], why[1], _subtree(table, pid), why[2], why[3]))
         else:
             members.append(info)
     seen |= {p for e in left for p in (e.pid, *e.subtree)} | {m.pid for m in members}
@@ -307,9 +430,9 @@ def joiners(stats: dict[int, StatFields], table: TreeTable, lin: Lineage, ours: 
         info = table.get(pid)
         if info is None or info.zombie:
             continue
-        why = leave_reason(info, owner, rules)
+        why = judge(table, info, owner, rules)
         if why is not None:
-            left.append(LeftAlone(info, pid, why[0], why[1], _subtree(table, pid), why[2]))
+            left.append(LeftAlone(info, pid, why[0], why[1], _subtree(table, pid), why[2], why[3]))
         else:
             members.append(info)
     more, more_left = walk(table, [m.pid for m in members], set(ours) | {m.pid for m in members}, owner, rules)

@@ -7,18 +7,22 @@ plans again, and hands the plan to the executor (gputop.actions.executor), which
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gputop.actions.common import (
     FACES, ActionResult, Ctx, OrphanTree, log_record, memory_released, name, proc_dict, record, target_dict,
 )
+from gputop.actions import interrupt
 from gputop.actions.identity import TargetLock
-from gputop.actions.plan import ReapPlan, Rules, plan_reap
+from gputop.actions.plan import PidNs, ReapPlan, Rules, plan_reap
 from gputop.config import Config, load_config
 from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
 from gputop.orphans import UNKNOWN, classify, compile_protect
 from gputop.ownership import NONE
-from gputop.procs import ProcTable, read_proc, self_and_ancestors
+from gputop.procs import (
+    IS_LINUX, ProcTable, pid_ns, pid_ns_init, pid_ns_members, read_proc, self_and_ancestors,
+)
 
 _REFUSAL_CODES = {"not-found": ("not-found", EXIT_NOT_FOUND), "identity-changed": ("identity-changed", EXIT_REFUSED)}
 
@@ -45,7 +49,37 @@ def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[
 
     hidden = getattr(table, "hidden", None) or (lambda pid: False)
     return Rules(verdict, frozenset(self_and_ancestors()) if never is None else never,
-                 frozenset(h.pid for h in snapshot.holders), hidden, owner)
+                 frozenset(h.pid for h in snapshot.holders), hidden, owner, namespace_reader(table))
+
+
+def namespace_reader(table):
+    """``pid -> PidNs | None``: the PID namespace ``pid`` is the init of, with every process in it (read
+    from /proc/PID/ns/pid and NSpid); None when it is no namespace's init. One read of the namespace link
+    for a process in our own namespace; the whole process table is looked at only for an init."""
+    if not IS_LINUX:
+        return lambda pid: None
+    own = pid_ns(os.getpid())
+    cache: dict[int, PidNs | None] = {}
+
+    def namespace(pid: int) -> PidNs | None:
+        if pid in cache:
+            return cache[pid]
+        info = table.get(pid)
+        ns = pid_ns_init(pid, info.ppid, own=own) if info is not None else None
+        if ns is False:
+            out = PidNs(None)
+        elif ns is None:
+            out = None
+        else:
+            pids = list(table.stat_fields()) if hasattr(table, "stat_fields") and table.stat_fields() else None
+            if pids is None:
+                pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+            inside, unreadable = pid_ns_members(pid, ns, pids, own=own)
+            out = PidNs(ns, tuple(inside), tuple(unreadable))
+        cache[pid] = out
+        return out
+
+    return namespace
 
 
 def orphan_trees(snapshot, table: ProcTable | None = None, config: Config | None = None) -> list[OrphanTree]:
@@ -80,8 +114,10 @@ class ReapRun:
         self.gpus: list[int] = []
         self.details: dict = {}
         self.signals: list[dict] = []
+        self.recorded = False
 
     def done(self, ok: bool, outcome: str, message: str, code: int, mem: bool | None = None) -> ActionResult:
+        self.recorded = True
         target = target_dict(self.root_pid, self.info, self.gpus, self.expected_start)
         rec = record("reap", self.face, outcome, ok, message, target, self.signals, self.reason,
                      dry_run=self.dry_run, grace=self.grace, exit_code=code, memory_released=mem,
@@ -110,7 +146,15 @@ def reap_tree(root_pid: int, *, expected_start: float | None, face: str, grace: 
     if run.grace is None:  # every face gets the configured default (kill_timeout), not a constant of its own
         run.grace = ctx.config.kill_timeout
     try:
-        return _reap(ctx, run)
+        with interrupt.deferred():  # SIGHUP/SIGTERM now: finish the plan, record it, then exit as asked
+            try:
+                return _reap(ctx, run)
+            except BaseException as e:  # a second signal, Ctrl-C: the executor rolled back what it held
+                if not run.recorded:  # ... but it came outside the executor: the record still goes out
+                    run.details["error"] = f"{type(e).__name__}: {e}"
+                    run.done(False, "interrupted", f"the reap of the tree of pid {root_pid} was interrupted "
+                             f"({type(e).__name__}) after the signals listed; check 'gputop reap'", EXIT_FAILURE)
+                raise
     finally:
         ctx.close()
 
@@ -194,6 +238,10 @@ def _finish(ctx: Ctx, run: ReapRun, plan: ReapPlan) -> ActionResult:
     d = run.details
     survivors = d.get("survivors") or []
     n = len(d.get("members") or ())
+    if "not_converged" in d:
+        return run.done(False, "still-alive", f"the tree of pid {run.root_pid} did not settle: new processes kept "
+                        f"appearing after SIGKILL (a member that re-forks?); last seen: pid(s) {survivors or '?'}; "
+                        "check 'gputop reap' again", EXIT_FAILURE)
     if survivors:
         names = ", ".join(f"{p}" for p in survivors)
         return run.done(False, "still-alive", f"pid(s) {names} of the tree of pid {run.root_pid} are still alive "
@@ -205,11 +253,13 @@ def _finish(ctx: Ctx, run: ReapRun, plan: ReapPlan) -> ActionResult:
            + (", SIGKILL needed" if d.get("sigkill") else ", all exited after SIGTERM"))
     left = d.get("left_alone") or []
     if left:
-        msg += f"; left alone as planned: {', '.join(str(e['pid']) for e in left)} (not orphans)"
+        msg += "; left alone as planned: " + ", ".join(f"{e['pid']} ({e['rule']})" for e in left)
     new_left = d.get("left_alone_new") or []
     if new_left:
         msg += (f"; started during the reap and left alone: {', '.join(str(e['pid']) for e in new_left)} "
                 "(not orphans of this tree; see the audit log)")
+    if interrupt.caught():
+        msg += f"; interrupted by {', '.join(interrupt.caught())}: the confirmed plan was carried out to its end"
     if mem is True:
         msg += "; GPU memory released"
     elif mem is False:

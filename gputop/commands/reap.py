@@ -8,6 +8,7 @@ import sys
 import time
 
 from gputop import actions
+from gputop.actions import interrupt
 from gputop.commands._common import config_from, open_sampler, print_json
 from gputop.errors import EXIT_NOT_FOUND, EXIT_OK, UsageError
 from gputop.orphans import ORPHAN
@@ -93,6 +94,8 @@ def render_tree(t: actions.OrphanTree) -> list[str]:
         under = f" and {len(e.subtree)} under it {list(e.subtree)}" if e.subtree else ""
         owner = f" [{visible(e.owner)}]" if e.owner else ""
         out.append(f"  left alone {e.pid:>7}{under}{owner}: {e.rule}: {e.reason}")
+        if e.namespace:  # a PID namespace's init: the host PIDs with the PIDs inside the namespace
+            out.append("    its PID namespace: " + ", ".join(f"{p} (pid {local} inside)" for p, local in e.namespace))
     if t.refusal is not None:
         out.append(f"  apply will refuse this tree ({t.refusal[0]}): {t.refusal[1]}")
     return out
@@ -139,8 +142,18 @@ def _apply(args, config, sampler) -> int:
         else:
             print("no orphan tree holds a GPU; nothing to reap")
         return EXIT_OK
-    results = [actions.reap_tree(pid, expected_start=st, face="cli", grace=grace, sampler=sampler, config=config)
-               for pid, st in targets]
+    results = []
+    with interrupt.deferred():  # a SIGHUP/SIGTERM: finish this tree, start no other, print, then exit
+        for pid, st in targets:
+            if interrupt.caught():
+                break
+            results.append(actions.reap_tree(pid, expected_start=st, face="cli", grace=grace, sampler=sampler,
+                                             config=config))
+        _print_results(args, results)
+    return next((r.exit_code for r in results if not r.ok), EXIT_OK)
+
+
+def _print_results(args, results) -> None:
     if args.json:
         print_json({"ok": all(r.ok for r in results), "results": [r.to_dict() for r in results]})
     else:
@@ -150,7 +163,6 @@ def _apply(args, config, sampler) -> int:
             else:
                 print(f"gputop: root {r.pid}: {r.outcome}: {visible(r.message)}", file=sys.stderr)
             # an audit-log failure was already printed once, loudly, by auditlog.warn()
-    return next((r.exit_code for r in results if not r.ok), EXIT_OK)
 
 
 def _watch(args, config, sampler) -> int:

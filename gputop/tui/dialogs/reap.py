@@ -45,6 +45,9 @@ class ReapDialog(ConfirmDialog):
         for e in getattr(t, "left_alone", ()):  # the plan: what the reap does not touch, and why
             yield Static(Text(f"left alone: pid {e.pid}" + (f" and {len(e.subtree)} under it" if e.subtree else "")
                               + f": {visible(e.reason)}"), classes="dialog-note")
+            if getattr(e, "namespace", ()):  # a PID namespace's init: host PIDs and the PIDs inside
+                yield Static(Text("  its PID namespace: " + ", ".join(
+                    f"{p} (pid {local} inside)" for p, local in e.namespace)), classes="dialog-note")
         if getattr(t, "refusal", None):
             yield Static(Text(f"The reap will be refused: {visible(t.refusal[1])}"), classes="dialog-note")
 
