@@ -430,9 +430,17 @@ class FdWarning:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config, name: str):
+    def __init__(self, config, name: str, on_shutdown=None):
         super().__init__(config)
         self.fd_warning = FdWarning(name)
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None) -> None:
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            if self.on_shutdown is not None:  # uvicorn re-raises SIGTERM afterwards: no code after run() runs
+                self.on_shutdown()
 
     async def startup(self, sockets=None) -> None:
         import asyncio
@@ -441,9 +449,10 @@ class _Server(uvicorn.Server):
         await super().startup(sockets=sockets)
 
 
-def run_server(app, sockets: list, name: str) -> None:
-    """Serve ``app`` on the listening ``sockets`` (TCP and Unix) until SIGINT/SIGTERM. Proxy headers are
-    off: X-Forwarded-For and friends never change the client address, so never the recorded actor."""
+def run_server(app, sockets: list, name: str, on_shutdown=None) -> None:
+    """Serve ``app`` on the listening ``sockets`` (TCP and Unix) until SIGINT/SIGTERM, then call
+    ``on_shutdown``. Proxy headers are off: X-Forwarded-For and friends never change the client address,
+    so never the recorded actor."""
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http=GuardedProtocol,
                             loop="asyncio", proxy_headers=False, server_header=False)
-    _Server(config, name).run(sockets=sockets)
+    _Server(config, name, on_shutdown).run(sockets=sockets)

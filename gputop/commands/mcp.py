@@ -46,7 +46,7 @@ def run(args) -> int:
     sock = token_path = note = unix = upath = ident = None
     try:
         if args.http:
-            from gputop.commands.serve import _listen, open_unix, resolve_token
+            from gputop.commands.serve import _listen, open_unix, remove_unix, resolve_token
 
             sock = _listen("127.0.0.1", port)  # a busy port fails here with one line, before anything starts
             token_path, note = resolve_token(args)
@@ -55,7 +55,8 @@ def run(args) -> int:
         live = LiveSnapshot(open_sampler(args, config), config)
         try:
             if sock is not None:
-                _serve_http(live, sock, token_path, note, unix, upath)
+                _serve_http(live, sock, token_path, note, unix, upath,
+                            lambda: remove_unix(upath, ident) if unix is not None else None)
             else:
                 _serve_stdio(live)
         finally:
@@ -83,7 +84,7 @@ def _serve_stdio(live) -> None:
     serve_stdio(live)
 
 
-def _serve_http(live, sock, token_path, note: str, unix, upath) -> None:
+def _serve_http(live, sock, token_path, note: str, unix, upath, on_shutdown) -> None:
     from gputop.mcp_server import http_app
     from gputop.serve import run_server
 
@@ -92,4 +93,4 @@ def _serve_http(live, sock, token_path, note: str, unix, upath) -> None:
         print(f"gputop mcp: Unix socket {upath}  (your own user may write without a token)",
               file=sys.stderr, flush=True)
     print(f"gputop mcp: streamable HTTP on http://127.0.0.1:{port}/mcp  ({note})", file=sys.stderr, flush=True)
-    run_server(http_app(live, token_path), [sock] + ([unix] if unix is not None else []), "gputop mcp")
+    run_server(http_app(live, token_path), [sock] + ([unix] if unix is not None else []), "gputop mcp", on_shutdown)

@@ -188,7 +188,7 @@ def run(args) -> int:
     try:
         if not args.metrics_only:
             unix, upath, ident = open_unix(args, "serve.sock")
-        return _serve(args, sock, unix, upath)
+        return _serve(args, sock, unix, upath, lambda: remove_unix(upath, ident) if unix is not None else None)
     finally:
         sock.close()
         if unix is not None:
@@ -220,7 +220,7 @@ def resolve_token(args) -> tuple[Path | None, str]:
     return token_path, note
 
 
-def _serve(args, sock: socket.socket, unix: socket.socket | None, upath: Path | None) -> int:
+def _serve(args, sock: socket.socket, unix: socket.socket | None, upath: Path | None, on_shutdown) -> int:
     from gputop import faces
     from gputop.faces import LiveSnapshot
     from gputop.serve import allowed_hosts, create_app, run_server
@@ -248,7 +248,7 @@ def _serve(args, sock: socket.socket, unix: socket.socket | None, upath: Path | 
         if not ipaddress.ip_address(host).is_loopback:
             print("gputop serve: warning: not bound to loopback; put TLS in front of it before sending a token "
                   "over the network", file=sys.stderr, flush=True)
-        run_server(app, [sock] + ([unix] if unix is not None else []), "gputop serve")
+        run_server(app, [sock] + ([unix] if unix is not None else []), "gputop serve", on_shutdown)
     finally:
         live.close()
         faces.REFUSALS.flush_all()  # the count of refusals coalesced in the last window
