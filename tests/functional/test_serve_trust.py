@@ -318,3 +318,31 @@ def test_out_of_file_descriptors_gives_one_line_and_the_server_recovers(targets)
         for c in held:
             c.close()
         s.stop()
+
+
+def test_a_flood_of_tcp_connections_is_capped_and_the_unix_socket_still_answers(targets):
+    from gputop.serve import MAX_CONNECTIONS
+
+    s = Served("--interval", "0.3")
+    held = []
+    try:
+        host, port = s.url.split("//", 1)[1].rsplit(":", 1)
+        for _ in range(MAX_CONNECTIONS + 20):
+            held.append(socket.create_connection((host, int(port)), timeout=10))
+        time.sleep(2)
+        closed = 0
+        for c in held:
+            c.settimeout(0.05)
+            try:
+                closed += c.recv(1) == b""
+            except TimeoutError:
+                pass
+            except OSError:
+                closed += 1
+        assert 20 <= closed < MAX_CONNECTIONS, closed  # the ones over the cap, closed at once
+        code, _, body = unix_request(s.socket, "GET", "/v1/status", timeout=10)
+        assert code == 200, body
+    finally:
+        for c in held:
+            c.close()
+        s.stop()
