@@ -357,7 +357,8 @@ class GuardedProtocol(H11Protocol):
         self._deadline = None
         self.peer = requester.socket_peer(transport.get_extra_info("socket"))
         kind = self.peer["transport"]
-        if sum(1 for c in self.connections if getattr(c, "peer", TCP_PEER)["transport"] == kind) > self.max_connections:
+        same = sum(1 for c in self.connections if getattr(c, "peer", requester.TCP_PEER)["transport"] == kind)
+        if same > self.max_connections:
             transport.close()
             return
         inner, peer = self.app, self.peer
@@ -396,9 +397,6 @@ class GuardedProtocol(H11Protocol):
     def connection_lost(self, exc) -> None:
         self._disarm()
         super().connection_lost(exc)
-
-
-TCP_PEER = requester.TCP_PEER
 
 
 class FdWarning:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from gputop.commands._common import config_from, open_sampler
+from gputop.commands.serve import add_socket_arguments
 from gputop.errors import UsageError
 
 NAME = "mcp"
@@ -30,8 +31,6 @@ def add_arguments(p) -> None:
                    help="--http: bearer token file for writes (default <state dir>/api-token, as serve)")
     p.add_argument("--create-token", action="store_true",
                    help="--http: create the token file (mode 0600) with a random token if it does not exist")
-    from gputop.commands.serve import add_socket_arguments
-
     add_socket_arguments(p, "mcp.sock")
 
 

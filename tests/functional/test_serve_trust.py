@@ -108,10 +108,10 @@ def test_close_at_once_race_against_mcp_http_never_writes(targets, other_user, t
     create_token(tmp_path / "token")  # a token file present, as in the report
     s = McpHttp("--token-file", str(tmp_path / "token"))
     try:
-        race(s.url, other_user, [["/mcp", {"name": "guard_set_mode", "arguments": {"mode": "enforce", "confirm": True}}, {}],
-                                 ["/mcp", {"name": "kill_process", "arguments": {"pid": victim.pid, "confirm": True,
-                                                                                 "force": True}}, {}]], mcp=True)
-        counted = wait_counted("mcp", TRIES)
+        mode = {"name": "guard_set_mode", "arguments": {"mode": "enforce", "confirm": True}}
+        kill = {"name": "kill_process", "arguments": {"pid": victim.pid, "confirm": True, "force": True}}
+        race(s.url, other_user, [["/mcp", mode, {}], ["/mcp", kill, {}]], mcp=True)
+        wait_counted("mcp", TRIES)
     finally:
         s.stop()
     assert victim.poll() is None and bystander.poll() is None and state.get_mode() == "off"
