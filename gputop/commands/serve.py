@@ -209,7 +209,7 @@ def resolve_token(args) -> tuple[Path | None, str]:
         token = read_token(token_path)  # refuses a token file others can read: the service does not start
         if token is None and args.create_token:
             create_token(token_path)
-            note = f"writes need the bearer token in {token_path} (created, mode 0600)"
+            note = f"writes over TCP need the bearer token in {token_path} (created, mode 0600)"
         elif token is None and args.token_file:
             raise UsageError(f"token file {token_path} does not exist; add --create-token to create it")
         elif token is None:
