@@ -6,15 +6,15 @@ gputop.actions with face "mcp", so they make exactly the refusals the CLI makes 
 A preview also asks the kernel whether the signal would be allowed (gputop.permissions).
 
 Over stdio the server belongs to the user who started it. Over HTTP (``--http``) anyone on the node can
-connect to loopback, so every write (a confirmed destructive call, any guard mode change) needs the bearer
-token of ``gputop serve`` (``Authorization: Bearer ...``) or a connection from the uid the server runs as;
-the audit record names the uid that asked (found from the socket, see gputop.requester).
+connect to loopback, so every write (a confirmed destructive call, any guard mode change) follows
+gputop.requester.check_write: through the server's Unix socket its own user (or root) may write, as
+SO_PEERCRED says; everyone else, and everything over TCP, needs the bearer token of ``gputop serve``.
+The audit record names the uid the kernel gives, or "token holder" for TCP.
 Nothing here writes to stdout: on the stdio transport stdout carries the protocol.
 """
 
 from __future__ import annotations
 
-import hmac
 import inspect
 import json
 from pathlib import Path
@@ -59,46 +59,28 @@ def _refused(out: dict) -> CallToolResult:
 
 
 class HttpGate:
-    """Who may write over HTTP: the bearer token of ``token_path`` (as ``gputop serve``), or a connection
-    from the server's own uid. ``token_path`` None: only the server's own uid."""
+    """Who may write over HTTP: gputop.requester.check_write, the rule ``gputop serve`` uses (the Unix
+    socket's own user or root, else the bearer token of ``token_path``; None: no token file)."""
 
     def __init__(self, token_path: Path | None):
         self.token_path = token_path
 
-    def check(self, request, actor: dict) -> str | None:
-        """None when allowed; otherwise why not (one line)."""
-        import os
+    def check(self, request) -> requester.WriteCheck:
+        return requester.check_write(request.scope, request.headers.get("authorization", ""), self.token_path, VIA)
 
-        from gputop.serve import read_token
 
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if given and scheme.lower() == "bearer" and self.token_path is not None:
-            try:
-                token = read_token(self.token_path)
-            except GputopError as e:
-                return f"writes are disabled: {e}"
-            if token is not None and hmac.compare_digest(given.strip().encode(), token.encode()):
-                return None
-            return f"wrong bearer token: send 'Authorization: Bearer <contents of {self.token_path}>'"
-        if actor.get("uid") is not None and actor.get("uid") == os.geteuid():
-            return None
-        how = (f"send 'Authorization: Bearer <contents of {self.token_path}>'" if self.token_path is not None
-               else "this server has no token file (start it with --create-token) and only its own user may write")
-        return (f"writes over HTTP need a credential: uid {actor.get('uid', '?')} is not the server's user; "
-                f"{how}")
+VIA = "mcp-http"
 
 
 def _actor(ctx: Context | None) -> tuple[Any, dict | None]:
-    """(the HTTP request or None for stdio, the actor to record for it)."""
+    """(the HTTP request or None for stdio, the actor to record for it when it only reads or previews)."""
     try:
         req = ctx.request_context.request if ctx is not None else None
     except ValueError:
         req = None
     if req is None or not hasattr(req, "headers"):
         return None, None
-    server = req.scope.get("server")
-    return req, requester.http_actor(req.client and (req.client.host, req.client.port),
-                                     server and (server[0], server[1]), via="mcp-http")
+    return req, requester.request_actor(req.scope, VIA)
 
 
 def build_server(live: LiveSnapshot, gate: HttpGate | None = None) -> MCPServer:
@@ -118,13 +100,14 @@ def build_server(live: LiveSnapshot, gate: HttpGate | None = None) -> MCPServer:
     def writing(ctx: Context | None, action: str):
         """The actor context for a write; raises ToolError (isError) when an HTTP caller has no credential."""
         req, actor = _actor(ctx)
-        if req is not None:
-            why = gate.check(req, actor)
-            if why is not None:
-                with requester.acting_for(actor):
-                    faces.refusal_record(action, FACE, why, rule="credential", transport="http")
-                raise ToolError(why)
-        return requester.acting_for(actor)
+        if req is None:  # stdio: the user who started the server
+            return requester.acting_for(None)
+        check = gate.check(req)
+        if check.why is not None:
+            with requester.acting_for(check.actor):
+                faces.refusal_record(action, FACE, check.why, rule=check.rule)
+            raise ToolError(check.why)
+        return requester.acting_for(check.actor)
 
     _register_reads(tool, live, fresh)
     _register_kill_reap(tool, live, fresh, writing)
@@ -298,12 +281,20 @@ def serve_stdio(live: LiveSnapshot) -> None:
 
 
 def http_app(live: LiveSnapshot, token_path: Path | None):
-    """The streamable HTTP app (Host and Origin checked by the SDK: loopback names only)."""
+    """The streamable HTTP app (Host and Origin checked by the SDK: loopback names only; "localhost"
+    without a port too, which is what a client of the Unix socket sends)."""
     import contextlib
+
+    from mcp.server.transport_security import TransportSecuritySettings
 
     from gputop.serve import flush_refusals_on_shutdown
 
-    app = build_server(live, HttpGate(token_path)).streamable_http_app(host="127.0.0.1")
+    hosts = ["127.0.0.1", "localhost", "[::1]"]
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                         allowed_hosts=hosts + [f"{h}:*" for h in hosts],
+                                         allowed_origins=[f"http://{h}{p}" for h in hosts for p in ("", ":*")])
+    app = build_server(live, HttpGate(token_path)).streamable_http_app(host="127.0.0.1",
+                                                                       transport_security=security)
     inner = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

@@ -1,24 +1,35 @@
-"""Who asked: the actor every audit record names while a request from another process is served.
+"""Who asked, and may they write: the actor every audit record names while a request is served.
 
-``gputop serve`` and ``gputop mcp --http`` run as one user and act for whoever connects. While they
-handle a request they set the requester here (``acting_for``), and ``auditlog.actor()`` records that
-requester (its uid, found from the kernel's socket table) instead of the uid the server runs as; the
-server's own uid is kept beside it as ``server_uid``.
+``gputop serve`` and ``gputop mcp --http`` run as one user and act for whoever connects. Only what the
+kernel says about a connection is trusted:
 
-``tcp_peer_uid`` finds the uid that owns the other end of a loopback TCP connection: /proc/net/tcp and
-tcp6 list every socket with its owner, and the client's socket is the one whose local address is the
-connection's remote address. For a client on another host it is None (unknown).
+- On the Unix socket, SO_PEERCRED gives the uid and pid of the process that connected (taken when it
+  connected; closing the socket early changes nothing). A peer whose uid is the server's own, or root,
+  may write without a token; any other uid needs the bearer token. The record names that uid.
+- Over TCP nothing says who is on the other end (/proc/net/tcp lists a closed socket's TIME_WAIT entry
+  as uid 0, and proxy headers are whatever the client wrote), so every TCP write needs the bearer token,
+  and the record names "the token holder" with the client's address and ``uid: null``.
+
+The HTTP protocol (gputop.serve.GuardedProtocol) reads the peer credential when the connection is made
+and puts it in the ASGI scope under ``PEER_KEY``; a scope without it is treated as TCP.
+While a request is handled its actor is set here (``acting_for``) and ``auditlog.actor()`` records it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import ipaddress
+import hmac
 import os
-import sys
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
 
 _CURRENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("gputop_requester", default=None)
+
+PEER_KEY = "gputop.peer"  # the ASGI scope key holding socket_peer()'s answer
+TCP_PEER = {"transport": "tcp"}
 
 
 def current() -> dict | None:
@@ -35,52 +46,94 @@ def acting_for(actor: dict | None):
         _CURRENT.reset(token)
 
 
-def _hex_addr(host: str, port: int) -> tuple[str, str] | None:
-    """(v4 form, v6 form) of ``host:port`` as /proc/net/tcp{,6} print it (host byte order per 32 bits)."""
+def socket_peer(sock) -> dict:
+    """What the kernel says about the other end of an accepted connection: for a Unix socket the
+    SO_PEERCRED uid, gid and pid; for TCP nothing but that it is TCP."""
+    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
+        return dict(TCP_PEER)
     try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return None
-    v6 = ip if ip.version == 6 else ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + ip.packed)
-    words = [v6.packed[i:i + 4] for i in range(0, 16, 4)]
-    six = "".join(format(int.from_bytes(w, sys.byteorder), "08X") for w in words) + f":{port:04X}"
-    v4 = ip if ip.version == 4 else v6.ipv4_mapped
-    four = f"{format(int.from_bytes(v4.packed, sys.byteorder), '08X')}:{port:04X}" if v4 is not None else None
-    return four, six
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return {"transport": "unix", "uid": None}
+    pid, uid, gid = struct.unpack("3i", raw)
+    return {"transport": "unix", "uid": uid, "gid": gid, "pid": pid}
 
 
-def tcp_peer_uid(peer: tuple[str, int] | None, local: tuple[str, int] | None) -> int | None:
-    """The uid owning the socket at ``peer`` that is connected to our ``local`` address, when it is on
-    this host (loopback); None when it cannot be found."""
-    if not peer or not local:
-        return None
-    a, b = _hex_addr(peer[0], int(peer[1])), _hex_addr(local[0], int(local[1]))
-    if a is None or b is None:
-        return None
-    for table, idx in (("/proc/net/tcp", 0), ("/proc/net/tcp6", 1)):
-        want = (a[idx], b[idx])
-        if None in want:
-            continue
-        try:
-            with open(table, encoding="ascii", errors="replace") as f:
-                next(f, None)
-                for line in f:
-                    parts = line.split()
-                    if len(parts) > 7 and parts[1] == want[0] and parts[2] == want[1]:
-                        return int(parts[7])
-        except (OSError, ValueError):
-            continue
-    return None
+def server_uid() -> int | None:
+    return os.geteuid() if hasattr(os, "geteuid") else None
 
 
-def http_actor(client: tuple[str, int] | None, server: tuple[str, int] | None, via: str) -> dict:
-    """The audit actor for an HTTP request: the uid behind the client's socket, the server's own uid."""
+def peer_may_write_without_token(peer: dict) -> bool:
+    """The Unix socket's peer is the server's own user, or root (who may enter any directory and act as
+    any user anyway). Nothing over TCP qualifies."""
+    uid = peer.get("uid")
+    return peer.get("transport") == "unix" and uid is not None and uid in (server_uid(), 0)
+
+
+def request_actor(scope: dict, via: str, credential: str | None = None) -> dict:
+    """The audit actor for a request. ``credential``: "peer-uid" or "token" when the request may write,
+    "bad-token" when it presented a wrong one, None when it presented none (or only reads)."""
     from gputop.procs import user_name
 
-    uid = tcp_peer_uid(client, server)
-    me = os.geteuid() if hasattr(os, "geteuid") else None
-    out: dict = {"user": user_name(uid) if uid is not None else "?", "uid": uid, "via": via,
-                 "server_uid": me, "server_user": user_name(me) if me is not None else None}
-    if client:
-        out["client"] = f"{client[0]}:{client[1]}"
+    peer = scope.get(PEER_KEY) or TCP_PEER
+    me = server_uid()
+    out: dict = {"via": via, "transport": peer.get("transport", "tcp")}
+    if out["transport"] == "unix":
+        uid = peer.get("uid")
+        out.update(user=user_name(uid) if uid is not None else "?", uid=uid, pid=peer.get("pid"))
+    else:
+        # The kernel does not say who is behind a TCP connection: no uid is recorded, ever.
+        out.update(uid=None, user={"token": "token holder", "bad-token": "unknown uid, wrong token"}.get(
+            credential or "", "unknown uid, no token"))
+        client = scope.get("client")
+        if client:
+            out["client"] = f"{client[0]}:{client[1]}"
+    if credential:
+        out["credential"] = credential
+    out.update(server_uid=me, server_user=user_name(me) if me is not None else None)
     return out
+
+
+@dataclass(frozen=True)
+class WriteCheck:
+    """The answer to "may this request write": ``why`` is None when it may; ``status`` is the HTTP code of
+    the refusal (401 no or wrong token, 403 writes disabled); ``rule`` names it in the audit log."""
+
+    actor: dict
+    why: str | None = None
+    rule: str | None = None
+    status: int = 200
+
+
+def check_write(scope: dict, authorization: str, token_path: Path | None, via: str) -> WriteCheck:
+    """One rule for serve and mcp --http: a Unix socket peer of the server's uid (or root) may write;
+    anyone else needs ``Authorization: Bearer <token in token_path>``, compared in constant time."""
+    from gputop.errors import GputopError
+    from gputop.serve import read_token
+
+    peer = scope.get(PEER_KEY) or TCP_PEER
+    if peer_may_write_without_token(peer):
+        return WriteCheck(request_actor(scope, via, "peer-uid"))
+    scheme, _, given = (authorization or "").partition(" ")
+    given = given.strip() if scheme.lower() == "bearer" else ""
+    where = ("over TCP" if peer.get("transport") != "unix"
+             else f"from uid {peer.get('uid')} (not the server's user) on the Unix socket")
+    if token_path is None:
+        return WriteCheck(request_actor(scope, via), rule="no-token-file", status=403,
+                          why=f"writes {where} need a bearer token, and this server has no token file "
+                              "(start it with --create-token); its own user may write through its Unix socket")
+    try:
+        token = read_token(token_path)
+    except GputopError as e:
+        return WriteCheck(request_actor(scope, via), why=f"writes are disabled: {e}", rule="token-file", status=403)
+    if token is None:
+        return WriteCheck(request_actor(scope, via), rule="token-file", status=403,
+                          why=f"writes are disabled: the token file {token_path} is gone")
+    if given and hmac.compare_digest(given.encode(), token.encode()):
+        return WriteCheck(request_actor(scope, via, "token"))
+    if given:
+        return WriteCheck(request_actor(scope, via, "bad-token"), rule="token", status=401,
+                          why=f"wrong bearer token: send 'Authorization: Bearer <contents of {token_path}>'")
+    return WriteCheck(request_actor(scope, via), rule="token", status=401,
+                      why=f"missing bearer token: writes {where} need "
+                          f"'Authorization: Bearer <contents of {token_path}>'")

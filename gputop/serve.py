@@ -1,29 +1,33 @@
 """``gputop serve``: a local HTTP API and a Prometheus endpoint (Starlette on uvicorn).
 
 Reads come from the latest snapshot, which one background thread refreshes (sampling never runs on the
-event loop). Writes need a bearer token kept in a file only its owner can read (0600); they go through
-gputop.actions with face "api", which re-checks identity and safety and writes the audit log. Without a
-token file the service is read-only and every write answers 403.
+event loop). Who may write is gputop.requester.check_write: the server's own user (or root) through its
+Unix socket (SO_PEERCRED), anyone else with the bearer token kept in a file only its owner can read
+(0600); every TCP write needs the token. Writes go through gputop.actions with face "api", which
+re-checks identity and safety and writes the audit log. --read-only refuses every write (403).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import math
 import os
 import secrets
 import stat
+import sys
 from functools import partial
 from pathlib import Path
 
+import h11
+import uvicorn
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gputop import __version__, faces, requester
 from gputop.config import state_dir
@@ -152,45 +156,26 @@ def _reason(data: dict) -> str | None:
     return r
 
 
-def _authorize(token_path: Path | None, request: Request, action: str) -> JSONResponse | None:
-    """None when the request may write; else the refusal (recorded in the audit log) to send."""
-    if token_path is None:
-        msg = ("this gputop serve is read-only: start it with a token file (gputop serve --create-token) "
-               "to allow writes")
-        faces.refusal_record(action, FACE, msg, rule="read-only")
-        return _error(403, msg)
-    try:
-        token = read_token(token_path)
-    except GputopError as e:
-        faces.refusal_record(action, FACE, str(e), rule="token-file")
-        return _error(403, f"writes are disabled: {e}")
-    if token is None:
-        msg = f"writes are disabled: the token file {token_path} is gone"
-        faces.refusal_record(action, FACE, msg, rule="token-file")
-        return _error(403, msg)
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        msg = f"missing or wrong bearer token: send 'Authorization: Bearer <contents of {token_path}>'"
-        faces.refusal_record(action, FACE, msg, rule="token", client=request.client.host if request.client else None)
-        return JSONResponse({"ok": False, "error": msg}, status_code=401,
-                            headers={"WWW-Authenticate": 'Bearer realm="gputop"'})
-    return None
-
-
-def _write_endpoint(live: LiveSnapshot, token_path: Path | None, action: str, fn):
-    """A POST endpoint: the requester's uid is known first (every record names it), then the token is
-    checked, then ``fn(live, body)`` runs in a thread."""
+def _write_endpoint(live: LiveSnapshot, token_path: Path | None, read_only: bool, action: str, fn):
+    """A POST endpoint: who asked and whether they may write is decided first (gputop.requester: the Unix
+    socket's SO_PEERCRED uid, or the bearer token), every record names that actor, then ``fn(live, body)``
+    runs in a thread."""
     async def endpoint(request: Request):
-        server = request.scope.get("server")
-        actor = requester.http_actor(request.client and (request.client.host, request.client.port),
-                                     server and (server[0], server[1]), via="api")
-        with requester.acting_for(actor):  # every record names the uid that asked
-            denied = _authorize(token_path, request, action)
-            if denied is not None:
-                return denied
+        if read_only:
+            actor = requester.request_actor(request.scope, FACE)
+            msg = "this gputop serve is read-only (--read-only): it refuses every write"
+            with requester.acting_for(actor):
+                faces.refusal_record(action, FACE, msg, rule="read-only")
+            return _error(403, msg)
+        check = requester.check_write(request.scope, request.headers.get("authorization", ""), token_path, FACE)
+        with requester.acting_for(check.actor):  # every record names who asked
+            if check.why is not None:
+                faces.refusal_record(action, FACE, check.why, rule=check.rule)
+                headers = {"WWW-Authenticate": 'Bearer realm="gputop"'} if check.status == 401 else None
+                return JSONResponse({"ok": False, "error": check.why}, status_code=check.status, headers=headers)
             try:
                 data = await _body(request)
-                return await run_in_threadpool(_acting, actor, partial(fn, live), data)
+                return await run_in_threadpool(_acting, check.actor, partial(fn, live), data)
             except GputopError as e:
                 faces.refusal_record(action, FACE, str(e)[:300], rule="bad-request")
                 code = 413 if isinstance(e, _TooLarge) else HTTP_STATUS.get(e.exit_code, 400)
@@ -244,7 +229,7 @@ def endpoints(routes) -> list[str]:
     return [("POST " if "POST" in (r.methods or ()) else "") + r.path for r in routes if r.path != "/"]
 
 
-def _read_routes(live: LiveSnapshot, token_path: Path | None, registry: CollectorRegistry) -> list[Route]:
+def _read_routes(live: LiveSnapshot, read_only: bool, registry: CollectorRegistry) -> list[Route]:
     async def status(request: Request):
         return JSONResponse(live.latest().to_dict())
 
@@ -268,15 +253,17 @@ def _read_routes(live: LiveSnapshot, token_path: Path | None, registry: Collecto
         return Response(data, media_type=ctype)
 
     async def root(request: Request):
-        return JSONResponse({"service": "gputop", "version": __version__, "read_only": token_path is None,
+        return JSONResponse({"service": "gputop", "version": __version__, "read_only": read_only,
                              "endpoints": endpoints(request.app.routes)})
 
     return [Route("/", root), Route("/v1/status", status), Route("/v1/processes", processes),
             Route("/v1/audit/rogue", rogue), Route("/v1/guard/status", guard), Route("/metrics", metrics)]
 
 
-def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | None = None) -> Starlette:
-    """``token_path`` None: read-only service. Otherwise writes need ``Authorization: Bearer <token>``.
+def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | None = None,
+               read_only: bool = False) -> Starlette:
+    """Writes: see gputop.requester.check_write (the Unix socket's own user, or the bearer token of
+    ``token_path``; ``token_path`` None: no token, so nothing over TCP). ``read_only``: no writes at all.
     ``hosts``: the Host header values accepted (see allowed_hosts); None accepts any."""
     findings = FindingCounter()
     live.add_listener(findings)
@@ -285,10 +272,10 @@ def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | No
         findings(live._latest, live._findings)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(live, findings, GuardHitCounter()))
-    writes = [Route(path, _write_endpoint(live, token_path, action, fn), methods=["POST"])
+    writes = [Route(path, _write_endpoint(live, token_path, read_only, action, fn), methods=["POST"])
               for path, action, fn in (("/v1/kill", "kill", _kill), ("/v1/reap", "reap", _reap),
                                        ("/v1/reset", "reset", _reset), ("/v1/guard/mode", "guard-mode", _guard_mode))]
-    app = Starlette(routes=_read_routes(live, token_path, registry) + writes,
+    app = Starlette(routes=_read_routes(live, read_only, registry) + writes,
                     exception_handlers={404: _http_error, 405: _http_error}, lifespan=flush_refusals_on_shutdown)
     app.state.live = live
     app.add_middleware(HostCheck, hosts=hosts)
@@ -341,3 +328,129 @@ def _only(data: dict, allowed: set[str]) -> None:
     extra = sorted(set(data) - allowed)
     if extra:
         raise UsageError(f"unknown field(s) {', '.join(extra)}: allowed are {', '.join(sorted(allowed))}")
+
+
+# ---- the HTTP server: peer credentials, deadlines, a bounded number of connections -------------------
+
+REQUEST_TIMEOUT = 10.0  # seconds a client has to send a whole request (line, headers and body)
+MAX_CONNECTIONS = 100  # open connections per transport (TCP, Unix socket); more are closed at once
+EMFILE_WARN_EVERY = 30.0  # seconds between two "out of file descriptors" lines
+
+
+class GuardedProtocol(H11Protocol):
+    """uvicorn's h11 protocol, plus:
+
+    - the kernel's word on the peer (gputop.requester.socket_peer: SO_PEERCRED on the Unix socket), read
+      when the connection is made and put in every request's scope;
+    - a deadline for each request: a client that has not sent the whole request REQUEST_TIMEOUT seconds
+      after connecting (or after the previous response) is dropped, however slowly it trickles bytes in
+      (uvicorn's keep-alive timer restarts on every byte);
+    - at most MAX_CONNECTIONS open connections per transport, so a flood over TCP cannot lock the
+      server's own user out of its Unix socket.
+    """
+
+    request_timeout = REQUEST_TIMEOUT
+    max_connections = MAX_CONNECTIONS
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._deadline = None
+        self.peer = requester.socket_peer(transport.get_extra_info("socket"))
+        kind = self.peer["transport"]
+        same = sum(1 for c in self.connections if getattr(c, "peer", requester.TCP_PEER)["transport"] == kind)
+        if same > self.max_connections:
+            transport.close()
+            return
+        inner, peer = self.app, self.peer
+
+        async def with_peer(scope, receive, send):
+            scope[requester.PEER_KEY] = peer
+            await inner(scope, receive, send)
+
+        self.app = with_peer
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.request_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if getattr(self, "_deadline", None) is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.conn.their_state is not h11.DONE and not self.transport.is_closing():
+            self.transport.close()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is h11.DONE:  # the whole request is in: the app's turn
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm()  # the next request on this keep-alive connection has the same deadline
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+class FdWarning:
+    """The event loop's handler for "socket.accept() out of system resource" (EMFILE, ENFILE): asyncio
+    logs a traceback each time it retries (every second); this writes one line at most every
+    EMFILE_WARN_EVERY seconds, saying how many times it happened. asyncio keeps retrying the accept, so
+    the server serves again once descriptors are free. Anything else goes to the default handler."""
+
+    def __init__(self, name: str, every: float = EMFILE_WARN_EVERY):
+        self.name, self.every = name, every
+        self.last = None
+        self.count = 0
+
+    def __call__(self, loop, context: dict) -> None:
+        import errno
+        import time
+
+        exc = context.get("exception")
+        if not (isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)):
+            loop.default_exception_handler(context)
+            return
+        self.count += 1
+        now = time.monotonic()
+        if self.last is None or now - self.last >= self.every:
+            print(f"{self.name}: warning: cannot accept connections: {exc.strerror} ({self.count} time(s)); "
+                  "they wait until descriptors are free (raise 'ulimit -n' if this lasts)",
+                  file=sys.stderr, flush=True)
+            self.last, self.count = now, 0
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config, name: str, on_shutdown=None):
+        super().__init__(config)
+        self.fd_warning = FdWarning(name)
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None) -> None:
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            if self.on_shutdown is not None:  # uvicorn re-raises SIGTERM afterwards: no code after run() runs
+                self.on_shutdown()
+
+    async def startup(self, sockets=None) -> None:
+        import asyncio
+
+        asyncio.get_running_loop().set_exception_handler(self.fd_warning)
+        await super().startup(sockets=sockets)
+
+
+def run_server(app, sockets: list, name: str, on_shutdown=None) -> None:
+    """Serve ``app`` on the listening ``sockets`` (TCP and Unix) until SIGINT/SIGTERM, then call
+    ``on_shutdown``. Proxy headers are off: X-Forwarded-For and friends never change the client address,
+    so never the recorded actor."""
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http=GuardedProtocol,
+                            loop="asyncio", proxy_headers=False, server_header=False)
+    _Server(config, name, on_shutdown).run(sockets=sockets)

@@ -8,23 +8,34 @@ import subprocess
 
 from tests.functional.servehelp import Service
 
-# Run by /usr/bin/python3 (stdlib only), possibly as another user: argv = url, token ('' for none),
-# then JSON lines of [tool, arguments] on stdin. Prints one JSON line per call: the JSON-RPC response.
+# Run by /usr/bin/python3 (stdlib only), possibly as another user: argv = url, token ('' for none), Unix
+# socket path ('' for TCP), then JSON lines of [tool, arguments] on stdin. Prints one JSON line per call:
+# the JSON-RPC response.
 CLIENT = r'''
-import json, sys, urllib.request
-url, token = sys.argv[1], sys.argv[2]
+import http.client, json, socket, sys, urllib.parse
+url, token, unix = sys.argv[1], sys.argv[2], sys.argv[3]
 hdr = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
        "MCP-Protocol-Version": "2025-06-18"}
 if token:
     hdr["Authorization"] = "Bearer " + token
+u = urllib.parse.urlsplit(url)
+class UnixConnection(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(60)
+        self.sock.connect(unix)
 def post(body, sid=None):
     h = dict(hdr)
     if sid:
         h["Mcp-Session-Id"] = sid
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=h, method="POST")
-    with urllib.request.urlopen(req, timeout=60) as r:
-        text = r.read().decode()
-        sid = r.headers.get("Mcp-Session-Id") or sid
+    c = UnixConnection("localhost", timeout=60) if unix else http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    c.request("POST", u.path, body=json.dumps(body).encode(), headers=h)
+    r = c.getresponse()
+    text = r.read().decode()
+    if r.status >= 400:
+        sys.exit(f"HTTP {r.status}: {text}")
+    sid = r.headers.get("Mcp-Session-Id") or sid
+    c.close()
     msgs = [json.loads(l[5:]) for l in text.splitlines() if l.startswith("data:") and l[5:].strip()]
     if not msgs and text.strip():
         msgs = [json.loads(text)]
@@ -50,9 +61,10 @@ class McpHttp(Service):
                          timeout=timeout)
 
     def call(self, calls: list[tuple[str, dict]], token: str = "", user: tuple[int, int] | None = None,
-             timeout: float = 90) -> list[dict]:
-        """Make the tool calls in one session, as ``user`` (uid, gid) when given; the JSON-RPC results."""
-        cmd = ["/usr/bin/python3", "-c", CLIENT, self.url, token]
+             timeout: float = 90, unix: bool = False) -> list[dict]:
+        """Make the tool calls in one session, as ``user`` (uid, gid) when given, over TCP or (``unix``)
+        the server's Unix socket; the JSON-RPC results."""
+        cmd = ["/usr/bin/python3", "-c", CLIENT, self.url, token, self.socket if unix else ""]
         if user is not None:
             cmd = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", *cmd]
         r = subprocess.run(cmd, input="".join(json.dumps(c) + "\n" for c in calls), capture_output=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import re
 import subprocess
 import sys
@@ -29,6 +30,7 @@ class Service:
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
         self.url = None
+        self.socket = None  # the Unix socket's path, when the service says it offers one
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
@@ -37,6 +39,9 @@ class Service:
                 if self.proc.poll() is not None:
                     break
                 continue
+            sock = re.search(r"Unix socket (\S+)", line)
+            if sock:
+                self.socket = sock.group(1)
             m = re.search(ready, line)
             if m:
                 self.url = m.group(1)
@@ -66,3 +71,23 @@ class Served(Service):
 
     def __init__(self, *args: str, env: dict | None = None, timeout: float = 20.0):
         super().__init__(["serve", "--port", "0", *args], r"listening on (http://\S+)", env=env, timeout=timeout)
+
+
+def unix_request(path: str, method: str, target: str, body: bytes = b"", headers: dict | None = None,
+                 timeout: float = 60) -> tuple[int, dict, bytes]:
+    """One HTTP/1.1 request over the Unix socket ``path``: (status, headers, body)."""
+    import http.client
+
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(path)
+
+    c = UnixConnection("localhost", timeout=timeout)
+    try:
+        c.request(method, target, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()

@@ -3,6 +3,7 @@ refused writes, a token FIFO, hostile regexes, and bad --interval values."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -13,7 +14,7 @@ import pytest
 from gputop import auditlog
 from gputop.errors import EXIT_USAGE
 from tests.conftest import run_gputop
-from tests.functional.servehelp import Served
+from tests.functional.servehelp import Served, unix_request
 from tests.functional.test_serve import alive, auth, demo, server, token_file  # noqa: F401 - fixtures
 
 
@@ -132,14 +133,23 @@ def test_interval_must_be_a_finite_positive_number(value):
     assert "Traceback" not in r.stderr
 
 
-def test_records_name_the_uid_that_asked(server, demo, token_file):
+def test_records_name_who_asked_as_the_kernel_says(server, demo, token_file):
+    # Changed deliberately (issue 25): a TCP client's uid came from /proc/net/tcp, which a closed
+    # socket's TIME_WAIT entry forges as uid 0. Over TCP no uid is recorded now; the Unix socket's
+    # SO_PEERCRED uid is.
     r = httpx.post(server.url + "/v1/guard/mode", json={"mode": "dry-run"})
     assert r.status_code == 401
     r = httpx.post(server.url + "/v1/kill", json={"pid": demo.pid("worker0"), "dry_run": True},
                    headers=auth(token_file))
     assert r.status_code == 200
     recs = [x for x in auditlog.read() if x.get("face") == "api"]
-    assert {x["outcome"] for x in recs} >= {"refused", "dry-run"}
-    for x in recs:
-        assert x["actor"]["via"] == "api" and x["actor"]["uid"] == os.geteuid(), x
+    assert [x["outcome"] for x in recs] == ["refused", "dry-run"]
+    for x, user in zip(recs, ("unknown uid, no token", "token holder")):
+        assert x["actor"]["via"] == "api" and x["actor"]["uid"] is None and x["actor"]["user"] == user, x
         assert x["actor"]["server_uid"] == os.geteuid() and x["actor"]["client"].startswith("127.0.0.1:")
+    code, _, body = unix_request(server.socket, "POST", "/v1/kill",
+                                 json.dumps({"pid": demo.pid("worker0"), "dry_run": True}).encode())
+    assert code == 200, body
+    x = [x for x in auditlog.read() if x.get("face") == "api"][-1]
+    assert x["outcome"] == "dry-run" and x["actor"]["uid"] == os.geteuid() and x["actor"]["transport"] == "unix"
+    assert x["actor"]["pid"] == os.getpid() and x["actor"]["credential"] == "peer-uid"
