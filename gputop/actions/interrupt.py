@@ -19,8 +19,9 @@ before, so the process still exits the way that signal asks (exit 129 for SIGHUP
 handler, ...), after the record is written.
 
 Python runs signal handlers only on the main thread. An action in a worker thread (the TUI, the guard)
-cannot install them; ``deferred()`` is then a no-op, and the face's main thread decides: it may hold the
-signals with ``deferred()`` itself and wait for ``idle()`` before it exits.
+cannot install them; ``deferred()`` then only counts the action as in flight, and the face's main thread
+decides: the TUI's own handler notes the signal (``note_for_workers()``), leaves the screen, and waits for
+``idle()`` before the process ends, so the action finishes its plan and its record says it was interrupted.
 """
 
 from __future__ import annotations
@@ -110,6 +111,18 @@ def deferred():
                     except Exception:
                         pass
                 signal.raise_signal(held[0])  # as if it came now: the process exits as it asked
+
+
+def note_for_workers(signum: int) -> bool:
+    """For a face whose actions run in worker threads (the TUI), from its own SIGHUP/SIGTERM handler: when
+    an action is in flight, note the signal for that action's record (it finishes its plan, and the record
+    says it was interrupted) and return True; the face must then wait for ``idle()`` before the process
+    ends. False when no action is in flight."""
+    with _lock:
+        if _active == 0:
+            return False
+        _caught.append(signum)
+        return True
 
 
 def idle(timeout: float) -> bool:

@@ -15,6 +15,7 @@ from gputop.errors import UsageError
 from gputop.tui import first_frame
 
 EXIT_GRACE_S = 10.0  # after SIGTERM/SIGHUP, how long the normal exit may take before the process just ends
+ACTION_GRACE_S = 180.0  # how long a kill or reap in flight may take to finish its plan before the process ends
 
 # Modules the TUI process never uses that its imports would load anyway (peak RSS, issue 13). ``ssl``:
 # asyncio (which Textual runs on) imports it only to offer TLS connections, and goes without it when it
@@ -77,6 +78,8 @@ def run_tui(args) -> int:
                                 readonly=getattr(args, "readonly", False), demo=demo, devices=devices,
                                 first_frame=drawn)
                 app.run()
+                # Textual has left the screen; an action still in its worker thread finishes its plan first.
+                _wait_for_actions()
         finally:
             if drawn and not (app is not None and app.took_screen):
                 first_frame.leave()  # the app failed or was stopped before it took the screen over
@@ -129,6 +132,24 @@ def _first_devices(backends) -> tuple | None:
         return None
 
 
+def _interrupt():
+    """gputop.actions.interrupt if an action ever ran in this process (imported then), else None: the TUI
+    does not import the action layer before its first frame for this."""
+    return sys.modules.get("gputop.actions.interrupt")
+
+
+def _wait_for_actions() -> None:
+    intr = _interrupt()
+    if intr is not None:
+        intr.idle(ACTION_GRACE_S)
+
+
+def _exit_when_idle(code: int) -> None:
+    """End the process, but only once no kill or reap is in flight (or after ACTION_GRACE_S)."""
+    _wait_for_actions()
+    os._exit(code)
+
+
 @contextlib.contextmanager
 def _exit_on_signals(get_app):
     """SIGTERM and SIGHUP leave through the app's normal exit, which restores the terminal (alternate
@@ -138,6 +159,11 @@ def _exit_on_signals(get_app):
 
     def handler(signum, frame):
         app = get_app()
+        # A kill or reap in flight (a worker thread) finishes its confirmed plan: nothing gputop stopped is
+        # left stopped, and its audit record says it was interrupted, by what, and that the plan was finished.
+        intr = _interrupt()
+        if intr is not None:
+            intr.note_for_workers(signum)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not running yet (or any more): the app has nothing on screen to restore
@@ -147,7 +173,7 @@ def _exit_on_signals(get_app):
         loop.call_soon_threadsafe(lambda: app.exit(return_code=128 + signum))
         # A closed terminal (SIGHUP) can leave Textual's shutdown waiting for ever on its output queue (seen when
         # a tmux window was killed during start-up): if the normal exit has not ended the process soon, end it.
-        stuck = threading.Timer(EXIT_GRACE_S, os._exit, (128 + signum,))
+        stuck = threading.Timer(EXIT_GRACE_S, _exit_when_idle, (128 + signum,))
         stuck.daemon = True
         stuck.start()
         timers.append(stuck)
