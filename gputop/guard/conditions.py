@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from gputop.guard.policy import Condition
 from gputop.orphans import ORPHAN
 from gputop.snapshot import Holder, Snapshot
+from gputop.textsafe import visible
 from gputop.units import fmt_bytes, fmt_duration
 
 _NUM = {">": _op.gt, ">=": _op.ge, "<": _op.lt, "<=": _op.le, "==": _op.eq, "!=": _op.ne}
@@ -60,7 +61,7 @@ class Target:
     @property
     def label(self) -> str:
         if self.holder is not None:
-            return f"pid {self.holder.pid} ({self.holder.name}, user {self.user or '?'})"
+            return f"pid {self.holder.pid} ({visible(self.holder.name)}, user {self.user or '?'})"
         return f"user {self.user}"
 
     @property

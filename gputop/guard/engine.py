@@ -13,7 +13,8 @@ Per rule and per target (a process, or a user with ``scope: per_user``):
 - kill and reap go through gputop.actions (identity and safety re-checked there; dry-run there too);
 - ``scope: per_user`` first plans (``plan_user_kills``, a pure function) the processes whose end brings
   the user back under the limit: newest first (or ``select: largest``), skipping the admin's exemptions
-  and processes a protect pattern matches themselves (not their ancestry, nohup or chain length), counting a process the guard signalled earlier and that is still in its grace as going; it kills
+  and processes a protect pattern matches themselves (not their ancestry, nohup or chain length),
+  counting a process the guard signalled earlier and that is still in its grace as going; it kills
   nothing when no such set exists (a ``cannot-reach-limit`` hit), then kills the planned set.
 Every hit (warning, action, refusal, would-do) is recorded: time, rule, target, dry_run, action, outcome.
 """
@@ -457,7 +458,7 @@ class Engine:
         return hits
 
     def _waiting(self, rule: Rule, a: Assessment, plan: UserPlan, mode: str, now: float) -> dict:
-        pids = ", ".join(f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)})" for h in plan.going)
+        pids = ", ".join(f"pid {h.pid} ({visible(h.name)}, {fmt_bytes(h.gpu_memory)})" for h in plan.going)
         return self._emit(rule, a.target, mode, rule.action, "waiting",
                           f"{a.target.label} is over the limit only by what was already signalled and is "
                           f"still in its grace ({pids}): no other process is chosen meanwhile", now,
@@ -467,7 +468,8 @@ class Engine:
                       after_kills: bool) -> dict:
         """No set of the user's selectable processes brings the user under the limit: kill nothing (more),
         say so, in the hits and in the audit log."""
-        left = ", ".join(f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)}): {why}" for h, why in plan.skipped)
+        left = ", ".join(f"pid {h.pid} ({visible(h.name)}, {fmt_bytes(h.gpu_memory)}): {why}"
+                         for h, why in plan.skipped)
         msg = (f"{a.target.label} stays over the limit even if every process the guard may take were killed"
                + (f" (it may not take {left})" if left else "")
                + (": nothing more was signalled after the refusal above" if after_kills else ": nothing was killed"))
@@ -632,17 +634,18 @@ def explain(policy: Policy, snap: Snapshot, config: Config | None = None) -> lis
                 what = _action_text(rule, config)
                 victims = ""
                 if rule.per_user and rule.action in ("kill", "reap"):
-                    excluded: set[int] = set()
-                    chosen = []
-                    for h in eng.order(rule, a.candidates or [h for h in facts.user_holders.get(
-                            a.target.user, ()) if h.proc is not None]):
-                        if not eng._user_still_over(rule, a.target, snap, excluded):
-                            break
-                        chosen.append(h)
-                        excluded.add(h.pid)
-                    victims = " -> " + ", then ".join(
-                        f"pid {h.pid} ({h.name}, {fmt_bytes(h.gpu_memory)}{_refusal_note(h, rule, eng.exempt)})"
-                        for h in chosen) + f" ({rule.select} first, until back under the limit)"
+                    # The guard's own plan (plan_user_kills): what it would take, and what it may not.
+                    plan = eng.plan(rule, a, snap, going={})
+                    skipped = "".join(f"; may not take pid {h.pid} ({visible(h.name)}): {why}"
+                                      for h, why in plan.skipped)
+                    if plan.reachable:
+                        victims = " -> " + ", then ".join(
+                            f"pid {h.pid} ({visible(h.name)}, {fmt_bytes(h.gpu_memory)}"
+                            f"{_refusal_note(h, rule, eng.exempt)})"
+                            for h in plan.chosen) + f" ({rule.select} first, until back under the limit){skipped}"
+                    else:
+                        victims = (" -> nothing: the user stays over the limit even if every process the guard "
+                                   f"may take were killed{skipped}")
                 grace = (f"warn{' and notify ' + ', '.join(rule.notify) if rule.notify else ''}, wait "
                          f"{_secs(rule.grace_period)}, re-check, then " if rule.grace_period else "")
                 if waiting:

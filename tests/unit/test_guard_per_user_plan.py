@@ -139,3 +139,20 @@ def test_the_pure_function_with_a_plain_predicate():
     p = plan_user_kills([a, b, c], over, why_not=lambda h: "refused" if h.pid != 2 else None)
     assert not p.reachable and p.chosen == ()
     assert plan_user_kills([a, b, c], lambda gone: False).chosen == ()
+
+
+def test_test_policies_shows_the_plan_the_guard_would_carry_out():
+    """--test-policies (explain) uses the same plan: the protected newest is not listed as a victim, and
+    when the rest cannot reach the limit it says nothing would be killed."""
+    from gputop.guard.engine import explain
+
+    jupyter = holder(30, 2 * GIB, age=10, kind=PROTECTED, reason="jupyter kernel", cmdline=JUPYTER_KERNEL)
+    mid = holder(25, 5 * GIB, age=50)
+    (entry,) = explain(Policy(rules=(rule(),)), snap(jupyter, mid, SMALL_1, SMALL_2))
+    (t,) = [t for t in entry["targets"] if t["user"] == "alice"]
+    assert "pid 25 (job25" in t["verdict"] and "pid 30 (job30, 2" not in t["verdict"], t["verdict"]
+    assert "may not take pid 30" in t["verdict"]
+    jupyter = holder(30, 9 * GIB, age=10, kind=PROTECTED, reason="jupyter kernel", cmdline=JUPYTER_KERNEL)
+    (entry,) = explain(Policy(rules=(rule(),)), snap(jupyter, SMALL_1, SMALL_2))
+    (t,) = [t for t in entry["targets"] if t["user"] == "alice"]
+    assert "nothing: the user stays over the limit" in t["verdict"], t["verdict"]
