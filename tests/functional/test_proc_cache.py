@@ -73,24 +73,41 @@ def test_idle_process_is_reused_and_a_busy_one_reparsed(procs):
     assert b2 is not b and b2.cpu_time > b.cpu_time  # CPU time moved: read fresh
 
 
-def test_command_line_is_reread_after_ttl_and_identity_change_is_never_cached(procs):
-    clock = FakeClock()
-    cache = StaticCache(ttl=5, clock=clock)
-    # The same PID and start time before and after exec: only the command line changes.
-    p = procs.spawn(["sh", "-c", "read x; exec sleep 60"], stdin=-1)
-    first = read_proc(p.pid, static=cache)
-    assert first.cmdline[:2] == ("sh", "-c")
+def _exec_and_wait(p, first_arg: str) -> None:
     p.stdin.write(b"go\n")
     p.stdin.flush()
     deadline = time.time() + 5
-    while read_proc(p.pid).cmdline[:1] != ("sleep",):
+    while read_proc(p.pid).cmdline[:3] != first_arg:
         assert time.time() < deadline
         time.sleep(0.02)
+
+
+def test_command_line_is_reread_after_ttl_and_identity_change_is_never_cached(procs):
+    clock = FakeClock()
+    cache = StaticCache(ttl=5, clock=clock)
+    # The same PID, start time and name (sh) before and after exec: only the command line changes.
+    p = procs.spawn(["sh", "-c", "read x; exec sh -c 'sleep 60; :'"], stdin=-1)
+    first = read_proc(p.pid, static=cache)
+    assert first.cmdline[:2] == ("sh", "-c") and first.name == "sh"
+    _exec_and_wait(p, ("sh", "-c", "sleep 60; :"))
     clock.t += 4.9
-    assert read_proc(p.pid, static=cache).cmdline[:2] == ("sh", "-c")  # within the ttl: cached
+    assert read_proc(p.pid, static=cache).cmdline == first.cmdline  # within the ttl: cached
     clock.t += 0.2
     fresh = read_proc(p.pid, static=cache)
-    assert fresh.cmdline == ("sleep", "60") and fresh.start_time == first.start_time
+    assert fresh.cmdline == ("sh", "-c", "sleep 60; :") and fresh.start_time == first.start_time
+
+
+def test_an_exec_that_changes_the_name_rereads_the_command_line_at_once(procs):
+    """A new name under the same identity is an exec: its command line is new too, whatever the ttl (a
+    process must not keep an old argv that, say, a protect pattern or the disguise test reads)."""
+    clock = FakeClock()
+    cache = StaticCache(ttl=5, clock=clock)
+    p = procs.spawn(["sh", "-c", "read x; exec sleep 60"], stdin=-1)
+    first = read_proc(p.pid, static=cache)
+    assert first.cmdline[:2] == ("sh", "-c")
+    _exec_and_wait(p, ("sleep", "60"))
+    fresh = read_proc(p.pid, static=cache)  # no time passed
+    assert fresh.name == "sleep" and fresh.cmdline == ("sleep", "60") and fresh.start_time == first.start_time
 
 
 def test_prune_forgets_processes_not_seen(procs):
