@@ -204,10 +204,10 @@ class _KillRun:
         if require_holder and holder is None:
             self.details["rule"] = "not-holder"
             if snap is None:
-                return self.done(False, "refused", f"cannot tell whether pid {pid} holds a GPU "
-                                 f"({ctx.sampler_error}); pass --any-process to kill it anyway", EXIT_UNAVAILABLE)
-            return self.done(False, "refused", f"pid {pid} ({name(info)}) holds no GPU; pass --any-process to "
-                             "kill a process that is not a GPU holder", EXIT_REFUSED)
+                return self.refuse(f"cannot tell whether pid {pid} holds a GPU "
+                                   f"({ctx.sampler_error}); pass --any-process to kill it anyway", EXIT_UNAVAILABLE)
+            return self.refuse(f"pid {pid} ({name(info)}) holds no GPU; pass --any-process to "
+                               "kill a process that is not a GPU holder")
         verdict = ctx.verdict(pid)
         if holder is not None and (holder.proc is None or holder.verdict.kind == UNKNOWN):
             verdict = holder.verdict  # the GPU side cannot tie this PID to what we see here: unknown wins
@@ -215,21 +215,30 @@ class _KillRun:
         if policy:
             if holder is not None and holder.proc is None:
                 self.details["rule"] = "unknown"
-                return self.done(False, "refused", f"pid {pid} ({name(info)}): the GPU reports this PID, but gputop "
-                                 f"cannot tie it to a process it sees here ({verdict.reason}); never signalled",
-                                 EXIT_REFUSED)
+                return self.refuse(f"pid {pid} ({name(info)}): the GPU reports this PID, but gputop "
+                                   f"cannot tie it to a process it sees here ({verdict.reason}); never signalled",
+                                   EXIT_REFUSED)
             if verdict.kind in (PROTECTED, UNKNOWN):
                 self.details["policy_overrides"] = verdict.kind  # the audit line says what did not exempt it
             return None
         if verdict.kind == UNKNOWN:
             self.details["rule"] = "unknown"
-            return self.done(False, "refused", f"pid {pid} ({name(info)}) has an unknown verdict ({verdict.reason}); "
-                             "gputop never signals a process whose ancestry it cannot verify", EXIT_REFUSED)
+            return self.refuse(f"pid {pid} ({name(info)}) has an unknown verdict ({verdict.reason}); "
+                               "gputop never signals a process whose ancestry it cannot verify")
         if verdict.kind == PROTECTED and not allow_protected:
             self.details["rule"] = "protected"
-            return self.done(False, "refused", f"pid {pid} ({name(info)}) is protected: {verdict.reason}; use "
-                             "--allow-protected for an explicit manual kill", EXIT_REFUSED)
+            return self.refuse(f"pid {pid} ({name(info)}) is protected: {verdict.reason}; use "
+                               "--allow-protected for an explicit manual kill")
         return None
+
+    def refuse(self, message: str, code: int = EXIT_REFUSED) -> ActionResult:
+        """Refuse, unless the target exited while it was being checked (another gputop's kill, say): a
+        refusal would then name a process that is gone, so say it exited, and that nothing was sent."""
+        if not self.still_there():
+            self.details.pop("rule", None)
+            return self.done(False, "not-found", f"pid {self.pid} ({name(self.info)}) exited while it was being "
+                             "checked; nothing was sent", EXIT_NOT_FOUND)
+        return self.done(False, "refused", message, code)
 
     def signal(self, ctx: Ctx, sig: signal.Signals) -> ActionResult:
         pid, info = self.pid, self.info

@@ -269,6 +269,41 @@ def test_concurrent_kills_of_one_holder_do_not_all_claim_it(procs, scenario, cfg
     assert sum(1 for r in recs if any(s["signal"] in ("SIGTERM", "SIGKILL") for s in r["signals"])) == 1
 
 
+
+def test_a_target_that_exits_during_the_checks_is_not_found_never_refused(procs, scenario, cfg):
+    """Another gputop's kill ends the target while this one samples: the sample then cannot tie the PID to
+    a process (unknown). That is not a refusal of a live process: it exited, and nothing was sent (the
+    ~1-in-8 flake of the concurrent-kills test above, made deterministic)."""
+    from gputop import actions
+    from gputop.backends.simulated import SimulatedBackend
+    from gputop.config import Config
+    from gputop.snapshot import Sampler
+
+    holder = procs.spawn(["sleep", "60"])
+    path = scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])
+    inner = Sampler([SimulatedBackend(path)], config=Config())
+
+    class EndsItFirst:  # the other gputop's SIGKILL lands between this one's checks
+        config = inner.config
+
+        def sample(self):
+            holder.kill()
+            holder.wait(5)
+            return inner.sample()
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+    try:
+        r = actions.kill_process(holder.pid, expected_start=None, face="cli", sampler=EndsItFirst(), timeout=1)
+    finally:
+        inner.close()
+    assert (r.outcome, r.exit_code) == ("not-found", EXIT_NOT_FOUND), r.message
+    assert "exited while it was being checked" in r.message and "nothing was sent" in r.message
+    (rec,) = records(action="kill")
+    assert rec["outcome"] == "not-found" and rec["signals"] == []
+
+
 ESC = "\x1b]0;pwned\x07\x1b[2J"
 
 
