@@ -1,0 +1,157 @@
+"""Issue 26, the TUI face: SIGHUP or SIGTERM to the gputop TUI while a confirmed reap sits in its grace.
+
+The real ``gputop`` runs in tmux on the simulated backend; a real orphan tree holds a simulated GPU and its
+root ignores SIGTERM, so the reap waits out its grace before SIGKILL. The signal comes mid-grace: the TUI
+leaves the screen, the reap (a worker thread) finishes its plan, its audit record says it was interrupted,
+and only then does the process end, with 128 + the signal. Nothing of the tree is left (none stopped), and
+an innocent bystander lives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import wait_gone
+from tests.functional.actions_helpers import alive, records, unique, write_config
+from tests.functional.test_reap_round3 import marked, nothing_stopped, state, stubborn_tree
+
+TMUX = shutil.which("tmux")
+PY = sys.executable
+GRACE = 4  # the config's kill_timeout: the reap's grace, long enough to signal gputop inside it
+
+
+class Tmux:
+    def __init__(self, socket: Path):
+        self.base = [TMUX, "-S", str(socket)]
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        return subprocess.run(self.base + list(args), capture_output=True, text=True, check=check,
+                              timeout=10).stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "e2e", check=False)
+
+    def wait_for(self, cond, what: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if cond(screen):
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"{what} never appeared on the screen:\n{screen}")
+
+    def keys(self, *keys: str) -> None:
+        self("send-keys", "-t", "e2e", *keys)
+
+    def pane(self, fmt: str) -> str:
+        return self("display-message", "-p", "-t", "e2e", fmt, check=False).strip()
+
+
+def _gputop_pid(pane: int, launcher: Path, timeout: float = 30) -> int:
+    """The gputop process: the launcher's child, in the pane (under a shell or not)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for p in [psutil.Process(pane), *psutil.Process(pane).children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                if str(launcher) in p.cmdline() and p.children():
+                    return p.children()[0].pid
+        assert time.monotonic() < deadline, "the launcher started no gputop"
+        time.sleep(0.05)
+
+
+# gputop itself, or gputop whose forced exit (launch.EXIT_GRACE_S: the backstop for a shutdown that hangs
+# on a closed terminal) comes 1 s after the signal, well inside the reap's grace: what a kill_timeout longer
+# than that backstop (10 s) meets.
+GPUTOP = [PY, "-m", "gputop"]
+GPUTOP_QUICK_BACKSTOP = [PY, "-c", "from gputop.tui import launch; launch.EXIT_GRACE_S = 1.0; "
+                                   "from gputop.cli import entry; entry()"]
+
+# The pane runs this launcher, which runs gputop and writes how it ended: its exit status, or -N where
+# signal N itself ended it (a shell's $? says 129 for both; tmux's #{pane_dead_status} is not always there).
+LAUNCHER = """import subprocess, sys
+rc = subprocess.run(sys.argv[2:]).returncode
+open(sys.argv[1] + ".tmp", "w").write(str(rc))
+import os; os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,exe", [(signal.SIGHUP, GPUTOP), (signal.SIGTERM, GPUTOP),
+                                     (signal.SIGHUP, GPUTOP_QUICK_BACKSTOP)],
+                         ids=["SIGHUP", "SIGTERM", "SIGHUP-forced-exit-inside-the-grace"])
+def test_a_signal_to_the_tui_mid_grace_finishes_the_reap(procs, scenario, tmp_path, monkeypatch, sig, exe):
+    marker = unique("gt-tui-intr")
+    flag = tmp_path / f"{marker}.flag"  # written by the root when its SIGTERM arrives: the grace has begun
+    t = stubborn_tree(procs, tmp_path, marker)
+    members = marked(marker)
+    assert {t["root"], t["polite"]} <= set(members)
+    bystander = procs.sleeper("gt-bystander")
+    path = scenario(holders=[{"pid": t["polite"], "gpu": 0, "memory": "3GiB", "sm": 70},
+                             {"pid": bystander.pid, "gpu": 1, "memory": "2GiB"}])
+    config = write_config(tmp_path / "config.yaml", monkeypatch, kill_timeout=GRACE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
+    env.update(TERM="xterm-256color", GPUTOP_CONFIG=str(config), GPUTOP_SCENARIO=str(path))
+    tmux = Tmux(tmp_path / "tmux.sock")
+    rc_file, launcher = tmp_path / "gputop.rc", tmp_path / "launcher.py"
+    launcher.write_text(LAUNCHER)
+    cmd = shlex.join([PY, str(launcher), str(rc_file), *exe,
+                      "--scenario", str(path), "--backend", "simulated", "--interval", "0.5"])
+    subprocess.run(tmux.base + ["-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "120", "-y", "30",
+                                cmd, ";", "set-option", "-t", "e2e", "remain-on-exit", "on"],
+                   env=env, check=True, timeout=10, cwd=Path(__file__).resolve().parents[2])
+    try:
+        gputop = _gputop_pid(int(tmux.pane("#{pane_pid}")), launcher)
+        # The orphan holder's row, then the cursor onto it (F3 search), then r.
+        tmux.wait_for(lambda s: any(str(t["polite"]) in line and "3.0GiB" in line for line in s.splitlines()),
+                      f"the holder {t['polite']}", timeout=60)
+        tmux.keys("F3")
+        tmux.wait_for(lambda s: "search: pid" in s, "the search box")
+        tmux.keys("-l", str(t["polite"]))
+        time.sleep(0.5)
+        tmux.keys("Enter")
+        tmux.wait_for(lambda s: "▔▔▔" not in s, "the search box closed")
+        tmux.keys("r")
+        tmux.wait_for(lambda s: f"Reap the orphan tree of pid {t['root']}" in s, "the reap dialog")
+        tmux.keys("Tab")  # Cancel -> Reap tree
+        tmux.keys("Enter")
+        deadline = time.monotonic() + 30
+        while not flag.exists():
+            assert time.monotonic() < deadline, f"the tree never got its SIGTERM:\n{tmux.screen()}"
+            time.sleep(0.02)
+        assert alive(t["root"])  # in the grace: the root ignores SIGTERM until SIGKILL
+        t_sig = time.monotonic()
+        os.kill(gputop, sig)
+        # The process ends once the reap has finished its plan (the rest of the grace, then SIGKILL).
+        deadline = time.monotonic() + GRACE + 30
+        while not rc_file.exists():
+            assert time.monotonic() < deadline, f"gputop did not end:\n{tmux.screen()}"
+            time.sleep(0.05)
+        took = time.monotonic() - t_sig
+        rc = int(rc_file.read_text())
+        after = tmux.screen()
+    finally:
+        tmux("kill-server", check=False)
+    assert rc == 128 + sig, after
+    for pid in members:  # every member is gone: killed, not left stopped
+        assert wait_gone(pid, 10), f"pid {pid} ({state(pid)}) outlived the reap"
+    nothing_stopped(marked(marker))
+    assert alive(bystander.pid)
+    [rec] = records(action="reap", pid=t["root"])
+    assert rec["face"] == "tui"
+    assert rec["outcome"] == "reaped" and rec["ok"], rec
+    assert rec["interrupted"] == {"signals": [signal.Signals(sig).name], "then": "finished"}
+    assert "SIGKILL" in [s["signal"] for s in rec["signals"]]
+    assert took < GRACE + 15  # not the 180 s backstop
