@@ -152,7 +152,7 @@ def _exit_when_idle(code: int) -> None:
 
 @contextlib.contextmanager
 def _exit_on_signals(get_app):
-    """SIGTERM and SIGHUP leave through the app's normal exit, which restores the terminal (alternate
+    """SIGTERM, SIGHUP and SIGINT leave through the app's normal exit, which restores the terminal (alternate
     screen off, mouse tracking off, cursor shown). Exit status 128 + the signal's number. Before the app
     runs (Textual still importing), SystemExit: run_tui then takes the first frame off the screen."""
     import asyncio
@@ -179,9 +179,12 @@ def _exit_on_signals(get_app):
         timers.append(stuck)
 
     saved, timers = {}, []
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: Ctrl-C in the TUI is a key (the terminal is raw), so a SIGINT comes from kill -INT. Left to
+    # asyncio it cancels the app, which then ends with status 0, and an action in flight is not told.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         with contextlib.suppress(ValueError, OSError):  # not the main thread: leave the defaults
-            if signal.getsignal(sig) is not signal.SIG_IGN:  # under nohup SIGHUP stays ignored
+            # Under nohup SIGHUP stays ignored, and a background job's SIGINT too.
+            if signal.getsignal(sig) is not signal.SIG_IGN:
                 saved[sig] = signal.signal(sig, handler)
     try:
         yield

@@ -1,4 +1,4 @@
-"""Issue 26, the TUI face: SIGHUP or SIGTERM to the gputop TUI while a confirmed reap sits in its grace.
+"""Issue 26, the TUI face: SIGHUP, SIGTERM or SIGINT to the gputop TUI while a confirmed reap is in its grace.
 
 The real ``gputop`` runs in tmux on the simulated backend; a real orphan tree holds a simulated GPU and its
 root ignores SIGTERM, so the reap waits out its grace before SIGKILL. The signal comes mid-grace: the TUI
@@ -90,8 +90,8 @@ import os; os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,exe", [(signal.SIGHUP, GPUTOP), (signal.SIGTERM, GPUTOP),
-                                     (signal.SIGHUP, GPUTOP_QUICK_BACKSTOP)],
-                         ids=["SIGHUP", "SIGTERM", "SIGHUP-forced-exit-inside-the-grace"])
+                                     (signal.SIGINT, GPUTOP), (signal.SIGHUP, GPUTOP_QUICK_BACKSTOP)],
+                         ids=["SIGHUP", "SIGTERM", "SIGINT", "SIGHUP-forced-exit-inside-the-grace"])
 def test_a_signal_to_the_tui_mid_grace_finishes_the_reap(procs, scenario, tmp_path, monkeypatch, sig, exe):
     marker = unique("gt-tui-intr")
     flag = tmp_path / f"{marker}.flag"  # written by the root when its SIGTERM arrives: the grace has begun
