@@ -153,7 +153,7 @@ def _exit_when_idle(code: int) -> None:
 @contextlib.contextmanager
 def _exit_on_signals(get_app):
     """SIGTERM, SIGHUP and SIGINT leave through the app's normal exit, which restores the terminal (alternate
-    screen off, mouse tracking off, cursor shown). Exit status 128 + the signal's number. Before the app
+    screen off, mouse tracking off, cursor shown). Exit status 128 + the (first) signal's number. Before the app
     runs (Textual still importing), SystemExit: run_tui then takes the first frame off the screen."""
     import asyncio
 
@@ -164,21 +164,25 @@ def _exit_on_signals(get_app):
         intr = _interrupt()
         if intr is not None:
             intr.note_for_workers(signum)
+        first.append(signum)
+        code = 128 + first[0]  # a second signal (SIGTERM after SIGHUP) does not change how the process ends
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not running yet (or any more): the app has nothing on screen to restore
-            raise SystemExit(128 + signum) from None
+            raise SystemExit(code) from None
         if app is None:
-            raise SystemExit(128 + signum)
-        loop.call_soon_threadsafe(lambda: app.exit(return_code=128 + signum))
+            raise SystemExit(code)
+        loop.call_soon_threadsafe(lambda: app.exit(return_code=code))
+        if timers:  # the forced exit is already on its way
+            return
         # A closed terminal (SIGHUP) can leave Textual's shutdown waiting for ever on its output queue (seen when
         # a tmux window was killed during start-up): if the normal exit has not ended the process soon, end it.
-        stuck = threading.Timer(EXIT_GRACE_S, _exit_when_idle, (128 + signum,))
+        stuck = threading.Timer(EXIT_GRACE_S, _exit_when_idle, (code,))
         stuck.daemon = True
         stuck.start()
         timers.append(stuck)
 
-    saved, timers = {}, []
+    saved, timers, first = {}, [], []
     # SIGINT too: Ctrl-C in the TUI is a key (the terminal is raw), so a SIGINT comes from kill -INT. Left to
     # asyncio it cancels the app, which then ends with status 0, and an action in flight is not told.
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):

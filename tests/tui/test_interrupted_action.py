@@ -87,12 +87,72 @@ import os; os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 """
 
 
+class TuiRun:
+    """gputop (``exe``) in tmux at 120x30 on the scenario ``path``, through the launcher."""
+
+    def __init__(self, tmp_path: Path, exe: list[str], path: Path, config: Path):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
+        env.update(TERM="xterm-256color", GPUTOP_CONFIG=str(config), GPUTOP_SCENARIO=str(path))
+        self.tmux = Tmux(tmp_path / "tmux.sock")
+        self.rc_file, launcher = tmp_path / "gputop.rc", tmp_path / "launcher.py"
+        launcher.write_text(LAUNCHER)
+        cmd = shlex.join([PY, str(launcher), str(self.rc_file), *exe,
+                          "--scenario", str(path), "--backend", "simulated", "--interval", "0.5"])
+        subprocess.run(self.tmux.base + ["-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "120",
+                                         "-y", "30", cmd, ";", "set-option", "-t", "e2e", "remain-on-exit", "on"],
+                       env=env, check=True, timeout=10, cwd=Path(__file__).resolve().parents[2])
+        self.pid = _gputop_pid(int(self.tmux.pane("#{pane_pid}")), launcher)
+
+    def select(self, pid: int, memory: str) -> None:
+        """Wait for the holder's row, then put the cursor on it (F3 search)."""
+        tmux = self.tmux
+        tmux.wait_for(lambda s: any(str(pid) in line and memory in line for line in s.splitlines()),
+                      f"the holder {pid}", timeout=60)
+        tmux.keys("F3")
+        tmux.wait_for(lambda s: "search: pid" in s, "the search box")
+        tmux.keys("-l", str(pid))
+        time.sleep(0.5)
+        tmux.keys("Enter")
+        tmux.wait_for(lambda s: "▔▔▔" not in s, "the search box closed")
+
+    def confirm(self, key: str, title: str) -> None:
+        """Open a dialog with ``key``, wait for ``title``, press the button right of Cancel."""
+        self.tmux.keys(key)
+        self.tmux.wait_for(lambda s: title in s, f"the dialog {title!r}")
+        self.tmux.keys("Tab")  # Cancel -> the action's button (Reap tree; TERM)
+        self.tmux.keys("Enter")
+
+    def wait_flag(self, flag: Path) -> None:
+        deadline = time.monotonic() + 30
+        while not flag.exists():
+            assert time.monotonic() < deadline, f"the target never got its SIGTERM:\n{self.tmux.screen()}"
+            time.sleep(0.02)
+
+    def signal(self, *sigs: int) -> tuple[int, float, str]:
+        """Send ``sigs`` to gputop (0.3 s apart); wait until it ends: (how it ended, seconds, last screen)."""
+        t0 = time.monotonic()
+        for i, sig in enumerate(sigs):
+            if i:
+                time.sleep(0.3)
+            os.kill(self.pid, sig)
+        deadline = time.monotonic() + GRACE + 30
+        while not self.rc_file.exists():
+            assert time.monotonic() < deadline, f"gputop did not end:\n{self.tmux.screen()}"
+            time.sleep(0.05)
+        return int(self.rc_file.read_text()), time.monotonic() - t0, self.tmux.screen()
+
+    def close(self) -> None:
+        self.tmux("kill-server", check=False)
+
+
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
 @pytest.mark.slow
-@pytest.mark.parametrize("sig,exe", [(signal.SIGHUP, GPUTOP), (signal.SIGTERM, GPUTOP),
-                                     (signal.SIGINT, GPUTOP), (signal.SIGHUP, GPUTOP_QUICK_BACKSTOP)],
-                         ids=["SIGHUP", "SIGTERM", "SIGINT", "SIGHUP-forced-exit-inside-the-grace"])
-def test_a_signal_to_the_tui_mid_grace_finishes_the_reap(procs, scenario, tmp_path, monkeypatch, sig, exe):
+@pytest.mark.parametrize("sigs,exe", [([signal.SIGHUP], GPUTOP), ([signal.SIGTERM], GPUTOP),
+                                      ([signal.SIGINT], GPUTOP), ([signal.SIGHUP], GPUTOP_QUICK_BACKSTOP),
+                                      ([signal.SIGHUP, signal.SIGTERM], GPUTOP)],
+                         ids=["SIGHUP", "SIGTERM", "SIGINT", "SIGHUP-forced-exit-inside-the-grace",
+                              "SIGHUP-then-SIGTERM"])
+def test_a_signal_to_the_tui_mid_grace_finishes_the_reap(procs, scenario, tmp_path, monkeypatch, sigs, exe):
     marker = unique("gt-tui-intr")
     flag = tmp_path / f"{marker}.flag"  # written by the root when its SIGTERM arrives: the grace has begun
     t = stubborn_tree(procs, tmp_path, marker)
@@ -102,49 +162,17 @@ def test_a_signal_to_the_tui_mid_grace_finishes_the_reap(procs, scenario, tmp_pa
     path = scenario(holders=[{"pid": t["polite"], "gpu": 0, "memory": "3GiB", "sm": 70},
                              {"pid": bystander.pid, "gpu": 1, "memory": "2GiB"}])
     config = write_config(tmp_path / "config.yaml", monkeypatch, kill_timeout=GRACE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
-    env.update(TERM="xterm-256color", GPUTOP_CONFIG=str(config), GPUTOP_SCENARIO=str(path))
-    tmux = Tmux(tmp_path / "tmux.sock")
-    rc_file, launcher = tmp_path / "gputop.rc", tmp_path / "launcher.py"
-    launcher.write_text(LAUNCHER)
-    cmd = shlex.join([PY, str(launcher), str(rc_file), *exe,
-                      "--scenario", str(path), "--backend", "simulated", "--interval", "0.5"])
-    subprocess.run(tmux.base + ["-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "120", "-y", "30",
-                                cmd, ";", "set-option", "-t", "e2e", "remain-on-exit", "on"],
-                   env=env, check=True, timeout=10, cwd=Path(__file__).resolve().parents[2])
+    tui = TuiRun(tmp_path, exe, path, config)
     try:
-        gputop = _gputop_pid(int(tmux.pane("#{pane_pid}")), launcher)
-        # The orphan holder's row, then the cursor onto it (F3 search), then r.
-        tmux.wait_for(lambda s: any(str(t["polite"]) in line and "3.0GiB" in line for line in s.splitlines()),
-                      f"the holder {t['polite']}", timeout=60)
-        tmux.keys("F3")
-        tmux.wait_for(lambda s: "search: pid" in s, "the search box")
-        tmux.keys("-l", str(t["polite"]))
-        time.sleep(0.5)
-        tmux.keys("Enter")
-        tmux.wait_for(lambda s: "▔▔▔" not in s, "the search box closed")
-        tmux.keys("r")
-        tmux.wait_for(lambda s: f"Reap the orphan tree of pid {t['root']}" in s, "the reap dialog")
-        tmux.keys("Tab")  # Cancel -> Reap tree
-        tmux.keys("Enter")
-        deadline = time.monotonic() + 30
-        while not flag.exists():
-            assert time.monotonic() < deadline, f"the tree never got its SIGTERM:\n{tmux.screen()}"
-            time.sleep(0.02)
+        tui.select(t["polite"], "3.0GiB")
+        tui.confirm("r", f"Reap the orphan tree of pid {t['root']}")
+        tui.wait_flag(flag)
         assert alive(t["root"])  # in the grace: the root ignores SIGTERM until SIGKILL
-        t_sig = time.monotonic()
-        os.kill(gputop, sig)
         # The process ends once the reap has finished its plan (the rest of the grace, then SIGKILL).
-        deadline = time.monotonic() + GRACE + 30
-        while not rc_file.exists():
-            assert time.monotonic() < deadline, f"gputop did not end:\n{tmux.screen()}"
-            time.sleep(0.05)
-        took = time.monotonic() - t_sig
-        rc = int(rc_file.read_text())
-        after = tmux.screen()
+        rc, took, after = tui.signal(*sigs)
     finally:
-        tmux("kill-server", check=False)
-    assert rc == 128 + sig, after
+        tui.close()
+    assert rc == 128 + sigs[0], after  # the first signal's status
     for pid in members:  # every member is gone: killed, not left stopped
         assert wait_gone(pid, 10), f"pid {pid} ({state(pid)}) outlived the reap"
     nothing_stopped(marked(marker))
@@ -152,6 +180,36 @@ def test_a_signal_to_the_tui_mid_grace_finishes_the_reap(procs, scenario, tmp_pa
     [rec] = records(action="reap", pid=t["root"])
     assert rec["face"] == "tui"
     assert rec["outcome"] == "reaped" and rec["ok"], rec
-    assert rec["interrupted"] == {"signals": [signal.Signals(sig).name], "then": "finished"}
+    assert rec["interrupted"] == {"signals": [signal.Signals(s).name for s in sigs], "then": "finished"}
     assert "SIGKILL" in [s["signal"] for s in rec["signals"]]
     assert took < GRACE + 15  # not the 180 s backstop
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
+@pytest.mark.slow
+def test_sigterm_to_the_tui_mid_wait_finishes_the_kill(procs, scenario, tmp_path, monkeypatch):
+    """A TERM kill of a process that ignores SIGTERM waits out kill_timeout, then says it is still alive:
+    SIGTERM to the TUI in that wait lets it get there, and its record says it was interrupted."""
+    marker = unique("gt-tui-intr-kill")
+    flag = tmp_path / f"{marker}.flag"
+    t = stubborn_tree(procs, tmp_path, marker)
+    bystander = procs.sleeper("gt-bystander")
+    path = scenario(holders=[{"pid": t["root"], "gpu": 0, "memory": "3GiB", "sm": 70},
+                             {"pid": bystander.pid, "gpu": 1, "memory": "2GiB"}])
+    config = write_config(tmp_path / "config.yaml", monkeypatch, kill_timeout=GRACE)
+    tui = TuiRun(tmp_path, GPUTOP, path, config)
+    try:
+        tui.select(t["root"], "3.0GiB")
+        tui.confirm("k", f"Kill process {t['root']}?")
+        tui.wait_flag(flag)
+        rc, took, after = tui.signal(signal.SIGTERM)
+    finally:
+        tui.close()
+    assert rc == 128 + signal.SIGTERM, after
+    [rec] = records(action="kill", pid=t["root"])
+    assert rec["face"] == "tui"
+    assert rec["outcome"] == "still-alive" and not rec["ok"], rec  # TERM without force: the plan's end
+    assert rec["interrupted"] == {"signals": ["SIGTERM"], "then": "finished"}
+    assert alive(t["root"]) and state(t["root"]) not in ("T", "t")  # running as before: not left stopped
+    assert alive(t["polite"]) and alive(bystander.pid)  # a kill takes the one process
+    assert took < GRACE + 15
