@@ -213,3 +213,41 @@ def test_sigterm_to_the_tui_mid_wait_finishes_the_kill(procs, scenario, tmp_path
     assert alive(t["root"]) and state(t["root"]) not in ("T", "t")  # running as before: not left stopped
     assert alive(t["polite"]) and alive(bystander.pid)  # a kill takes the one process
     assert took < GRACE + 15
+
+
+# ---- the wait before the process ends: as long as actions keep ending, not a fixed total ----
+
+def test_settle_waits_for_actions_one_after_another_and_gives_up_on_one_that_hangs():
+    import threading
+
+    from gputop.actions import interrupt
+
+    def actions(n: int, each: float, hang: threading.Event | None = None) -> threading.Thread:
+        def run():
+            for _ in range(n):
+                with interrupt.deferred():  # in a worker thread: only counted as in flight
+                    time.sleep(each)
+            if hang is not None:
+                with interrupt.deferred():
+                    hang.wait(30)
+
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        time.sleep(0.05)
+        return th
+
+    # Four actions of 0.5 s in a row: 2 s in all, more than the 1.5 s any one may take; settle waits for all.
+    th = actions(4, 0.5)
+    t0 = time.monotonic()
+    assert interrupt.settle(1.5)  # interrupt.idle(1.5) gives up half-way
+    assert time.monotonic() - t0 > 1.7
+    th.join(5)
+    # One that hangs: settle gives up once none has ended for its quiet time.
+    hang = threading.Event()
+    th = actions(1, 0.2, hang)
+    t0 = time.monotonic()
+    assert not interrupt.settle(0.6)
+    assert 0.7 < time.monotonic() - t0 < 5
+    hang.set()
+    th.join(5)
+    assert interrupt.idle(5)
