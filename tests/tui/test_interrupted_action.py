@@ -28,7 +28,7 @@ from tests.functional.test_reap_round3 import marked, nothing_stopped, state, st
 
 TMUX = shutil.which("tmux")
 PY = sys.executable
-GRACE = 4  # the config's kill_timeout: the reap's grace, long enough to signal gputop inside it
+GRACE = 5  # the config's kill_timeout: the reap's grace, long enough to signal gputop inside it
 
 
 class Tmux:
@@ -173,6 +173,7 @@ def test_a_signal_to_the_tui_mid_grace_finishes_the_reap(procs, scenario, tmp_pa
     finally:
         tui.close()
     assert rc == 128 + sigs[0], after  # the first signal's status
+    assert "Traceback" not in after and "Error" not in after, after  # the worker's end after the app's is quiet
     for pid in members:  # every member is gone: killed, not left stopped
         assert wait_gone(pid, 10), f"pid {pid} ({state(pid)}) outlived the reap"
     nothing_stopped(marked(marker))
@@ -206,6 +207,7 @@ def test_sigterm_to_the_tui_mid_wait_finishes_the_kill(procs, scenario, tmp_path
     finally:
         tui.close()
     assert rc == 128 + signal.SIGTERM, after
+    assert "Traceback" not in after and "Error" not in after, after
     [rec] = records(action="kill", pid=t["root"])
     assert rec["face"] == "tui"
     assert rec["outcome"] == "still-alive" and not rec["ok"], rec  # TERM without force: the plan's end
