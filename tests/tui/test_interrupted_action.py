@@ -217,6 +217,59 @@ def test_sigterm_to_the_tui_mid_wait_finishes_the_kill(procs, scenario, tmp_path
     assert took < GRACE + 15
 
 
+# A process that ignores SIGTERM, and writes its flag file when one comes.
+IGNORES_TERM = ("import ctypes, signal, time\n"
+                "ctypes.CDLL(None).prctl(15, b'gt-ignoreterm', 0, 0, 0)\n"
+                "signal.signal(signal.SIGTERM, lambda *a: open({flag!r}, 'w').write('x'))\n"
+                "print('ready', flush=True)\n"
+                "while True: time.sleep(0.05)\n")
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
+@pytest.mark.slow
+@pytest.mark.parametrize("exe", [GPUTOP, GPUTOP_QUICK_BACKSTOP], ids=["gputop", "forced-exit-between-kills"])
+def test_a_signal_to_the_tui_mid_kill_of_tagged_processes_finishes_every_kill(procs, scenario, tmp_path,
+                                                                                 monkeypatch, exe):
+    """The TUI kills tagged processes one by one, each waiting out kill_timeout here. Once the app has
+    exited, the outcome of each kill can no longer be shown: the next kills still happen. And the forced
+    exit (1 s after the signal in the second run, 10 s in gputop) comes between two of them, and still
+    waits for the rest of the confirmed list."""
+    timeout = 2
+    targets, flags = [], []
+    for i in range(3):
+        flags.append(tmp_path / f"term-{i}.flag")
+        p = procs.spawn([PY, "-c", IGNORES_TERM.format(flag=str(flags[-1]))], stdout=subprocess.PIPE)
+        assert p.stdout.readline().strip() == b"ready"
+        targets.append(p)
+    bystander = procs.sleeper("gt-bystander")
+    path = scenario(holders=[*({"pid": p.pid, "gpu": 0, "memory": f"{i + 1}GiB"} for i, p in enumerate(targets)),
+                             {"pid": bystander.pid, "gpu": 1, "memory": "2GiB"}])
+    config = write_config(tmp_path / "config.yaml", monkeypatch, kill_timeout=timeout)
+    tui = TuiRun(tmp_path, exe, path, config)
+    try:
+        for i, p in enumerate(targets):
+            tui.select(p.pid, f"{i + 1}.0GiB")
+            tui.tmux.keys("Space")
+            tui.tmux.wait_for(lambda s, n=i + 1: f"{n} tagged" in s, f"{i + 1} tagged")
+        tui.confirm("k", "Kill 3 tagged processes?")
+        deadline = time.monotonic() + 30
+        while not any(f.exists() for f in flags):
+            assert time.monotonic() < deadline, f"no target got its SIGTERM:\n{tui.tmux.screen()}"
+            time.sleep(0.02)
+        rc, took, after = tui.signal(signal.SIGHUP)
+    finally:
+        tui.close()
+    assert rc == 128 + signal.SIGHUP, after
+    assert all(f.exists() for f in flags), "the kill of the tagged processes was cut short"
+    for p in targets:
+        [rec] = records(action="kill", pid=p.pid)
+        assert rec["face"] == "tui" and rec["outcome"] == "still-alive", rec
+        assert rec["interrupted"] == {"signals": ["SIGHUP"], "then": "finished"}
+        assert alive(p.pid) and state(p.pid) not in ("T", "t")  # TERM without force: left running
+    assert alive(bystander.pid)
+    assert took < 3 * timeout + 15
+
+
 # ---- the wait before the process ends: as long as actions keep ending, not a fixed total ----
 
 def test_settle_waits_for_actions_one_after_another_and_gives_up_on_one_that_hangs():
