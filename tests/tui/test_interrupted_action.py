@@ -1,10 +1,10 @@
-"""Issue 26, the TUI face: SIGHUP, SIGTERM or SIGINT to the gputop TUI while a confirmed reap is in its grace.
+"""Issue 26, the TUI face: SIGHUP, SIGTERM or SIGINT to the gputop TUI while a confirmed reap or kill waits.
 
 The real ``gputop`` runs in tmux on the simulated backend; a real orphan tree holds a simulated GPU and its
 root ignores SIGTERM, so the reap waits out its grace before SIGKILL. The signal comes mid-grace: the TUI
 leaves the screen, the reap (a worker thread) finishes its plan, its audit record says it was interrupted,
 and only then does the process end, with 128 + the signal. Nothing of the tree is left (none stopped), and
-an innocent bystander lives.
+an innocent bystander lives. The same for a kill, and for a kill of several tagged processes.
 """
 
 from __future__ import annotations
@@ -25,24 +25,17 @@ import pytest
 from tests.conftest import wait_gone
 from tests.functional.actions_helpers import alive, records, unique, write_config
 from tests.functional.test_reap_round3 import marked, nothing_stopped, state, stubborn_tree
+from tests.tui.test_e2e_tmux import Tmux as E2eTmux
 
 TMUX = shutil.which("tmux")
 PY = sys.executable
 GRACE = 5  # the config's kill_timeout: the reap's grace, long enough to signal gputop inside it
 
 
-class Tmux:
-    def __init__(self, socket: Path):
-        self.base = [TMUX, "-S", str(socket)]
+class Tmux(E2eTmux):
+    """The e2e tests' tmux (session "e2e"), waiting for any condition on the screen."""
 
-    def __call__(self, *args: str, check: bool = True) -> str:
-        return subprocess.run(self.base + list(args), capture_output=True, text=True, check=check,
-                              timeout=10).stdout
-
-    def screen(self) -> str:
-        return self("capture-pane", "-p", "-t", "e2e", check=False)
-
-    def wait_for(self, cond, what: str, timeout: float = 30.0) -> str:
+    def until(self, cond, what: str, timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < deadline:
@@ -51,9 +44,6 @@ class Tmux:
                 return screen
             time.sleep(0.1)
         raise AssertionError(f"{what} never appeared on the screen:\n{screen}")
-
-    def keys(self, *keys: str) -> None:
-        self("send-keys", "-t", "e2e", *keys)
 
     def pane(self, fmt: str) -> str:
         return self("display-message", "-p", "-t", "e2e", fmt, check=False).strip()
@@ -106,19 +96,18 @@ class TuiRun:
     def select(self, pid: int, memory: str) -> None:
         """Wait for the holder's row, then put the cursor on it (F3 search)."""
         tmux = self.tmux
-        tmux.wait_for(lambda s: any(str(pid) in line and memory in line for line in s.splitlines()),
-                      f"the holder {pid}", timeout=60)
+        tmux.wait_for_row(str(pid), memory, timeout=60)
         tmux.keys("F3")
-        tmux.wait_for(lambda s: "search: pid" in s, "the search box")
+        tmux.wait_for("search: pid")
         tmux.keys("-l", str(pid))
         time.sleep(0.5)
         tmux.keys("Enter")
-        tmux.wait_for(lambda s: "▔▔▔" not in s, "the search box closed")
+        tmux.until(lambda s: "▔▔▔" not in s, "the search box closed")
 
     def confirm(self, key: str, title: str) -> None:
         """Open a dialog with ``key``, wait for ``title``, press the button right of Cancel."""
         self.tmux.keys(key)
-        self.tmux.wait_for(lambda s: title in s, f"the dialog {title!r}")
+        self.tmux.wait_for(title)
         self.tmux.keys("Tab")  # Cancel -> the action's button (Reap tree; TERM)
         self.tmux.keys("Enter")
 
@@ -250,7 +239,7 @@ def test_a_signal_to_the_tui_mid_kill_of_tagged_processes_finishes_every_kill(pr
         for i, p in enumerate(targets):
             tui.select(p.pid, f"{i + 1}.0GiB")
             tui.tmux.keys("Space")
-            tui.tmux.wait_for(lambda s, n=i + 1: f"{n} tagged" in s, f"{i + 1} tagged")
+            tui.tmux.wait_for(f"{i + 1} tagged")
         tui.confirm("k", "Kill 3 tagged processes?")
         deadline = time.monotonic() + 30
         while not any(f.exists() for f in flags):
