@@ -42,6 +42,7 @@ _lock = threading.Lock()
 _caught: list[int] = []  # signals held by the outermost deferred() on the main thread
 _depth = 0
 _active = 0  # actions in flight in any thread (see idle())
+_ended = 0  # actions ended so far (see settle())
 _idle = threading.Condition(_lock)
 
 
@@ -74,7 +75,7 @@ def note(outcome: str) -> dict | None:
 @contextmanager
 def deferred():
     """Hold SIGHUP and SIGTERM for the duration (main thread only; nested uses share the outermost)."""
-    global _depth, _active
+    global _depth, _active, _ended
     with _lock:
         _active += 1
     main = threading.current_thread() is threading.main_thread()
@@ -99,6 +100,7 @@ def deferred():
             _depth -= 1
         with _lock:
             _active -= 1
+            _ended += 1
             _idle.notify_all()
         if outer:
             for s, h in old.items():
@@ -129,3 +131,15 @@ def idle(timeout: float) -> bool:
     """Wait until no action is in flight in any thread (a face's main thread, before it exits)."""
     with _idle:
         return _idle.wait_for(lambda: _active == 0, timeout)
+
+
+def settle(quiet: float) -> bool:
+    """Wait until no action is in flight in any thread, for as long as actions keep ending: False only
+    when none has ended for ``quiet`` seconds (one that hangs). For a face that runs several actions one
+    after another after the signal (the TUI's kill of tagged processes), where no fixed total fits."""
+    with _idle:
+        while _active:
+            seen = _ended
+            if not _idle.wait_for(lambda: _active == 0 or _ended != seen, quiet):
+                return False
+        return True

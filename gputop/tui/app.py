@@ -814,6 +814,7 @@ class GputopApp(App):
     def _do_kill(self, targets: list, signal_name: str) -> None:
         try:
             from gputop import actions
+            from gputop.actions import interrupt
         except Exception as e:
             self.call_from_thread(self.notify, f"kill unavailable: {e}", severity="error", timeout=10)
             return
@@ -822,17 +823,20 @@ class GputopApp(App):
         override = signal_name == OVERRIDE
         if override:
             signal_name = "KILL"
-        for t in targets:
-            try:
-                r = actions.kill_process(t.pid, expected_start=t.start_time, face="tui",
-                                         signal_name=signal_name, timeout=self.config.kill_timeout,
-                                         sampler=self.sampler, config=self.config,
-                                         allow_protected=override)
-                self._report(r)
-            except Exception as e:  # an action must never be swallowed, even a crashing one
-                self.call_from_thread(self.notify, f"kill {t.pid} failed: {type(e).__name__}: {e}",
-                                      severity="error", timeout=10)
-        self.call_from_thread(self._after_action, {t.pid for t in targets})
+        # The confirmed list is one action in flight from its first kill to its last: a SIGHUP/SIGTERM to the
+        # TUI between two of them does not end the process before the rest (see gputop.tui.launch).
+        with interrupt.deferred():
+            for t in targets:
+                try:
+                    r = actions.kill_process(t.pid, expected_start=t.start_time, face="tui",
+                                             signal_name=signal_name, timeout=self.config.kill_timeout,
+                                             sampler=self.sampler, config=self.config,
+                                             allow_protected=override)
+                    self._report(r)
+                except Exception as e:  # an action must never be swallowed, even a crashing one
+                    self._tell(self.notify, f"kill {t.pid} failed: {type(e).__name__}: {e}", severity="error",
+                               timeout=10)
+        self._tell(self._after_action, {t.pid for t in targets})
 
     def _report(self, result) -> None:
         sev = "information" if result.ok else "error"
@@ -842,8 +846,19 @@ class GputopApp(App):
         if audit_error:  # stderr is not visible under the TUI: say it on screen, loudly
             message += f"\nAUDIT LOG NOT WRITTEN: {audit_error}"
             sev = "error"
-        self.call_from_thread(self.notify, message, title=title, severity=sev,
-                              timeout=6 if sev != "error" else 15)
+        self._tell(self.notify, message, title=title, severity=sev, timeout=6 if sev != "error" else 15)
+
+    def _tell(self, callback, *args, **kwargs) -> None:
+        """call_from_thread for a kill's or reap's worker, which carries on once the app has exited: a signal
+        ends the app while the action finishes its confirmed plan (the audit log has what it did), and an
+        outcome nobody can see must not stop the kills that come after it."""
+        if not self.is_running:
+            return
+        try:
+            self.call_from_thread(callback, *args, **kwargs)
+        except Exception:
+            if self.is_running:
+                raise
 
     def _after_action(self, pids: set[int] = frozenset()) -> None:
         tree = self.query_one(ProcessTree)
@@ -904,9 +919,9 @@ class GputopApp(App):
                                   sampler=self.sampler, config=self.config)
             self._report(r)
         except Exception as e:
-            self.call_from_thread(self.notify, f"reap {tree.root.pid} failed: {type(e).__name__}: {e}",
-                                  severity="error", timeout=15)
-        self.call_from_thread(self._after_action, set(tree.holders))
+            self._tell(self.notify, f"reap {tree.root.pid} failed: {type(e).__name__}: {e}", severity="error",
+                       timeout=15)
+        self._tell(self._after_action, set(tree.holders))
 
     def action_reset(self) -> None:
         if self._refuse_readonly() or self.snapshot is None:

@@ -15,7 +15,10 @@ from gputop.errors import UsageError
 from gputop.tui import first_frame
 
 EXIT_GRACE_S = 10.0  # after SIGTERM/SIGHUP, how long the normal exit may take before the process just ends
-ACTION_GRACE_S = 180.0  # how long a kill or reap in flight may take to finish its plan before the process ends
+# How long, on top of twice the config's kill_timeout, one kill or reap in flight may take to finish its plan
+# before the process ends anyway (a wait for another action's lock, the grace, SIGKILL, the checks after).
+# Each action that ends starts the wait again: a kill of many tagged processes runs them one by one.
+ACTION_GRACE_S = 180.0
 
 # Modules the TUI process never uses that its imports would load anyway (peak RSS, issue 13). ``ssl``:
 # asyncio (which Textual runs on) imports it only to offer TLS connections, and goes without it when it
@@ -71,7 +74,8 @@ def run_tui(args) -> int:
             from gputop.snapshot import Sampler
 
             sampler = Sampler.from_probe(found, config)
-            with _exit_on_signals(lambda: app):
+            action_grace = ACTION_GRACE_S + 2 * config.kill_timeout
+            with _exit_on_signals(lambda: app, action_grace):
                 from gputop.tui.app import GputopApp  # imports Textual
 
                 app = GputopApp(sampler, config=config, interval=interval,
@@ -79,7 +83,7 @@ def run_tui(args) -> int:
                                 first_frame=drawn)
                 app.run()
                 # Textual has left the screen; an action still in its worker thread finishes its plan first.
-                _wait_for_actions()
+                _wait_for_actions(action_grace)
         finally:
             if drawn and not (app is not None and app.took_screen):
                 first_frame.leave()  # the app failed or was stopped before it took the screen over
@@ -138,22 +142,22 @@ def _interrupt():
     return sys.modules.get("gputop.actions.interrupt")
 
 
-def _wait_for_actions() -> None:
+def _wait_for_actions(grace: float = ACTION_GRACE_S) -> None:
     intr = _interrupt()
     if intr is not None:
-        intr.idle(ACTION_GRACE_S)
+        intr.settle(grace)
 
 
-def _exit_when_idle(code: int) -> None:
-    """End the process, but only once no kill or reap is in flight (or after ACTION_GRACE_S)."""
-    _wait_for_actions()
+def _exit_when_idle(code: int, grace: float = ACTION_GRACE_S) -> None:
+    """End the process, but only once no kill or reap is in flight (or none has ended for ``grace`` s)."""
+    _wait_for_actions(grace)
     os._exit(code)
 
 
 @contextlib.contextmanager
-def _exit_on_signals(get_app):
-    """SIGTERM and SIGHUP leave through the app's normal exit, which restores the terminal (alternate
-    screen off, mouse tracking off, cursor shown). Exit status 128 + the signal's number. Before the app
+def _exit_on_signals(get_app, action_grace: float = ACTION_GRACE_S):
+    """SIGTERM, SIGHUP and SIGINT leave through the app's normal exit, which restores the terminal (alternate
+    screen off, mouse tracking off, cursor shown). Exit status 128 + the (first) signal's number. Before the app
     runs (Textual still importing), SystemExit: run_tui then takes the first frame off the screen."""
     import asyncio
 
@@ -164,24 +168,31 @@ def _exit_on_signals(get_app):
         intr = _interrupt()
         if intr is not None:
             intr.note_for_workers(signum)
+        first.append(signum)
+        code = 128 + first[0]  # a second signal (SIGTERM after SIGHUP) does not change how the process ends
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not running yet (or any more): the app has nothing on screen to restore
-            raise SystemExit(128 + signum) from None
+            raise SystemExit(code) from None
         if app is None:
-            raise SystemExit(128 + signum)
-        loop.call_soon_threadsafe(lambda: app.exit(return_code=128 + signum))
+            raise SystemExit(code)
+        loop.call_soon_threadsafe(lambda: app.exit(return_code=code))
+        if timers:  # the forced exit is already on its way
+            return
         # A closed terminal (SIGHUP) can leave Textual's shutdown waiting for ever on its output queue (seen when
         # a tmux window was killed during start-up): if the normal exit has not ended the process soon, end it.
-        stuck = threading.Timer(EXIT_GRACE_S, _exit_when_idle, (128 + signum,))
+        stuck = threading.Timer(EXIT_GRACE_S, _exit_when_idle, (code, action_grace))
         stuck.daemon = True
         stuck.start()
         timers.append(stuck)
 
-    saved, timers = {}, []
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    saved, timers, first = {}, [], []
+    # SIGINT too: Ctrl-C in the TUI is a key (the terminal is raw), so a SIGINT comes from kill -INT. Left to
+    # asyncio it cancels the app, which then ends with status 0, and an action in flight is not told.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         with contextlib.suppress(ValueError, OSError):  # not the main thread: leave the defaults
-            if signal.getsignal(sig) is not signal.SIG_IGN:  # under nohup SIGHUP stays ignored
+            # Under nohup SIGHUP stays ignored, and a background job's SIGINT too.
+            if signal.getsignal(sig) is not signal.SIG_IGN:
                 saved[sig] = signal.signal(sig, handler)
     try:
         yield
