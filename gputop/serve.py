@@ -12,9 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import secrets
-import stat
 import sys
 from functools import partial
 from pathlib import Path
@@ -30,61 +27,11 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gputop import __version__, faces, requester
-from gputop.config import state_dir
-from gputop.errors import GputopError, RefusedError, UsageError
+from gputop.errors import GputopError, UsageError
 from gputop.faces import HTTP_STATUS, LiveSnapshot
 from gputop.metrics import FindingCounter, GuardHitCounter, SnapshotCollector, exposition
 
-TOKEN_FILE = "api-token"
 FACE = "api"
-
-
-# ---- the token -------------------------------------------------------------------------------
-
-def default_token_path() -> Path:
-    return state_dir() / TOKEN_FILE
-
-
-def read_token(path: Path) -> str | None:
-    """The token, or None when the file does not exist. Refuses a file others can read or write."""
-    try:
-        # O_NONBLOCK: a FIFO put in its place must not block the server in open().
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise RefusedError(f"cannot open token file {path}: {e.strerror} (a symlink is refused)") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RefusedError(f"token file {path} is not a regular file")
-        if st.st_mode & 0o077:
-            raise RefusedError(f"token file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others can read it; "
-                               f"run 'chmod 600 {path}' (or delete it and start with --create-token)")
-        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-            raise RefusedError(f"token file {path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
-        token = os.read(fd, 4096).decode("utf-8", "replace").strip()
-    finally:
-        os.close(fd)
-    if len(token) < 16:
-        raise RefusedError(f"token file {path} holds no usable token (at least 16 characters); "
-                           "delete it and start with --create-token")
-    return token
-
-
-def create_token(path: Path) -> str:
-    """Write a new random token to ``path``, created 0600 (never over an existing file)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    token = secrets.token_urlsafe(32)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except FileExistsError:
-        raise UsageError(f"token file {path} already exists; it is used as it is") from None
-    try:
-        os.write(fd, (token + "\n").encode())
-    finally:
-        os.close(fd)
-    return token
 
 
 # ---- the app ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 
 from gputop import auditlog
 from gputop.guard import state
-from gputop.serve import create_token
+from gputop.requester import create_token
 from tests.conftest import wait_gone
 from tests.functional.mcphttp import McpHttp
 

@@ -16,7 +16,7 @@ import pytest
 
 from gputop import auditlog
 from gputop.guard import state
-from gputop.serve import create_token
+from gputop.requester import create_token
 from tests.conftest import run_gputop
 from tests.functional.mcphttp import McpHttp
 from tests.functional.servehelp import Served, unix_request

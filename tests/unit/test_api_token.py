@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from gputop.errors import RefusedError, UsageError
-from gputop.serve import create_token, read_token
+from gputop.requester import create_token, read_token
 
 
 def test_create_then_read(tmp_path):

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from gputop import requester
-from gputop.serve import create_token
+from gputop.requester import create_token
 
 ME = os.geteuid()
 OTHER = 61299 if ME != 61299 else 61298
