@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from gputop.config import Config
-from gputop.errors import GputopError
+from gputop.util.errors import GputopError
 from gputop.procs import user_name
 
 _LOCK = threading.Lock()

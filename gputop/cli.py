@@ -12,7 +12,7 @@ import sys
 from gputop import __version__
 from gputop.backends import CHOICES
 from gputop.commands import COMMANDS
-from gputop.errors import GputopError
+from gputop.util.errors import GputopError
 
 EPILOG = """\
 exit codes:

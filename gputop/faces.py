@@ -11,12 +11,12 @@ import threading
 import time
 
 from gputop.config import Config
-from gputop.errors import (
+from gputop.util.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
     GputopError, UsageError,
 )
 from gputop.snapshot import Holder, Sampler, Snapshot, holder_to_dict, select_holders
-from gputop.units import parse_memory
+from gputop.util.units import parse_memory
 
 # ActionResult.exit_code -> HTTP status.
 HTTP_STATUS = {EXIT_OK: 200, EXIT_FAILURE: 500, EXIT_USAGE: 400, EXIT_NOT_FOUND: 404, EXIT_PERMISSION: 403,

@@ -26,10 +26,10 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from gputop import __version__, faces, permissions, requester
-from gputop.errors import GputopError
+from gputop.util.errors import GputopError
 from gputop.faces import LiveSnapshot
 from gputop.snapshot import holder_to_dict
-from gputop.units import fmt_bytes
+from gputop.util.units import fmt_bytes
 
 FACE = "mcp"
 INSTRUCTIONS = """gputop shows which processes hold each GPU on this machine, finds orphaned GPU jobs, and can kill

@@ -21,7 +21,7 @@ from gputop.disguise import disguise
 from gputop.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE  # noqa: F401 (re-exported)
 from gputop.ownership import ENDED_STATES, LIVE_STATES, SERVICE, SESSION, Owner
 from gputop.procs import ProcInfo
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 
 ORPHAN = "orphan"
 NOT_ORPHAN = "not-orphan"
@@ -84,7 +84,7 @@ def compile_protect(patterns: Sequence[str]) -> re.Pattern[str] | None:
     if tuple(pats) in (tuple(DEFAULT_PROTECT), tuple(DEFAULT_PROTECT_CMDLINE)):  # our own: safe for re, and
         # no RE2 start-up cost (~25 ms and 2.5 MiB of RSS in the TUI)
         return re.compile(joined, re.IGNORECASE)
-    from gputop import saferegex  # bounded (RE2): the list comes from a config, the text from other users
+    from gputop.util import saferegex  # bounded (RE2): the list comes from a config, the text from other users
 
     return saferegex.compile(joined, ignore_case=True)
 

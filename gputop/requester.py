@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputop.config import state_dir
-from gputop.errors import RefusedError, UsageError
+from gputop.util.errors import RefusedError, UsageError
 
 _CURRENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("gputop_requester", default=None)
 
@@ -114,7 +114,7 @@ class WriteCheck:
 def check_write(scope: dict, authorization: str, token_path: Path | None, via: str) -> WriteCheck:
     """One rule for serve and mcp --http: a Unix socket peer of the server's uid (or root) may write;
     anyone else needs ``Authorization: Bearer <token in token_path>``, compared in constant time."""
-    from gputop.errors import GputopError
+    from gputop.util.errors import GputopError
 
     peer = scope.get(PEER_KEY) or TCP_PEER
     if peer_may_write_without_token(peer):

@@ -27,7 +27,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gputop import __version__, faces, requester
-from gputop.errors import GputopError, UsageError
+from gputop.util.errors import GputopError, UsageError
 from gputop.faces import HTTP_STATUS, LiveSnapshot
 from gputop.metrics import FindingCounter, GuardHitCounter, SnapshotCollector, exposition
 

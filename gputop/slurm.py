@@ -163,7 +163,7 @@ def state_from_output(job_id: int, rc: int, out: str, err: str) -> JobState:
         return JobState(job_id, None, "scontrol printed no JobState")
     if "invalid job id" in (err + out).lower():
         return JobState(job_id, FORGOTTEN, "slurmctld: Invalid job id")
-    from gputop.textsafe import visible
+    from gputop.util.textsafe import visible
 
     msg = visible((err.strip() or out.strip() or f"exit status {rc}").splitlines()[-1][:200])
     return JobState(job_id, None, f"scontrol failed: {msg}")

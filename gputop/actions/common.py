@@ -13,10 +13,10 @@ from typing import Iterable
 
 from gputop import auditlog
 from gputop.config import Config, load_config
-from gputop.errors import EXIT_OK, GputopError
+from gputop.util.errors import EXIT_OK, GputopError
 from gputop.orphans import classify, compile_protect
 from gputop.procs import ProcInfo, ProcTable
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 
 FACES = ("cli", "tui", "guard", "mcp", "api")
 
@@ -35,7 +35,7 @@ class ActionResult:
     message: str  # one line for humans; on failure it says what to do
     pid: int | None = None
     gpu: int | None = None
-    exit_code: int = EXIT_OK  # gputop.errors EXIT_* code
+    exit_code: int = EXIT_OK  # gputop.util.errors EXIT_* code
     memory_released: bool | None = None
     details: dict = field(default_factory=dict)
 

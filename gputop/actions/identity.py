@@ -252,7 +252,7 @@ class TargetLock:
         root's alone)."""
         import fcntl
 
-        from gputop import trustfile
+        from gputop.util import trustfile
 
         for d in (os.path.dirname(ROOT_LOCK_DIR), ROOT_LOCK_DIR):
             try:

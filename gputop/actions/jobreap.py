@@ -19,7 +19,7 @@ from gputop.actions.common import ActionResult, Ctx, log_record, record
 from gputop.actions.plan import LeftAlone, ReapPlan, plan_group
 from gputop.actions.reap import ReapRun, make_rules
 from gputop.config import Config
-from gputop.errors import EXIT_FAILURE, EXIT_OK, GputopError
+from gputop.util.errors import EXIT_FAILURE, EXIT_OK, GputopError
 from gputop.procs import ProcInfo, ProcTable
 
 

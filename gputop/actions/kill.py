@@ -22,7 +22,7 @@ from gputop.actions.common import (
 from gputop.actions import interrupt
 from gputop.actions.identity import Handle, TargetLock, wait_gone
 from gputop.config import Config, load_config
-from gputop.errors import (
+from gputop.util.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
     GputopError,
 )

@@ -17,7 +17,7 @@ from gputop.actions import interrupt
 from gputop.actions.identity import TargetLock
 from gputop.actions.plan import PidNs, ReapPlan, Rules, plan_reap
 from gputop.config import Config, load_config
-from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
+from gputop.util.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
 from gputop.orphans import UNKNOWN, classify, compile_protect
 from gputop.ownership import NONE
 from gputop.procs import (

@@ -8,12 +8,12 @@ import time
 from gputop.actions.common import Ctx, FACES, ActionResult, log_record, record, safety_refusal
 from gputop.backends.base import ResetError
 from gputop.config import Config
-from gputop.errors import (
+from gputop.util.errors import (
     EXIT_FAILURE, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError,
 )
 from gputop.orphans import PROTECTED, UNKNOWN
 from gputop.procs import self_and_ancestors
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 
 _RESET_CODES = {
     "permission": ("permission-denied", EXIT_PERMISSION, "run it as root (sudo gputop reset --gpu {i})"),

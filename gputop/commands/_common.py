@@ -7,9 +7,9 @@ import os
 import sys
 
 from gputop.config import Config, load_config
-from gputop.errors import GputopError
+from gputop.util.errors import GputopError
 from gputop.snapshot import Sampler
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 
 
 def config_from(args) -> Config:

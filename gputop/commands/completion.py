@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from gputop.errors import UnavailableError
+from gputop.util.errors import UnavailableError
 
 NAME = "completion"
 HELP = "print a shell completion script (bash or zsh)"

@@ -7,11 +7,11 @@ import os
 import sys
 
 from gputop.commands._common import config_from, open_sampler, print_json
-from gputop.errors import EXIT_FAILURE, UsageError
+from gputop.util.errors import EXIT_FAILURE, UsageError
 from gputop.guard import state
 from gputop.guard.policy import PolicyError, load_policy
-from gputop.textsafe import visible
-from gputop.units import parse_duration
+from gputop.util.textsafe import visible
+from gputop.util.units import parse_duration
 
 NAME = "guard"
 HELP = "guard mode: --enable/--disable/--dry-run/--enforce, --policy-file F, --test-policies, status, run"

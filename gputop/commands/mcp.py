@@ -6,7 +6,7 @@ import sys
 
 from gputop.commands._common import config_from, open_sampler
 from gputop.commands.serve import add_socket_arguments
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 
 NAME = "mcp"
 HELP = "run an MCP server for AI assistants (stdio, or --http on 127.0.0.1)"

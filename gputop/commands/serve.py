@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gputop.commands._common import config_from, open_sampler
-from gputop.errors import GputopError, PermissionDeniedError, RefusedError, UnavailableError, UsageError
+from gputop.util.errors import GputopError, PermissionDeniedError, RefusedError, UnavailableError, UsageError
 
 NAME = "serve"
 HELP = "serve a local HTTP API and Prometheus /metrics (127.0.0.1 by default)"

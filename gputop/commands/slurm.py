@@ -9,8 +9,8 @@ import sys
 import time
 
 from gputop.commands._common import config_from, open_sampler, print_json
-from gputop.errors import EXIT_FAILURE, EXIT_OK, UsageError
-from gputop.textsafe import visible
+from gputop.util.errors import EXIT_FAILURE, EXIT_OK, UsageError
+from gputop.util.textsafe import visible
 
 NAME = "slurm"
 HELP = "Slurm node hooks: epilog reaps a finished job's leftovers, prolog frees a job's GPUs, check"

@@ -7,11 +7,11 @@ import time
 
 from gputop.backends import no_gpu_message
 from gputop.commands._common import fit_last, open_sampler, print_json, table, to_terminal, write_stdout
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 from gputop.ownership import NONE, Owner
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 from gputop.snapshot import Snapshot, snapshot_json
-from gputop.units import fmt_bytes, fmt_duration, fmt_opt
+from gputop.util.units import fmt_bytes, fmt_duration, fmt_opt
 
 NAME = "status"
 HELP = "show GPUs and the processes holding them (table, or --json)"

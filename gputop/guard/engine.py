@@ -38,8 +38,8 @@ from gputop.guard.exempt import Exempt, Exemption
 from gputop.guard.policy import USER_LEVEL, Condition, Policy, Rule
 from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN, compile_protect, protect_reason
 from gputop.snapshot import Holder, Snapshot
-from gputop.textsafe import visible
-from gputop.units import fmt_bytes
+from gputop.util.textsafe import visible
+from gputop.util.units import fmt_bytes
 
 
 # kill/reap outcomes that mean the selected process is no longer the one the snapshot counted.

@@ -31,7 +31,7 @@ from gputop.actions.common import same_start
 from gputop.config import EXEMPT_KEYS, Config, parse_exempt
 from gputop.ownership import owner_from_cgroup, parse_lines
 from gputop.procs import read_proc
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from email.message import EmailMessage
 
 from gputop import __version__
 from gputop.config import Config
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 
 UNDELIVERABLE = "undeliverable: no mail transport configured"
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from gputop.config import guard_dir
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 
 MODES = ("off", "dry-run", "enforce")
 DEFAULT_MODE = "off"
@@ -51,7 +51,7 @@ def daemon_path() -> Path:
 def file_sig(path: str | os.PathLike | None) -> tuple | None:
     """What tells a file's new version from the last one read (it is replaced atomically or appended to):
     its mtime, size and inode, and its owner and mode (a chmod or chown alone can make root refuse a policy:
-    gputop.trustfile); ``("missing",)`` when it cannot be read; None for no path. The daemon re-reads its
+    gputop.util.trustfile); ``("missing",)`` when it cannot be read; None for no path. The daemon re-reads its
     state and policy, and the TUI's side panel the state and hits, when this changes."""
     if not path:
         return None

@@ -26,7 +26,7 @@ from textual.widgets import Footer, Input, Static
 
 from gputop.config import Config
 from gputop.orphans import ORPHAN
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 from gputop.snapshot import Snapshot
 from gputop.tui import keymap, process_tree
 from gputop.tui.bar import TextBar
@@ -918,7 +918,7 @@ class GputopApp(App):
             self.notify("No GPU to reset.", severity="warning")
             return
         dev = self.snapshot.device(idx)
-        from gputop.errors import GputopError
+        from gputop.util.errors import GputopError
 
         locate = getattr(self.sampler, "locate", None)  # the test doubles of the sampler have none
         try:

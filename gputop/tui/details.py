@@ -14,8 +14,8 @@ from textual.widgets import Button, Static
 from gputop.ownership import NONE, Owner
 from gputop.procs import ProcInfo
 from gputop.snapshot import Holder
-from gputop.units import fmt_bytes, fmt_duration
-from gputop.textsafe import visible
+from gputop.util.units import fmt_bytes, fmt_duration
+from gputop.util.textsafe import visible
 
 
 def _when(t: float | None) -> str:

@@ -11,7 +11,7 @@ import threading
 
 from gputop.backends import close_backends, probe, read_devices
 from gputop.config import load_config
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 from gputop.tui import first_frame
 
 EXIT_GRACE_S = 10.0  # after SIGTERM/SIGHUP, how long the normal exit may take before the process just ends

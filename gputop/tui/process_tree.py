@@ -20,8 +20,8 @@ from textual.widgets.tree import TreeNode
 
 from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.tui.rows import SORTS, Node
-from gputop.units import fmt_bytes, fmt_duration
-from gputop.textsafe import visible
+from gputop.util.units import fmt_bytes, fmt_duration
+from gputop.util.textsafe import visible
 
 GUIDE = 2  # cells per tree level (Textual's minimum)
 EXPANDER = 2  # the "▼ " in front of every label (blank for leaves, so columns line up)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.procs import ProcInfo
 from gputop.snapshot import Holder, Snapshot
-from gputop.units import fmt_bytes
-from gputop.textsafe import visible
+from gputop.util.units import fmt_bytes
+from gputop.util.textsafe import visible
 
 GROUP_GPU = "gpu"
 GROUP_ROOT = "root"

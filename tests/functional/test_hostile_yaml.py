@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gputop.errors import EXIT_USAGE, UsageError
+from gputop.util.errors import EXIT_USAGE, UsageError
 from gputop.guard.policy import PolicyError, load_policy, parse_policy
 from tests.conftest import run_gputop_measured
 from tests.functional.test_guard_daemon import KILL_VICTIMS

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gputop import actions
-from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_USAGE
+from gputop.util.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_USAGE
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
     OtherUser, alive, check_common, check_target, ident, records, spawn_ignoring_term, write_config,

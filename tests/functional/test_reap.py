@@ -12,7 +12,7 @@ import pytest
 
 from gputop import actions
 from gputop.config import load_config
-from gputop.errors import EXIT_PERMISSION, EXIT_REFUSED
+from gputop.util.errors import EXIT_PERMISSION, EXIT_REFUSED
 from gputop.snapshot import Sampler
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (

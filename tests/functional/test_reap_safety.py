@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gputop.errors import EXIT_NOT_FOUND
+from gputop.util.errors import EXIT_NOT_FOUND
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import records, unique, with_marker, write_config
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gputop.config import Config
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 from gputop.rogue import MINER_NAMES, AuditConfig, History, audit
 from tests.conftest import run_gputop
 from tests.functional.guard_helpers import Clock, PoolServer, sampler_for

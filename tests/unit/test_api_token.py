@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from gputop.errors import RefusedError, UsageError
+from gputop.util.errors import RefusedError, UsageError
 from gputop.requester import create_token, read_token
 
 

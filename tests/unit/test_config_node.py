@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gputop.config import SCHEMA, load_config
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 from gputop.orphans import DEFAULT_PROTECT
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gputop.config import Config, load_config, parse_exempt
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 from gputop.guard.exempt import Exempt, root_owned
 
 

@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from gputop import remote
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 
 
 def test_split_finds_remote_among_global_options():

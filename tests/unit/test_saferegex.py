@@ -1,4 +1,4 @@
-"""Patterns from requests, policies and configs are matched in bounded time (gputop.saferegex, RE2)."""
+"""Patterns from requests, policies and configs are matched in bounded time (gputop.util.saferegex, RE2)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from gputop import saferegex
+from gputop.util import saferegex
 from gputop.config import load_config
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 from gputop.guard.conditions import compare
 from gputop.guard.policy import PolicyError, parse_policy
 from gputop.orphans import compile_protect

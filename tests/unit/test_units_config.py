@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from gputop.config import Config, load_config
-from gputop.errors import UsageError
-from gputop.units import fmt_bytes, fmt_duration, parse_duration, parse_memory
+from gputop.util.errors import UsageError
+from gputop.util.units import fmt_bytes, fmt_duration, parse_duration, parse_memory
 
 
 @pytest.mark.parametrize("text,expected", [
