@@ -1,7 +1,7 @@
 """``gputop serve``: a local HTTP API and a Prometheus endpoint (Starlette on uvicorn).
 
 Reads come from the latest snapshot, which one background thread refreshes (sampling never runs on the
-event loop). Who may write is gputop.requester.check_write: the server's own user (or root) through its
+event loop). Who may write is gputop.core.requester.check_write: the server's own user (or root) through its
 Unix socket (SO_PEERCRED), anyone else with the bearer token kept in a file only its owner can read
 (0600); every TCP write needs the token. Writes go through gputop.actions with face "api", which
 re-checks identity and safety and writes the audit log. --read-only refuses every write (403).
@@ -26,7 +26,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gputop import __version__, faces, requester
+from gputop import __version__, faces
+from gputop.core import requester
 from gputop.util.errors import GputopError, UsageError
 from gputop.faces import HTTP_STATUS, LiveSnapshot
 from gputop.metrics import FindingCounter, GuardHitCounter, SnapshotCollector, exposition
@@ -104,7 +105,7 @@ def _reason(data: dict) -> str | None:
 
 
 def _write_endpoint(live: LiveSnapshot, token_path: Path | None, read_only: bool, action: str, fn):
-    """A POST endpoint: who asked and whether they may write is decided first (gputop.requester: the Unix
+    """A POST endpoint: who asked and whether they may write is decided first (gputop.core.requester: the Unix
     socket's SO_PEERCRED uid, or the bearer token), every record names that actor, then ``fn(live, body)``
     runs in a thread."""
     async def endpoint(request: Request):
@@ -209,7 +210,7 @@ def _read_routes(live: LiveSnapshot, read_only: bool, registry: CollectorRegistr
 
 def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | None = None,
                read_only: bool = False) -> Starlette:
-    """Writes: see gputop.requester.check_write (the Unix socket's own user, or the bearer token of
+    """Writes: see gputop.core.requester.check_write (the Unix socket's own user, or the bearer token of
     ``token_path``; ``token_path`` None: no token, so nothing over TCP). ``read_only``: no writes at all.
     ``hosts``: the Host header values accepted (see allowed_hosts); None accepts any."""
     findings = FindingCounter()
@@ -287,7 +288,7 @@ EMFILE_WARN_EVERY = 30.0  # seconds between two "out of file descriptors" lines
 class GuardedProtocol(H11Protocol):
     """uvicorn's h11 protocol, plus:
 
-    - the kernel's word on the peer (gputop.requester.socket_peer: SO_PEERCRED on the Unix socket), read
+    - the kernel's word on the peer (gputop.core.requester.socket_peer: SO_PEERCRED on the Unix socket), read
       when the connection is made and put in every request's scope;
     - a deadline for each request: a client that has not sent the whole request REQUEST_TIMEOUT seconds
       after connecting (or after the previous response) is dropped, however slowly it trickles bytes in

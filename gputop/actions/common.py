@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from gputop import auditlog
-from gputop.config import Config, load_config
+from gputop.core import auditlog
+from gputop.core.config import Config, load_config
 from gputop.util.errors import EXIT_OK, GputopError
-from gputop.orphans import classify, compile_protect
-from gputop.procs import ProcInfo, ProcTable
+from gputop.core.orphans import classify, compile_protect
+from gputop.core.procs import ProcInfo, ProcTable
 from gputop.util.textsafe import visible
 
 FACES = ("cli", "tui", "guard", "mcp", "api")
@@ -136,7 +136,7 @@ class Ctx:
             self.config = load_config()  # may raise UsageError: caught by the callers
         if self.sampler is None:
             try:
-                from gputop.snapshot import Sampler
+                from gputop.core.snapshot import Sampler
 
                 self.sampler = Sampler.open(config=self.config)
                 self.owned = True

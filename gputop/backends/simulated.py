@@ -43,7 +43,7 @@ from gputop.backends.base import (
     CONTEXT_TYPES, Backend, BackendUnavailable, DeviceSample, GpuProcess, ResetError,
 )
 from gputop.util.errors import UsageError
-from gputop.procs import is_alive
+from gputop.core.procs import is_alive
 from gputop.util.units import parse_memory
 
 ENV_SCENARIO = "GPUTOP_SCENARIO"
@@ -230,7 +230,7 @@ class SimulatedBackend(Backend):
 
     @staticmethod
     def _started_after(h: _Holder, t: float) -> bool:
-        from gputop.procs import start_time
+        from gputop.core.procs import start_time
 
         st = start_time(h.pid)
         return st is not None and st > t

@@ -6,9 +6,9 @@ import json
 import os
 import sys
 
-from gputop.config import Config, load_config
+from gputop.core.config import Config, load_config
 from gputop.util.errors import GputopError
-from gputop.snapshot import Sampler
+from gputop.core.snapshot import Sampler
 from gputop.util.textsafe import visible
 
 

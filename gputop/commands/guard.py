@@ -114,7 +114,7 @@ def run(args) -> int:
         if mode == "enable":
             mode = cur if cur != "off" else "dry-run"
         if mode != cur:
-            from gputop.auditlog import AuditLogError
+            from gputop.core.auditlog import AuditLogError
 
             try:
                 state.set_mode(mode, face="cli")

@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 
-from gputop import auditlog
+from gputop.core import auditlog
 from gputop.commands._common import config_from, fit_last, print_json, table
 from gputop.util.errors import EXIT_OK, NotFoundError, PermissionDeniedError, UsageError
 from gputop.util.units import parse_duration

@@ -54,7 +54,7 @@ def add_socket_arguments(p, name: str) -> None:
 
 
 def default_socket_path(name: str) -> Path:
-    from gputop.config import state_dir
+    from gputop.core.config import state_dir
 
     return state_dir() / "sockets" / name
 
@@ -198,7 +198,7 @@ def run(args) -> int:
 
 def resolve_token(args) -> tuple[Path | None, str]:
     """(the token file writes need, or None for read-only; a note saying so). Shared with 'mcp --http'."""
-    from gputop.requester import create_token, default_token_path, read_token
+    from gputop.core.requester import create_token, default_token_path, read_token
 
     token_path: Path | None = Path(args.token_file).expanduser() if args.token_file else default_token_path()
     if getattr(args, "metrics_only", False):

@@ -8,9 +8,9 @@ import time
 from gputop.backends import no_gpu_message
 from gputop.commands._common import fit_last, open_sampler, print_json, table, to_terminal, write_stdout
 from gputop.util.errors import UsageError
-from gputop.ownership import NONE, Owner
+from gputop.core.ownership import NONE, Owner
 from gputop.util.textsafe import visible
-from gputop.snapshot import Snapshot, snapshot_json
+from gputop.core.snapshot import Snapshot, snapshot_json
 from gputop.util.units import fmt_bytes, fmt_duration, fmt_opt
 
 NAME = "status"

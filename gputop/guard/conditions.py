@@ -11,8 +11,8 @@ import operator as _op
 from dataclasses import dataclass, field
 
 from gputop.guard.policy import Condition
-from gputop.orphans import ORPHAN
-from gputop.snapshot import Holder, Snapshot
+from gputop.core.orphans import ORPHAN
+from gputop.core.snapshot import Holder, Snapshot
 from gputop.util.textsafe import visible
 from gputop.util.units import fmt_bytes, fmt_duration
 

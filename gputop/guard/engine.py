@@ -30,14 +30,14 @@ from typing import Callable
 
 from gputop import actions
 from gputop.actions.common import log_record, record as audit_record, same_start
-from gputop.config import Config
+from gputop.core.config import Config
 from gputop.guard import notify as _notify
 from gputop.guard import state as _state
 from gputop.guard.conditions import Facts, Outcome, Target, evaluate
 from gputop.guard.exempt import Exempt, Exemption
 from gputop.guard.policy import USER_LEVEL, Condition, Policy, Rule
-from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN, compile_protect, protect_reason
-from gputop.snapshot import Holder, Snapshot
+from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN, compile_protect, protect_reason
+from gputop.core.snapshot import Holder, Snapshot
 from gputop.util.textsafe import visible
 from gputop.util.units import fmt_bytes
 

@@ -39,7 +39,7 @@ import urllib.request
 from email.message import EmailMessage
 
 from gputop import __version__
-from gputop.config import Config
+from gputop.core.config import Config
 from gputop.util.textsafe import visible
 
 UNDELIVERABLE = "undeliverable: no mail transport configured"

@@ -18,7 +18,7 @@ from textual.strip import Strip
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
 
-from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
+from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.tui.rows import SORTS, Node
 from gputop.util.units import fmt_bytes, fmt_duration
 from gputop.util.textsafe import visible

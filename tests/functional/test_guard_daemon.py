@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gputop import auditlog
+from gputop.core import auditlog
 from gputop.util.errors import EXIT_USAGE
 from gputop.guard import state
 from gputop.guard.policy import PolicyError

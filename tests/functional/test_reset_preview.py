@@ -16,9 +16,9 @@ from mcp.types import CallToolResult
 from gputop import actions, mcp_server
 from gputop.backends.base import Backend
 from gputop.backends.simulated import SimulatedBackend
-from gputop.config import Config
+from gputop.core.config import Config
 from gputop.faces import LiveSnapshot
-from gputop.snapshot import Sampler
+from gputop.core.snapshot import Sampler
 from tests.functional.test_mcp import _as_nobody, alive
 
 

@@ -214,7 +214,7 @@ def test_an_unprivileged_user_still_loads_a_world_writable_file_of_their_own(oth
 
 def test_a_running_guard_keeps_its_last_good_policy_and_config_when_they_turn_writable(
         sane, procs, scenario, tmp_path, other):
-    from gputop import auditlog
+    from gputop.core import auditlog
     from gputop.guard import state
 
     policy = other.shared / "policy.yaml"  # root's file (0644) in a root-owned sticky dir: accepted

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from gputop import auditlog
+from gputop.core import auditlog
 from gputop.util.errors import EXIT_USAGE
 from tests.conftest import run_gputop
 from tests.functional.servehelp import Served, unix_request

@@ -8,10 +8,10 @@ import time
 
 
 from gputop.backends.simulated import SimulatedBackend
-from gputop.config import Config
-from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED
-from gputop.procs import read_proc
-from gputop.snapshot import Sampler
+from gputop.core.config import Config
+from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED
+from gputop.core.procs import read_proc
+from gputop.core.snapshot import Sampler
 from tests.conftest import run_gputop, run_on_pty, wait_gone
 
 

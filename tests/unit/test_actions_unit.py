@@ -10,7 +10,7 @@ from gputop import actions
 from gputop.actions import ActionResult, OrphanTree, Watchdog, parse_signal, same_start
 from gputop.commands.log import parse_since
 from gputop.util.errors import UsageError
-from gputop.procs import ProcInfo
+from gputop.core.procs import ProcInfo
 
 
 @pytest.mark.parametrize("name,sig", [("TERM", signal.SIGTERM), ("sigkill", signal.SIGKILL),

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from gputop.util.errors import RefusedError, UsageError
-from gputop.requester import create_token, read_token
+from gputop.core.requester import create_token, read_token
 
 
 def test_create_then_read(tmp_path):

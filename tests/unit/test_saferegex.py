@@ -8,12 +8,12 @@ import time
 import pytest
 
 from gputop.util import saferegex
-from gputop.config import load_config
+from gputop.core.config import load_config
 from gputop.util.errors import UsageError
 from gputop.guard.conditions import compare
 from gputop.guard.policy import PolicyError, parse_policy
-from gputop.orphans import compile_protect
-from gputop.snapshot import select_holders
+from gputop.core.orphans import compile_protect
+from gputop.core.snapshot import select_holders
 from tests.tui.helpers import frozen_snapshot
 
 EVIL = ["(.*)*Q", "(a+)+$", "(a|aa)+$", "(x+x+)+y", "(.*a){20}"]

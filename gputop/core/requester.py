@@ -28,7 +28,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gputop.config import state_dir
+from gputop.core.config import state_dir
 from gputop.util.errors import RefusedError, UsageError
 
 _CURRENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("gputop_requester", default=None)
@@ -79,7 +79,7 @@ def peer_may_write_without_token(peer: dict) -> bool:
 def request_actor(scope: dict, via: str, credential: str | None = None) -> dict:
     """The audit actor for a request. ``credential``: "peer-uid" or "token" when the request may write,
     "bad-token" when it presented a wrong one, None when it presented none (or only reads)."""
-    from gputop.procs import user_name
+    from gputop.core.procs import user_name
 
     peer = scope.get(PEER_KEY) or TCP_PEER
     me = server_uid()

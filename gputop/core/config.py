@@ -18,7 +18,7 @@ import platformdirs
 
 from gputop.util import saferegex
 from gputop.util.errors import UsageError
-from gputop.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE
+from gputop.core.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE
 from gputop.util.units import parse_duration
 
 
