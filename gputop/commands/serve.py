@@ -221,9 +221,9 @@ def resolve_token(args) -> tuple[Path | None, str]:
 
 
 def _serve(args, sock: socket.socket, unix: socket.socket | None, upath: Path | None, on_shutdown) -> int:
-    from gputop import faces
-    from gputop.faces import LiveSnapshot
-    from gputop.serve import allowed_hosts, create_app, run_server
+    from gputop.service import faces
+    from gputop.service.faces import LiveSnapshot
+    from gputop.service.api import allowed_hosts, create_app, run_server
 
     token_path, note = resolve_token(args)
     config = config_from(args)
@@ -234,7 +234,7 @@ def _serve(args, sock: socket.socket, unix: socket.socket | None, upath: Path | 
         host, port = sock.getsockname()[:2]
         hosts = allowed_hosts(host, port, tuple(args.allow_host))
         if args.metrics_only:
-            from gputop.metrics import create_metrics_app
+            from gputop.service.metrics import create_metrics_app
 
             app = create_metrics_app(live)  # no action API; a remote scraper needs no Host check
         else:

@@ -10,7 +10,7 @@ kernel says about a connection is trusted:
   as uid 0, and proxy headers are whatever the client wrote), so every TCP write needs the bearer token,
   and the record names "the token holder" with the client's address and ``uid: null``.
 
-The HTTP protocol (gputop.serve.GuardedProtocol) reads the peer credential when the connection is made
+The HTTP protocol (gputop.service.api.GuardedProtocol) reads the peer credential when the connection is made
 and puts it in the ASGI scope under ``PEER_KEY``; a scope without it is treated as TCP.
 While a request is handled its actor is set here (``acting_for``) and ``auditlog.actor()`` records it.
 """

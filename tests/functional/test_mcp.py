@@ -164,7 +164,7 @@ def _as_nobody(fn):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to nobody")
 def test_previews_say_a_signal_or_reset_would_be_refused_for_lack_of_permission(procs):
-    from gputop import mcp_server
+    from gputop.service import mcp_server
     from gputop.core import permissions
 
     victim = procs.sleeper("rootjob")

@@ -26,11 +26,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gputop import __version__, faces
+from gputop import __version__
+from gputop.service import faces
 from gputop.core import requester
 from gputop.util.errors import GputopError, UsageError
-from gputop.faces import HTTP_STATUS, LiveSnapshot
-from gputop.metrics import FindingCounter, GuardHitCounter, SnapshotCollector, exposition
+from gputop.service.faces import HTTP_STATUS, LiveSnapshot
+from gputop.service.metrics import FindingCounter, GuardHitCounter, SnapshotCollector, exposition
 
 FACE = "api"
 

@@ -25,10 +25,11 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
-from gputop import __version__, faces
+from gputop import __version__
+from gputop.service import faces
 from gputop.core import permissions, requester
 from gputop.util.errors import GputopError
-from gputop.faces import LiveSnapshot
+from gputop.service.faces import LiveSnapshot
 from gputop.core.snapshot import holder_to_dict
 from gputop.util.units import fmt_bytes
 
@@ -288,7 +289,7 @@ def http_app(live: LiveSnapshot, token_path: Path | None):
 
     from mcp.server.transport_security import TransportSecuritySettings
 
-    from gputop.serve import flush_refusals_on_shutdown
+    from gputop.service.api import flush_refusals_on_shutdown
 
     hosts = ["127.0.0.1", "localhost", "[::1]"]
     security = TransportSecuritySettings(enable_dns_rebinding_protection=True,
