@@ -25,7 +25,7 @@ def run(args) -> int:
         import shtab
     except ImportError:
         raise UnavailableError("shell completion needs the 'shtab' package: pip install shtab") from None
-    from gputop.cli import build_parser
+    from gputop.commands.cli import build_parser
 
     parser = build_parser()  # the whole parser, every subcommand imported
     sys.stdout.write(shtab.complete(parser, shell=args.shell))

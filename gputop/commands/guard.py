@@ -39,7 +39,7 @@ An invalid policy makes --policy-file, --test-policies and 'guard run' exit 2 wi
 
 
 def _add_common(p) -> None:
-    from gputop.cli import add_common
+    from gputop.commands.cli import add_common
 
     add_common(p, suppress=True)
 
@@ -163,7 +163,7 @@ def _test_policies(args) -> int:
     else:
         print(f"policy {os.path.abspath(path)}: {len(pol.rules)} rule(s); {len(snap.holders)} GPU holder(s) "
               f"on {len(snap.devices)} GPU(s)")
-        from gputop.remote import terminal_safe  # the names in it are their owners' text
+        from gputop.commands.remote import terminal_safe  # the names in it are their owners' text
 
         print(terminal_safe(render_explanation(items, state.get_mode())))
         if args.policy_file and os.path.abspath(args.policy_file) != (state.get_policy_path() or ""):

@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from gputop import node_units
+    from gputop.commands import node_units
 
     if args.print_only:
         for name in node_units.UNITS:

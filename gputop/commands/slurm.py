@@ -37,7 +37,7 @@ DEADLINE = 60.0  # no new tree or process is started on after this many seconds 
 
 
 def add_arguments(p) -> None:
-    from gputop.cli import add_common
+    from gputop.commands.cli import add_common
 
     sub = p.add_subparsers(dest="slurm_command", metavar="{epilog,prolog,check}")
     for name, help_ in (("epilog", "reap what the job in SLURM_JOB_ID left behind (Epilog=)"),

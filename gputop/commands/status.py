@@ -38,7 +38,7 @@ DEFAULT_SAMPLE_TIME = 0.5
 
 def run(args) -> int:
     if args.hosts is not None or args.hosts_file is not None:  # an empty --hosts is an error, not local
-        from gputop.remote import run_status_hosts
+        from gputop.commands.remote import run_status_hosts
 
         return run_status_hosts(args)
     if args.sample_time is not None and not 0 <= args.sample_time <= 60:

@@ -176,7 +176,7 @@ def test_bad_scenario_is_one_line_error(tmp_path):
 
 def test_status_does_not_import_textual(scenario):
     path = scenario([], gpus=1)
-    code = ("import sys; from gputop.cli import main; main(['status','--json','--scenario',%r]);"
+    code = ("import sys; from gputop.commands.cli import main; main(['status','--json','--scenario',%r]);"
             "sys.stderr.write(str(any(m.startswith('textual') for m in sys.modules)))") % str(path)
     import subprocess, sys
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

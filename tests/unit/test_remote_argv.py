@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from gputop import remote
+from gputop.commands import remote
 from gputop.util.errors import UsageError
 
 

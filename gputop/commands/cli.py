@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None, *, quick: bool = False) -> int:
 
 def _main(argv: list[str], quick: bool) -> int:
     try:
-        # gputop.remote is imported only when it can matter (start-up time).
+        # gputop.commands.remote is imported only when it can matter (start-up time).
         if any(a.partition("=")[0] in ("--remote", "--remote-gputop") for a in argv):
-            from gputop.remote import run_remote, split_remote_argv
+            from gputop.commands.remote import run_remote, split_remote_argv
 
             remote = split_remote_argv(argv)
             if remote is not None:  # everything else is for the gputop on that host
