@@ -124,8 +124,8 @@ def _poll_pidfd(members: list[int], gone_at: dict[int, float], stop: threading.E
 def worker(tree_json: str, grace: float, profile: str | None = None, watch: str = "pidfd",
            sampler: str = "warm") -> dict:
     from gputop.actions import reap_tree
-    from gputop.procs import read_proc
-    from gputop.snapshot import Sampler
+    from gputop.core.procs import read_proc
+    from gputop.core.snapshot import Sampler
 
     open_sampler = Sampler.open() if sampler == "warm" else None
     if open_sampler is not None:
@@ -190,7 +190,7 @@ def round_cost(rounds: int = 40) -> dict[str, float]:
     """Milliseconds per executor round spent reading /proc, at this host's process count: the table's scan
     with its lineage fields (now), and the same scan followed by a second stat scan (before; the tests'
     reference reader). Alternated."""
-    from gputop.procs import ProcTable
+    from gputop.core.procs import ProcTable
     from tests.functional.actions_helpers import scan_stats
 
     now, before = [], []

@@ -156,9 +156,9 @@ class _LibClock:
 
 def worker(rounds: int, holders: list[int], backend: str) -> dict:
     from gputop.backends import probe
-    from gputop.config import load_config
-    from gputop.procs import ProcTable
-    from gputop.snapshot import Sampler
+    from gputop.core.config import load_config
+    from gputop.core.procs import ProcTable
+    from gputop.core.snapshot import Sampler
 
     def open_sampler(**kw) -> Sampler:
         r = probe(backend)

@@ -25,8 +25,8 @@ from benchmarks.common import PY, ROOT, HolderForest, print_table, proc_cpu_seco
 
 SAMPLER_LOOP = """\
 import sys, time
-from gputop.config import Config
-from gputop.snapshot import Sampler
+from gputop.core.config import Config
+from gputop.core.snapshot import Sampler
 s = Sampler.open("simulated", sys.argv[1], Config())
 interval, end = float(sys.argv[2]), time.monotonic() + float(sys.argv[3])
 while time.monotonic() < end:

@@ -1,3 +1,3 @@
-from gputop.cli import entry
+from gputop.commands.cli import entry
 
 entry()

@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gputop.config import Config  # noqa: E402
-from gputop.demo import Demo  # noqa: E402
-from gputop.snapshot import Sampler  # noqa: E402
+from gputop.core.config import Config  # noqa: E402
+from gputop.core.demo import Demo  # noqa: E402
+from gputop.core.snapshot import Sampler  # noqa: E402
 from gputop.tui.app import GputopApp  # noqa: E402
 
 

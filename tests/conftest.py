@@ -30,7 +30,7 @@ def pytest_configure(config):
 
     A runner started from outside the namespace without setsid (a container's init, `docker exec`)
     leaves every process with session id 0. gputop then judges them by the container rule (see
-    gputop/orphans.py and tests/unit/test_orphans.py); the functional tests want the ordinary case,
+    gputop/core/orphans.py and tests/unit/test_orphans.py); the functional tests want the ordinary case,
     a live login session, wherever they run. Only done when our own session leader is invisible.
     """
     try:

@@ -11,12 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from gputop import auditlog
-from gputop.config import Config, load_config
-from gputop.errors import EXIT_OK, GputopError
-from gputop.orphans import classify, compile_protect
-from gputop.procs import ProcInfo, ProcTable
-from gputop.textsafe import visible
+from gputop.core import auditlog
+from gputop.core.config import Config, load_config
+from gputop.util.errors import EXIT_OK, GputopError
+from gputop.core.orphans import classify, compile_protect
+from gputop.core.procs import ProcInfo, ProcTable
+from gputop.util.textsafe import visible
 
 FACES = ("cli", "tui", "guard", "mcp", "api")
 
@@ -35,7 +35,7 @@ class ActionResult:
     message: str  # one line for humans; on failure it says what to do
     pid: int | None = None
     gpu: int | None = None
-    exit_code: int = EXIT_OK  # gputop.errors EXIT_* code
+    exit_code: int = EXIT_OK  # gputop.util.errors EXIT_* code
     memory_released: bool | None = None
     details: dict = field(default_factory=dict)
 
@@ -136,7 +136,7 @@ class Ctx:
             self.config = load_config()  # may raise UsageError: caught by the callers
         if self.sampler is None:
             try:
-                from gputop.snapshot import Sampler
+                from gputop.core.snapshot import Sampler
 
                 self.sampler = Sampler.open(config=self.config)
                 self.owned = True

@@ -28,8 +28,8 @@ import time
 from gputop.actions.common import Ctx, proc_dict, same_start, sig_event
 from gputop.actions.identity import Handle, wait_gone
 from gputop.actions.plan import Lineage, ReapPlan, joiners, lineage, plan_reap, walk
-from gputop.errors import EXIT_FAILURE, EXIT_PERMISSION, EXIT_REFUSED
-from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StatFields, read_proc, self_and_ancestors, stat_state
+from gputop.util.errors import EXIT_FAILURE, EXIT_PERMISSION, EXIT_REFUSED
+from gputop.core.procs import IS_LINUX, ProcInfo, ProcTable, StatFields, read_proc, self_and_ancestors, stat_state
 
 
 class Executor:

@@ -11,7 +11,7 @@ import socket
 import time
 
 from gputop.actions.common import same_start
-from gputop.procs import IS_LINUX, ProcInfo, read_proc, start_time, stat_state
+from gputop.core.procs import IS_LINUX, ProcInfo, read_proc, start_time, stat_state
 
 _POLL = 0.02
 
@@ -252,7 +252,7 @@ class TargetLock:
         root's alone)."""
         import fcntl
 
-        from gputop import trustfile
+        from gputop.util import trustfile
 
         for d in (os.path.dirname(ROOT_LOCK_DIR), ROOT_LOCK_DIR):
             try:

@@ -18,9 +18,9 @@ from gputop.actions import interrupt
 from gputop.actions.common import ActionResult, Ctx, log_record, record
 from gputop.actions.plan import LeftAlone, ReapPlan, plan_group
 from gputop.actions.reap import ReapRun, make_rules
-from gputop.config import Config
-from gputop.errors import EXIT_FAILURE, EXIT_OK, GputopError
-from gputop.procs import ProcInfo, ProcTable
+from gputop.core.config import Config
+from gputop.util.errors import EXIT_FAILURE, EXIT_OK, GputopError
+from gputop.core.procs import ProcInfo, ProcTable
 
 
 class GroupRun(ReapRun):

@@ -21,14 +21,14 @@ from gputop.actions.common import (
 )
 from gputop.actions import interrupt
 from gputop.actions.identity import Handle, TargetLock, wait_gone
-from gputop.config import Config, load_config
-from gputop.errors import (
+from gputop.core.config import Config, load_config
+from gputop.util.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
     GputopError,
 )
-from gputop.permissions import signal_refusal
-from gputop.orphans import PROTECTED, UNKNOWN
-from gputop.procs import HIDDEN, read_proc, self_and_ancestors, tgid_of, visibility
+from gputop.core.permissions import signal_refusal
+from gputop.core.orphans import PROTECTED, UNKNOWN
+from gputop.core.procs import HIDDEN, read_proc, self_and_ancestors, tgid_of, visibility
 
 
 def kill_process(pid: int, *, expected_start: float | None, face: str, force: bool = False,
@@ -364,7 +364,7 @@ def kill_many(targets: list[tuple[int, float | None]], **kw) -> list[ActionResul
         try:
             cfg = kw.get("config") or load_config()
             kw["config"] = cfg
-            from gputop.snapshot import Sampler
+            from gputop.core.snapshot import Sampler
 
             owned = sampler = Sampler.open(config=cfg)
         except GputopError:

@@ -16,9 +16,9 @@ from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, Protocol
 
 from gputop.actions.common import other_user, proc_dict, safety_refusal, same_start
-from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict
-from gputop.procs import ProcInfo, StatFields
-from gputop.textsafe import visible
+from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict
+from gputop.core.procs import ProcInfo, StatFields
+from gputop.util.textsafe import visible
 
 # Rules for a subtree left alone. Only "not-orphan" leaves the rest of the tree to be reaped.
 NOT_ORPHAN_RULE = NOT_ORPHAN

@@ -16,11 +16,11 @@ from gputop.actions.common import (
 from gputop.actions import interrupt
 from gputop.actions.identity import TargetLock
 from gputop.actions.plan import PidNs, ReapPlan, Rules, plan_reap
-from gputop.config import Config, load_config
-from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
-from gputop.orphans import UNKNOWN, classify, compile_protect
-from gputop.ownership import NONE
-from gputop.procs import (
+from gputop.core.config import Config, load_config
+from gputop.util.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError
+from gputop.core.orphans import UNKNOWN, classify, compile_protect
+from gputop.core.ownership import NONE
+from gputop.core.procs import (
     IS_LINUX, ProcTable, pid_ns, pid_ns_init, pid_ns_members, read_proc, self_and_ancestors,
 )
 

@@ -7,13 +7,13 @@ import time
 
 from gputop.actions.common import Ctx, FACES, ActionResult, log_record, record, safety_refusal
 from gputop.backends.base import ResetError
-from gputop.config import Config
-from gputop.errors import (
+from gputop.core.config import Config
+from gputop.util.errors import (
     EXIT_FAILURE, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError,
 )
-from gputop.orphans import PROTECTED, UNKNOWN
-from gputop.procs import self_and_ancestors
-from gputop.textsafe import visible
+from gputop.core.orphans import PROTECTED, UNKNOWN
+from gputop.core.procs import self_and_ancestors
+from gputop.util.textsafe import visible
 
 _RESET_CODES = {
     "permission": ("permission-denied", EXIT_PERMISSION, "run it as root (sudo gputop reset --gpu {i})"),
@@ -98,7 +98,7 @@ def reset_rights(backend) -> tuple[str, str] | None:
 
 def signal_blockers(holders) -> list[str]:
     """Why the kernel would refuse this process's signal to a holder (kill(pid, 0), which sends nothing)."""
-    from gputop.permissions import signal_refusal
+    from gputop.core.permissions import signal_refusal
 
     return [why for why in (signal_refusal(h.pid) for h in holders) if why is not None]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from gputop.config import Config
+from gputop.core.config import Config
 
 
 def _pkg():

@@ -12,7 +12,7 @@ import importlib
 import os
 
 from gputop.backends.base import Backend, BackendStatus, BackendUnavailable, DeviceSample, ProbeResult
-from gputop.errors import GputopError, UnavailableError, UsageError
+from gputop.util.errors import GputopError, UnavailableError, UsageError
 
 ENV_BACKEND = "GPUTOP_BACKEND"
 

@@ -42,9 +42,9 @@ import yaml
 from gputop.backends.base import (
     CONTEXT_TYPES, Backend, BackendUnavailable, DeviceSample, GpuProcess, ResetError,
 )
-from gputop.errors import UsageError
-from gputop.procs import is_alive
-from gputop.units import parse_memory
+from gputop.util.errors import UsageError
+from gputop.core.procs import is_alive
+from gputop.util.units import parse_memory
 
 ENV_SCENARIO = "GPUTOP_SCENARIO"
 
@@ -159,9 +159,9 @@ class SimulatedBackend(Backend):
             return
         if st.st_mtime_ns == self._mtime:
             return
-        from gputop import safeyaml, trustfile  # bounded: size, aliases, nodes (a scenario may come from anyone)
+        from gputop.util import safeyaml, trustfile  # bounded: size, aliases, nodes (a scenario may come from anyone)
 
-        try:  # as root, only a file only root can change (gputop.trustfile)
+        try:  # as root, only a file only root can change (gputop.util.trustfile)
             gpus, holders = parse_scenario(safeyaml.load(trustfile.read_text(self.path, "scenario")), str(self.path))
         except trustfile.UntrustedFile:  # refused at start (exit 2); later, the last good scenario stays
             if initial:
@@ -193,7 +193,7 @@ class SimulatedBackend(Backend):
             return
         if mtime == self._resets_mtime:
             return
-        from gputop import trustfile
+        from gputop.util import trustfile
 
         resets: dict[int, float] = {}
         try:  # as root, only a file only root can change: else the last resets read stay
@@ -230,7 +230,7 @@ class SimulatedBackend(Backend):
 
     @staticmethod
     def _started_after(h: _Holder, t: float) -> bool:
-        from gputop.procs import start_time
+        from gputop.core.procs import start_time
 
         st = start_time(h.pid)
         return st is not None and st > t

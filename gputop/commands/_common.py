@@ -6,10 +6,10 @@ import json
 import os
 import sys
 
-from gputop.config import Config, load_config
-from gputop.errors import GputopError
-from gputop.snapshot import Sampler
-from gputop.textsafe import visible
+from gputop.core.config import Config, load_config
+from gputop.util.errors import GputopError
+from gputop.core.snapshot import Sampler
+from gputop.util.textsafe import visible
 
 
 def config_from(args) -> Config:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gputop.commands._common import config_from, open_sampler, print_json, table
-from gputop.rogue import SEVERITIES, AuditConfig, audit
+from gputop.core.rogue import SEVERITIES, AuditConfig, audit
 
 NAME = "audit"
 HELP = "rogue-process audit (--rogue): miner names, stratum/pool/wallet args, pool ports, odd executables"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from gputop.errors import UnavailableError
+from gputop.util.errors import UnavailableError
 
 NAME = "completion"
 HELP = "print a shell completion script (bash or zsh)"
@@ -25,7 +25,7 @@ def run(args) -> int:
         import shtab
     except ImportError:
         raise UnavailableError("shell completion needs the 'shtab' package: pip install shtab") from None
-    from gputop.cli import build_parser
+    from gputop.commands.cli import build_parser
 
     parser = build_parser()  # the whole parser, every subcommand imported
     sys.stdout.write(shtab.complete(parser, shell=args.shell))

@@ -7,11 +7,11 @@ import os
 import sys
 
 from gputop.commands._common import config_from, open_sampler, print_json
-from gputop.errors import EXIT_FAILURE, UsageError
+from gputop.util.errors import EXIT_FAILURE, UsageError
 from gputop.guard import state
 from gputop.guard.policy import PolicyError, load_policy
-from gputop.textsafe import visible
-from gputop.units import parse_duration
+from gputop.util.textsafe import visible
+from gputop.util.units import parse_duration
 
 NAME = "guard"
 HELP = "guard mode: --enable/--disable/--dry-run/--enforce, --policy-file F, --test-policies, status, run"
@@ -39,7 +39,7 @@ An invalid policy makes --policy-file, --test-policies and 'guard run' exit 2 wi
 
 
 def _add_common(p) -> None:
-    from gputop.cli import add_common
+    from gputop.commands.cli import add_common
 
     add_common(p, suppress=True)
 
@@ -114,7 +114,7 @@ def run(args) -> int:
         if mode == "enable":
             mode = cur if cur != "off" else "dry-run"
         if mode != cur:
-            from gputop.auditlog import AuditLogError
+            from gputop.core.auditlog import AuditLogError
 
             try:
                 state.set_mode(mode, face="cli")
@@ -163,7 +163,7 @@ def _test_policies(args) -> int:
     else:
         print(f"policy {os.path.abspath(path)}: {len(pol.rules)} rule(s); {len(snap.holders)} GPU holder(s) "
               f"on {len(snap.devices)} GPU(s)")
-        from gputop.remote import terminal_safe  # the names in it are their owners' text
+        from gputop.commands.remote import terminal_safe  # the names in it are their owners' text
 
         print(terminal_safe(render_explanation(items, state.get_mode())))
         if args.policy_file and os.path.abspath(args.policy_file) != (state.get_policy_path() or ""):

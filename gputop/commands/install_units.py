@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gputop.errors import GputopError, PermissionDeniedError
+from gputop.util.errors import GputopError, PermissionDeniedError
 
 NAME = "install-units"
 HELP = "write the systemd units (gputop-guard, gputop-serve) for this gputop"
@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from gputop import node_units
+    from gputop.commands import node_units
 
     if args.print_only:
         for name in node_units.UNITS:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from gputop import actions, saferegex
+from gputop import actions
+from gputop.util import saferegex
 from gputop.commands._common import config_from, open_sampler, print_json, table
-from gputop.errors import EXIT_NOT_FOUND, EXIT_OK, NotFoundError, UsageError
-from gputop.snapshot import select_holders
-from gputop.textsafe import visible
-from gputop.units import fmt_bytes, parse_duration
+from gputop.util.errors import EXIT_NOT_FOUND, EXIT_OK, NotFoundError, UsageError
+from gputop.core.snapshot import select_holders
+from gputop.util.textsafe import visible
+from gputop.util.units import fmt_bytes, parse_duration
 
 NAME = "kill"
 HELP = "kill a GPU-holding process (--pid N) or preview/kill a selection (--gpu/--user/--name, --yes)"

@@ -11,10 +11,10 @@ import shutil
 import sys
 import time
 
-from gputop import auditlog
+from gputop.core import auditlog
 from gputop.commands._common import config_from, fit_last, print_json, table
-from gputop.errors import EXIT_OK, NotFoundError, PermissionDeniedError, UsageError
-from gputop.units import parse_duration
+from gputop.util.errors import EXIT_OK, NotFoundError, PermissionDeniedError, UsageError
+from gputop.util.units import parse_duration
 
 NAME = "log"
 HELP = "show the audit log of kills, reaps, resets and refusals"

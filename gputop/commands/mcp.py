@@ -6,7 +6,7 @@ import sys
 
 from gputop.commands._common import config_from, open_sampler
 from gputop.commands.serve import add_socket_arguments
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 
 NAME = "mcp"
 HELP = "run an MCP server for AI assistants (stdio, or --http on 127.0.0.1)"
@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from gputop.faces import LiveSnapshot
+    from gputop.service.faces import LiveSnapshot
 
     if not args.http and (args.port is not None or args.token_file or args.create_token or args.socket
                           or args.no_socket):
@@ -60,7 +60,7 @@ def run(args) -> int:
                 _serve_stdio(live)
         finally:
             live.close()
-            from gputop.faces import REFUSALS
+            from gputop.service.faces import REFUSALS
 
             REFUSALS.flush_all()  # the count of refusals coalesced in the last window
     finally:
@@ -75,7 +75,7 @@ def run(args) -> int:
 
 
 def _serve_stdio(live) -> None:
-    from gputop.mcp_server import serve_stdio
+    from gputop.service.mcp_server import serve_stdio
 
     if sys.stdin.isatty():
         print("gputop mcp: an MCP server on stdio, waiting for a client (an AI assistant starts it with "
@@ -84,8 +84,8 @@ def _serve_stdio(live) -> None:
 
 
 def _serve_http(live, sock, token_path, note: str, unix, upath, on_shutdown) -> None:
-    from gputop.mcp_server import http_app
-    from gputop.serve import run_server
+    from gputop.service.mcp_server import http_app
+    from gputop.service.api import run_server
 
     port = sock.getsockname()[1]
     if unix is not None:

@@ -10,10 +10,10 @@ import time
 from gputop import actions
 from gputop.actions import interrupt
 from gputop.commands._common import config_from, open_sampler, print_json
-from gputop.errors import EXIT_NOT_FOUND, EXIT_OK, UsageError
-from gputop.orphans import ORPHAN
-from gputop.textsafe import visible
-from gputop.units import fmt_bytes, parse_duration
+from gputop.util.errors import EXIT_NOT_FOUND, EXIT_OK, UsageError
+from gputop.core.orphans import ORPHAN
+from gputop.util.textsafe import visible
+from gputop.util.units import fmt_bytes, parse_duration
 
 NAME = "reap"
 HELP = "list orphan process trees holding GPUs; --apply removes them; --watch is a watchdog"

@@ -6,9 +6,9 @@ import sys
 
 from gputop import actions
 from gputop.commands._common import config_from, open_sampler, print_json
-from gputop.errors import UsageError
-from gputop.textsafe import visible
-from gputop.units import parse_duration
+from gputop.util.errors import UsageError
+from gputop.util.textsafe import visible
+from gputop.util.units import parse_duration
 
 NAME = "reset"
 HELP = "reset a GPU (refuses while processes hold it; --force kills them first)"

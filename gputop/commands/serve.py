@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gputop.commands._common import config_from, open_sampler
-from gputop.errors import GputopError, PermissionDeniedError, RefusedError, UnavailableError, UsageError
+from gputop.util.errors import GputopError, PermissionDeniedError, RefusedError, UnavailableError, UsageError
 
 NAME = "serve"
 HELP = "serve a local HTTP API and Prometheus /metrics (127.0.0.1 by default)"
@@ -54,7 +54,7 @@ def add_socket_arguments(p, name: str) -> None:
 
 
 def default_socket_path(name: str) -> Path:
-    from gputop.config import state_dir
+    from gputop.core.config import state_dir
 
     return state_dir() / "sockets" / name
 
@@ -198,7 +198,7 @@ def run(args) -> int:
 
 def resolve_token(args) -> tuple[Path | None, str]:
     """(the token file writes need, or None for read-only; a note saying so). Shared with 'mcp --http'."""
-    from gputop.serve import create_token, default_token_path, read_token
+    from gputop.core.requester import create_token, default_token_path, read_token
 
     token_path: Path | None = Path(args.token_file).expanduser() if args.token_file else default_token_path()
     if getattr(args, "metrics_only", False):
@@ -221,9 +221,9 @@ def resolve_token(args) -> tuple[Path | None, str]:
 
 
 def _serve(args, sock: socket.socket, unix: socket.socket | None, upath: Path | None, on_shutdown) -> int:
-    from gputop import faces
-    from gputop.faces import LiveSnapshot
-    from gputop.serve import allowed_hosts, create_app, run_server
+    from gputop.service import faces
+    from gputop.service.faces import LiveSnapshot
+    from gputop.service.api import allowed_hosts, create_app, run_server
 
     token_path, note = resolve_token(args)
     config = config_from(args)
@@ -234,7 +234,7 @@ def _serve(args, sock: socket.socket, unix: socket.socket | None, upath: Path | 
         host, port = sock.getsockname()[:2]
         hosts = allowed_hosts(host, port, tuple(args.allow_host))
         if args.metrics_only:
-            from gputop.metrics import create_metrics_app
+            from gputop.service.metrics import create_metrics_app
 
             app = create_metrics_app(live)  # no action API; a remote scraper needs no Host check
         else:

@@ -9,8 +9,8 @@ import sys
 import time
 
 from gputop.commands._common import config_from, open_sampler, print_json
-from gputop.errors import EXIT_FAILURE, EXIT_OK, UsageError
-from gputop.textsafe import visible
+from gputop.util.errors import EXIT_FAILURE, EXIT_OK, UsageError
+from gputop.util.textsafe import visible
 
 NAME = "slurm"
 HELP = "Slurm node hooks: epilog reaps a finished job's leftovers, prolog frees a job's GPUs, check"
@@ -37,7 +37,7 @@ DEADLINE = 60.0  # no new tree or process is started on after this many seconds 
 
 
 def add_arguments(p) -> None:
-    from gputop.cli import add_common
+    from gputop.commands.cli import add_common
 
     sub = p.add_subparsers(dest="slurm_command", metavar="{epilog,prolog,check}")
     for name, help_ in (("epilog", "reap what the job in SLURM_JOB_ID left behind (Epilog=)"),
@@ -93,7 +93,7 @@ def _emit(args, result: dict, lines: list[str], errors: list[str]) -> None:
 
 
 def _audit(config, action: str, job: int | None, uid: int | None, ok: bool, message: str, extra: dict) -> None:
-    from gputop import auditlog
+    from gputop.core import auditlog
 
     now = time.time()
     rec = {"at": now, "time": auditlog.iso(now), "host": socket.gethostname(), "actor": auditlog.actor(),
@@ -109,8 +109,8 @@ def _audit(config, action: str, job: int | None, uid: int | None, ok: bool, mess
 # ---- epilog --------------------------------------------------------------------------------------
 
 def _epilog(args) -> int:
-    from gputop import slurm as sl
-    from gputop.procs import ProcTable, self_and_ancestors
+    from gputop.core import slurm_jobs as sl
+    from gputop.core.procs import ProcTable, self_and_ancestors
 
     job = _env_int(args, "job", "SLURM_JOB_ID", True)
     uid = _env_int(args, "uid", "SLURM_JOB_UID", True)
@@ -233,13 +233,13 @@ def _why(results, pid: int, p=None) -> str:
 def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float, deadline: float) -> list:
     """Every leftover of the job as one group, through the reap executor (gputop.actions.jobreap): all
     stopped together, planned again, SIGTERM together, one grace, SIGKILL for the rest; the job's
-    membership (cgroup or environment, gputop.slurm.job_processes) is read again in every round, from the
+    membership (cgroup or environment, gputop.core.slurm_jobs.job_processes) is read again in every round, from the
     table that round scanned, so what the job starts meanwhile is taken too. A protected process is left
     alone and reported; a process of another job or user, or one of the epilog's ancestors, is never a
     member."""
-    from gputop import slurm as sl
+    from gputop.core import slurm_jobs as sl
     from gputop.actions.jobreap import reap_group
-    from gputop.procs import self_and_ancestors
+    from gputop.core.procs import self_and_ancestors
 
     left = deadline - time.monotonic()
     if left <= 0:
@@ -257,8 +257,8 @@ def _reap_job(sampler, config, snap, members, job: int, uid: int, grace: float, 
 # ---- prolog and check ----------------------------------------------------------------------------
 
 def _prolog(args, apply: bool) -> int:
-    from gputop import slurm as sl
-    from gputop.orphans import ORPHAN
+    from gputop.core import slurm_jobs as sl
+    from gputop.core.orphans import ORPHAN
 
     job = _env_int(args, "job", "SLURM_JOB_ID", apply)
     if job is None:
@@ -293,7 +293,7 @@ def _prolog(args, apply: bool) -> int:
 
 def _not_this_run(h, job: int) -> bool:
     """A holder that is not of this run of ``job``: of no job, of another job, or a leftover of an earlier
-    run of this job (requeued; gputop.slurm.JobState.for_ref)."""
+    run of this job (requeued; gputop.core.slurm_jobs.JobState.for_ref)."""
     return h.job is None or h.job.job_id != job or _state(h) is not None and _state(h).earlier_run
 
 
@@ -329,7 +329,7 @@ def _prolog_report(args, config, job, gpus, source, others, results, apply) -> i
 
 
 def _hdict(h) -> dict:
-    from gputop.snapshot import slurm_to_dict
+    from gputop.core.snapshot import slurm_to_dict
 
     return {"pid": h.pid, "name": h.name, "user": h.user, "gpus": list(h.gpus), "slurm": slurm_to_dict(h),
             "verdict": {"kind": h.verdict.kind, "reason": h.verdict.reason, "root": h.verdict.root}}

@@ -7,11 +7,11 @@ import time
 
 from gputop.backends import no_gpu_message
 from gputop.commands._common import fit_last, open_sampler, print_json, table, to_terminal, write_stdout
-from gputop.errors import UsageError
-from gputop.ownership import NONE, Owner
-from gputop.textsafe import visible
-from gputop.snapshot import Snapshot, snapshot_json
-from gputop.units import fmt_bytes, fmt_duration, fmt_opt
+from gputop.util.errors import UsageError
+from gputop.core.ownership import NONE, Owner
+from gputop.util.textsafe import visible
+from gputop.core.snapshot import Snapshot, snapshot_json
+from gputop.util.units import fmt_bytes, fmt_duration, fmt_opt
 
 NAME = "status"
 HELP = "show GPUs and the processes holding them (table, or --json)"
@@ -38,7 +38,7 @@ DEFAULT_SAMPLE_TIME = 0.5
 
 def run(args) -> int:
     if args.hosts is not None or args.hosts_file is not None:  # an empty --hosts is an error, not local
-        from gputop.remote import run_status_hosts
+        from gputop.commands.remote import run_status_hosts
 
         return run_status_hosts(args)
     if args.sample_time is not None and not 0 <= args.sample_time <= 60:

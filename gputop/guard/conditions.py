@@ -11,10 +11,10 @@ import operator as _op
 from dataclasses import dataclass, field
 
 from gputop.guard.policy import Condition
-from gputop.orphans import ORPHAN
-from gputop.snapshot import Holder, Snapshot
-from gputop.textsafe import visible
-from gputop.units import fmt_bytes, fmt_duration
+from gputop.core.orphans import ORPHAN
+from gputop.core.snapshot import Holder, Snapshot
+from gputop.util.textsafe import visible
+from gputop.util.units import fmt_bytes, fmt_duration
 
 _NUM = {">": _op.gt, ">=": _op.ge, "<": _op.lt, "<=": _op.le, "==": _op.eq, "!=": _op.ne}
 PROCESS_LEVEL = ("process_name", "cmdline", "gpu_utilization", "gpu_memory", "runtime", "orphan", "gpu")

@@ -24,15 +24,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from gputop import auditlog
-from gputop.config import Config, guard_dir
-from gputop.errors import GputopError, RefusedError
+from gputop.core import auditlog
+from gputop.core.config import Config, guard_dir
+from gputop.util.errors import GputopError, RefusedError
 from gputop.guard import notify as _notify
 from gputop.guard import state as _state
 from gputop.guard.engine import Engine
 from gputop.guard.policy import Issue, Policy, PolicyError, load_policy
-from gputop.procs import start_time
-from gputop.textsafe import visible
+from gputop.core.procs import start_time
+from gputop.util.textsafe import visible
 
 
 

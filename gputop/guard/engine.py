@@ -30,16 +30,16 @@ from typing import Callable
 
 from gputop import actions
 from gputop.actions.common import log_record, record as audit_record, same_start
-from gputop.config import Config
+from gputop.core.config import Config
 from gputop.guard import notify as _notify
 from gputop.guard import state as _state
 from gputop.guard.conditions import Facts, Outcome, Target, evaluate
 from gputop.guard.exempt import Exempt, Exemption
 from gputop.guard.policy import USER_LEVEL, Condition, Policy, Rule
-from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN, compile_protect, protect_reason
-from gputop.snapshot import Holder, Snapshot
-from gputop.textsafe import visible
-from gputop.units import fmt_bytes
+from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN, compile_protect, protect_reason
+from gputop.core.snapshot import Holder, Snapshot
+from gputop.util.textsafe import visible
+from gputop.util.units import fmt_bytes
 
 
 # kill/reap outcomes that mean the selected process is no longer the one the snapshot counted.

@@ -1,7 +1,7 @@
 """Guard exemptions: which processes an admin's configuration exempts from the guard's rules.
 
 Only what a local user cannot forge exempts (``guard.exempt`` in the config, checked by
-gputop.config.parse_exempt):
+gputop.core.config.parse_exempt):
 
 - ``users`` / ``groups``: the process's real uid, its real gid or a supplementary group, as the kernel
   keeps them (/proc/PID/status). A user cannot take another uid, nor join a group the admin did not
@@ -28,10 +28,10 @@ import stat as _stat
 from dataclasses import dataclass
 
 from gputop.actions.common import same_start
-from gputop.config import EXEMPT_KEYS, Config, parse_exempt
-from gputop.ownership import owner_from_cgroup, parse_lines
-from gputop.procs import read_proc
-from gputop.textsafe import visible
+from gputop.core.config import EXEMPT_KEYS, Config, parse_exempt
+from gputop.core.ownership import owner_from_cgroup, parse_lines
+from gputop.core.procs import read_proc
+from gputop.util.textsafe import visible
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ import urllib.request
 from email.message import EmailMessage
 
 from gputop import __version__
-from gputop.config import Config
-from gputop.textsafe import visible
+from gputop.core.config import Config
+from gputop.util.textsafe import visible
 
 UNDELIVERABLE = "undeliverable: no mail transport configured"
 

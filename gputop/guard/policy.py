@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from gputop import safeyaml, saferegex
-from gputop.errors import UsageError
-from gputop.units import parse_duration, parse_memory
+from gputop.util import safeyaml, saferegex
+from gputop.util.errors import UsageError
+from gputop.util.units import parse_duration, parse_memory
 
 NUMERIC_OPS = (">", ">=", "<", "<=", "==", "!=")
 OPERATORS = (">", ">=", "<", "<=", "==", "!=", "contains", "contains_any", "matches", "in", "not_in")
@@ -644,11 +644,11 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
 
 def load_policy(path: str | os.PathLike) -> Policy:
     """Read and validate a policy file. Raises PolicyError (a UsageError, exit code 2)."""
-    from gputop import trustfile
+    from gputop.util import trustfile
 
     p = Path(os.path.expanduser(str(path)))
     try:  # a regular file only (a FIFO must not block the daemon), and at most safeyaml.MAX_BYTES;
-        # as root, only a file only root can change (gputop.trustfile)
+        # as root, only a file only root can change (gputop.util.trustfile)
         text = trustfile.read_text(p, "policy")
     except trustfile.UntrustedFile as e:
         raise PolicyError([Issue(None, None, f"policy refused: {e.problem}; {e.fix}")], str(p)) from None

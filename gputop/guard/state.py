@@ -1,6 +1,6 @@
 """The guard's shared channel: mode, policy path and rule hits, shared by the daemon and every face.
 
-Everything lives in files under ``gputop.config.guard_dir()``, so a TUI, the HTTP API or the MCP server on
+Everything lives in files under ``gputop.core.config.guard_dir()``, so a TUI, the HTTP API or the MCP server on
 the node can read and change what a running daemon does without talking to it:
 
 - ``guard.json``: ``{mode, policy_file, last_error, updated_at, updated_by}``. Written atomically
@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gputop.config import guard_dir
-from gputop.errors import UsageError
+from gputop.core.config import guard_dir
+from gputop.util.errors import UsageError
 
 MODES = ("off", "dry-run", "enforce")
 DEFAULT_MODE = "off"
@@ -51,7 +51,7 @@ def daemon_path() -> Path:
 def file_sig(path: str | os.PathLike | None) -> tuple | None:
     """What tells a file's new version from the last one read (it is replaced atomically or appended to):
     its mtime, size and inode, and its owner and mode (a chmod or chown alone can make root refuse a policy:
-    gputop.trustfile); ``("missing",)`` when it cannot be read; None for no path. The daemon re-reads its
+    gputop.util.trustfile); ``("missing",)`` when it cannot be read; None for no path. The daemon re-reads its
     state and policy, and the TUI's side panel the state and hits, when this changes."""
     if not path:
         return None
@@ -123,7 +123,7 @@ def _update(face: str, **fields) -> dict:
 
 
 def _audit(record: dict) -> None:
-    from gputop import auditlog
+    from gputop.core import auditlog
 
     auditlog.append(record)
 
@@ -160,13 +160,13 @@ def set_mode(mode: str, face: str) -> str:
 
 def get_policy_path(config=None) -> str | None:
     """The policy file the guard uses: the one set with set_policy_path, else ``guard.policy`` in the
-    config (``config``, a gputop.config.Config such as the one --config loaded; else the default
+    config (``config``, a gputop.core.config.Config such as the one --config loaded; else the default
     config), else None."""
     p = read_state().get("policy_file")
     if p:
         return str(p)
     try:
-        from gputop.config import load_config
+        from gputop.core.config import load_config
 
         guard = (config if config is not None else load_config()).extra.get("guard") or {}
     except Exception:
@@ -275,7 +275,7 @@ def daemon_status() -> dict:
     data = _read_json(daemon_path())
     if not data:
         return {"alive": False}
-    from gputop.procs import is_alive
+    from gputop.core.procs import is_alive
 
     pid, start = data.get("pid"), data.get("start_time")
     data["alive"] = isinstance(pid, int) and is_alive(pid, start)

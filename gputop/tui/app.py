@@ -24,10 +24,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
-from gputop.config import Config
-from gputop.orphans import ORPHAN
-from gputop.textsafe import visible
-from gputop.snapshot import Snapshot
+from gputop.core.config import Config
+from gputop.core.orphans import ORPHAN
+from gputop.util.textsafe import visible
+from gputop.core.snapshot import Snapshot
 from gputop.tui import keymap, process_tree
 from gputop.tui.bar import TextBar
 from gputop.tui.device_pane import DeviceBoard
@@ -155,7 +155,7 @@ class PanelSource:
                 gerr = f"cannot read guard state: {e}"
         audit_ok, aerr, findings = False, None, ()
         try:
-            from gputop import rogue
+            from gputop.core import rogue
         except Exception:
             rogue = None
         if rogue is not None and hasattr(rogue, "audit"):
@@ -933,7 +933,7 @@ class GputopApp(App):
             self.notify("No GPU to reset.", severity="warning")
             return
         dev = self.snapshot.device(idx)
-        from gputop.errors import GputopError
+        from gputop.util.errors import GputopError
 
         locate = getattr(self.sampler, "locate", None)  # the test doubles of the sampler have none
         try:

@@ -11,11 +11,11 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from gputop.ownership import NONE, Owner
-from gputop.procs import ProcInfo
-from gputop.snapshot import Holder
-from gputop.units import fmt_bytes, fmt_duration
-from gputop.textsafe import visible
+from gputop.core.ownership import NONE, Owner
+from gputop.core.procs import ProcInfo
+from gputop.core.snapshot import Holder
+from gputop.util.units import fmt_bytes, fmt_duration
+from gputop.util.textsafe import visible
 
 
 def _when(t: float | None) -> str:

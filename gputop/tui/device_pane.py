@@ -18,10 +18,10 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from gputop.backends.base import DeviceSample
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 from gputop.tui.bar import LineStyles
 from gputop.tui.history import DeviceHistory
-from gputop.units import fmt_bytes, fmt_opt
+from gputop.util.units import fmt_bytes, fmt_opt
 
 Line = tuple  # of (text, style) pieces
 

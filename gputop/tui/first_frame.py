@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
-from gputop.textsafe import visible
-from gputop.units import fmt_bytes, fmt_opt
+from gputop.util.textsafe import visible
+from gputop.util.units import fmt_bytes, fmt_opt
 
 MIN_WIDTH, MIN_HEIGHT = 60, 15  # below this the app shows a too-small message instead of its screen
 

@@ -10,8 +10,8 @@ import signal
 import threading
 
 from gputop.backends import close_backends, probe, read_devices
-from gputop.config import load_config
-from gputop.errors import UsageError
+from gputop.core.config import load_config
+from gputop.util.errors import UsageError
 from gputop.tui import first_frame
 
 EXIT_GRACE_S = 10.0  # after SIGTERM/SIGHUP, how long the normal exit may take before the process just ends
@@ -56,13 +56,13 @@ def run_tui(args) -> int:
         scenario = getattr(args, "scenario", None)
         backend = getattr(args, "backend", None)
         if getattr(args, "demo", False):
-            from gputop.demo import Demo
+            from gputop.core.demo import Demo
 
             demo = stack.enter_context(Demo())
             scenario, backend = str(demo.scenario_path), "simulated"
             # A sandbox: the demo's guard switch, audit log and node trail must not touch the node's real ones.
             demo.sandbox()  # also writes env.sh, which a second shell sources (see the banner)
-        # The devices first, from the backends alone: the process layer (gputop.snapshot and what it
+        # The devices first, from the backends alone: the process layer (gputop.core.snapshot and what it
         # imports, ~a quarter of what the first frame needs) is imported once they are on the screen.
         found = probe(backend, scenario)
         sampler = None
@@ -71,7 +71,7 @@ def run_tui(args) -> int:
         app = None
         drawn = first_frame.draw(devices, readonly=getattr(args, "readonly", False), demo=demo is not None)
         try:
-            from gputop.snapshot import Sampler
+            from gputop.core.snapshot import Sampler
 
             sampler = Sampler.from_probe(found, config)
             action_grace = ACTION_GRACE_S + 2 * config.kill_timeout

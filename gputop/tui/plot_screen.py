@@ -110,7 +110,7 @@ class PlotScreen(Screen):
 
     def _sensors(self) -> None:
         from gputop.tui.device_pane import sensors_text
-        from gputop.units import fmt_bytes
+        from gputop.util.units import fmt_bytes
 
         snap = getattr(self.app, "snapshot", None)
         d = snap.device(self.index) if snap is not None else None

@@ -18,10 +18,10 @@ from textual.strip import Strip
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
 
-from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
+from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.tui.rows import SORTS, Node
-from gputop.units import fmt_bytes, fmt_duration
-from gputop.textsafe import visible
+from gputop.util.units import fmt_bytes, fmt_duration
+from gputop.util.textsafe import visible
 
 GUIDE = 2  # cells per tree level (Textual's minimum)
 EXPANDER = 2  # the "▼ " in front of every label (blank for leaves, so columns line up)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gputop.orphans import ORPHAN, PROTECTED, UNKNOWN
-from gputop.procs import ProcInfo
-from gputop.snapshot import Holder, Snapshot
-from gputop.units import fmt_bytes
-from gputop.textsafe import visible
+from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN
+from gputop.core.procs import ProcInfo
+from gputop.core.snapshot import Holder, Snapshot
+from gputop.util.units import fmt_bytes
+from gputop.util.textsafe import visible
 
 GROUP_GPU = "gpu"
 GROUP_ROOT = "root"

@@ -7,7 +7,7 @@ its section says in one line what will appear there.
 from __future__ import annotations
 
 import datetime as _dt
-from gputop.textsafe import visible
+from gputop.util.textsafe import visible
 from dataclasses import dataclass, field
 
 from rich.text import Text

@@ -83,7 +83,7 @@ def build_fake_nvml(outdir: str | os.PathLike, variant: str = "default") -> Path
 
 def _bytes(v) -> int:
     if isinstance(v, str):
-        from gputop.units import parse_memory
+        from gputop.util.units import parse_memory
 
         return int(parse_memory(v))
     return int(v)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from gputop import auditlog
+from gputop.core import auditlog
 
 _SEQ = itertools.count()
 
@@ -258,7 +258,7 @@ class SwapAfterSample:
 def scan_stats(proc_root: str = "/proc") -> dict:
     """(ppid, process group, session, start ticks) of every process, from a stat scan of its own: the
     independent reader that the executor's one-scan rounds (``ProcTable.stat_fields``) are checked against."""
-    from gputop.procs import StatFields
+    from gputop.core.procs import StatFields
 
     out = {}
     try:

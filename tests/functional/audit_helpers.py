@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from gputop import auditlog
+from gputop.core import auditlog
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

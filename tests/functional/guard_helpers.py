@@ -10,8 +10,8 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from gputop.backends.simulated import SimulatedBackend
-from gputop.config import Config
-from gputop.snapshot import Sampler
+from gputop.core.config import Config
+from gputop.core.snapshot import Sampler
 
 GIB = 1024**3
 

@@ -1,7 +1,7 @@
 """A real process called NAME whose names agree (issue 25).
 
 ``procs.sleeper(NAME)`` renames a python with prctl: its name says NAME, its argv[0] and executable say
-python. That is a disguise (gputop.disguise, the rogue audit's test), and no protect pattern protects a
+python. That is a disguise (gputop.core.disguise, the rogue audit's test), and no protect pattern protects a
 disguised process. A test that needs a process protected by its name starts a program really called so:
 a python script named NAME (comm NAME, argv [python, .../NAME, ...], the interpreter running its script).
 """

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from gputop import auditlog
+from gputop.core import auditlog
 from tests.functional.audit_helpers import (NodeGuard, Shared, as_user, make_user, root_kill, root_kills_in,
                                             run_flood, slow_connections)
 

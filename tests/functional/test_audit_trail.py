@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gputop import auditlog
+from gputop.core import auditlog
 from tests.conftest import ROOT, _default_sighup, run_gputop, wait_gone
 from tests.functional.audit_helpers import as_user, make_user
 
@@ -76,7 +76,7 @@ def test_a_log_cut_short_by_a_crash_gets_a_new_line_before_the_next_record(tmp_p
 
 WRITER = """
 import sys
-from gputop import auditlog
+from gputop.core import auditlog
 for i in range(5):
     auditlog.append({"at": float(i), "writer": int(sys.argv[2]), "i": i, "pad": "x" * 3000}, path=sys.argv[1])
 """

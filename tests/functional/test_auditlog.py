@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from gputop import actions, auditlog
-from gputop.config import Config
-from gputop.errors import EXIT_USAGE
+from gputop import actions
+from gputop.core import auditlog
+from gputop.core.config import Config
+from gputop.util.errors import EXIT_USAGE
 from tests.conftest import run_gputop
 from tests.functional.actions_helpers import alive, records, write_config
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gputop.errors import (
+from gputop.util.errors import (
     EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
 )
 from tests.conftest import run_gputop

@@ -13,9 +13,9 @@ import time
 import psutil
 import pytest
 
-from gputop.config import Config
-from gputop.demo import INVISIBLE_PID, Demo
-from gputop.snapshot import Sampler
+from gputop.core.config import Config
+from gputop.core.demo import INVISIBLE_PID, Demo
+from gputop.core.snapshot import Sampler
 from tests.conftest import wait_gone
 
 
@@ -42,7 +42,7 @@ def test_demo_processes_and_verdicts():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_demo_cleans_up_on_signal(sig):
-    code = ("import json, sys, time\nfrom gputop.demo import Demo\nd = Demo(animate=False).start()\n"
+    code = ("import json, sys, time\nfrom gputop.core.demo import Demo\nd = Demo(animate=False).start()\n"
             "print(json.dumps({r: p.pid for r, p in d.procs.items()}), flush=True)\ntime.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
@@ -62,7 +62,7 @@ def test_demo_keeps_guard_state_and_audit_log_in_its_own_directory(monkeypatch):
     """Toggling the guard or killing in the demo must not touch the node's real guard or audit log."""
     import argparse
 
-    from gputop.config import guard_dir
+    from gputop.core.config import guard_dir
     from gputop.tui import app as tui_app
     from gputop.tui.launch import run_tui
 
@@ -88,9 +88,9 @@ def test_demo_keeps_guard_state_and_audit_log_in_its_own_directory(monkeypatch):
 
 def test_kill_9_of_the_demo_leaves_none_of_its_processes():
     """SIGKILL runs no handler: the watcher sees the pipe close and kills what the demo started."""
-    from gputop.procs import start_time
+    from gputop.core.procs import start_time
 
-    code = ("import json, sys, time\nfrom gputop.demo import Demo\nd = Demo(animate=False).start()\n"
+    code = ("import json, sys, time\nfrom gputop.core.demo import Demo\nd = Demo(animate=False).start()\n"
             "print(json.dumps({'dir': str(d.dir), 'procs': {r: [p.pid, p.start_time] for r, p in d.procs.items()},"
             " 'watcher': d._watcher.pid}), flush=True)\ntime.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -139,7 +139,7 @@ def test_the_tui_refuses_without_a_terminal():
 def test_a_root_guard_started_from_env_sh_serves_the_demos_trail_never_the_nodes(tmp_path):
     """Issue 25: a guard run as root from the demo's env.sh took /run/gputop/audit.sock over, wrote demo
     actions into the node trail and deleted the socket when it stopped."""
-    from gputop import auditlog
+    from gputop.core import auditlog
     from tests.conftest import ROOT, _default_sighup
 
     node_sock, node_log = auditlog.node_socket_path(), auditlog.node_log_path()  # conftest's stand-ins

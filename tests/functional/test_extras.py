@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-BLOCK = "import sys; sys.modules[{mod!r}] = None; from gputop.cli import main; sys.exit(main({argv!r}))"
+BLOCK = "import sys; sys.modules[{mod!r}] = None; from gputop.commands.cli import main; sys.exit(main({argv!r}))"
 
 
 @pytest.mark.parametrize("mod,argv,extra", [

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from gputop import auditlog
-from gputop.errors import EXIT_USAGE
+from gputop.core import auditlog
+from gputop.util.errors import EXIT_USAGE
 from gputop.guard import state
 from gputop.guard.policy import PolicyError
 from tests.conftest import ROOT, _default_sighup, run_gputop, wait_gone
@@ -153,7 +153,7 @@ def test_mode_commands_status_and_test_policies(procs, scenario):
 
 
 def test_a_second_daemon_is_refused(scenario, tmp_path):
-    from gputop.errors import EXIT_REFUSED
+    from gputop.util.errors import EXIT_REFUSED
 
     scenario(holders=[], gpus=1)
     policy = tmp_path / "policy.yaml"

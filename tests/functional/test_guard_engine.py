@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-from gputop import auditlog
-from gputop.config import Config
+from gputop.core import auditlog
+from gputop.core.config import Config
 from gputop.guard import state
 from gputop.guard.engine import Engine, explain, render_explanation
 from gputop.guard.policy import load_policy, parse_policy
-from gputop.rogue import audit
+from gputop.core.rogue import audit
 from tests.conftest import ROOT, wait_gone
 from tests.functional.guard_helpers import Clock, SmtpSink, Webhook, sampler_for
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gputop import auditlog
-from gputop.config import Config
+from gputop.core import auditlog
+from gputop.core.config import Config
 from gputop.guard.engine import Engine, explain
 from gputop.guard.policy import parse_policy
 from tests.conftest import wait_gone

@@ -160,7 +160,7 @@ def test_journal_stream_prefixes_every_line_once():
 
 def test_notify_never_raises_and_escapes_the_subject():
     """A target that fails in any way is a failed result; the caller then records the hit."""
-    from gputop.config import Config
+    from gputop.core.config import Config
 
     cfg = Config(extra={"guard": {"smtp": {"host": "127.0.0.1", "port": "not-a-port"}}})
     out = io.StringIO()

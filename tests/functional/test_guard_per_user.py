@@ -10,8 +10,8 @@ import os
 import textwrap
 import time
 
-from gputop import auditlog
-from gputop.config import Config
+from gputop.core import auditlog
+from gputop.core.config import Config
 from gputop.guard.engine import Engine
 from gputop.guard.policy import load_policy, parse_policy
 from tests.conftest import ROOT, wait_gone

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gputop import auditlog
+from gputop.core import auditlog
 from gputop.guard import state
 from tests.conftest import run_gputop
 from tests.functional.test_guard_daemon import KILL_VICTIMS

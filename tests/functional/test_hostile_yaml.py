@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gputop.errors import EXIT_USAGE, UsageError
+from gputop.util.errors import EXIT_USAGE, UsageError
 from gputop.guard.policy import PolicyError, load_policy, parse_policy
 from tests.conftest import run_gputop_measured
 from tests.functional.test_guard_daemon import KILL_VICTIMS
@@ -112,7 +112,7 @@ def test_running_guard_keeps_its_policy_over_bombs_big_files_and_fifos(scenario,
 
 def test_config_and_scenario_bombs_are_usage_errors(tmp_path, monkeypatch):
     from gputop.backends.simulated import SimulatedBackend
-    from gputop.config import load_config
+    from gputop.core.config import load_config
 
     cfg = tmp_path / "config.yaml"
     cfg.write_text(LAUGHS.replace("rules:", "protect:"))

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gputop import actions
-from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_USAGE
+from gputop.util.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_USAGE
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
     OtherUser, alive, check_common, check_target, ident, records, spawn_ignoring_term, write_config,
@@ -143,8 +143,8 @@ def test_refuses_a_kernel_thread(scenario, cfg):
 
 
 def test_pid_reused_after_the_checks_is_never_signalled(procs, scenario, cfg):
-    from gputop.config import load_config
-    from gputop.snapshot import Sampler
+    from gputop.core.config import load_config
+    from gputop.core.snapshot import Sampler
     from tests.functional.actions_helpers import SwapAfterSample, spawn_at_pid
 
     holder = procs.sleeper("gt-old")

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gputop.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
+from gputop.util.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import OtherUser, alive, check_common, records, spawn_ignoring_term
 

@@ -11,8 +11,8 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from gputop import auditlog
-from gputop.demo import Demo
+from gputop.core import auditlog
+from gputop.core.demo import Demo
 from tests.conftest import wait_gone
 
 TOOLS = {"gpu_status", "list_processes", "kill_process", "reap_orphans", "reset_gpu", "audit_rogue",
@@ -164,7 +164,8 @@ def _as_nobody(fn):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to nobody")
 def test_previews_say_a_signal_or_reset_would_be_refused_for_lack_of_permission(procs):
-    from gputop import mcp_server, permissions
+    from gputop.service import mcp_server
+    from gputop.core import permissions
 
     victim = procs.sleeper("rootjob")
     from gputop import actions

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from gputop import auditlog
+from gputop.core import auditlog
 from gputop.guard import state
-from gputop.serve import create_token
+from gputop.core.requester import create_token
 from tests.conftest import wait_gone
 from tests.functional.mcphttp import McpHttp
 

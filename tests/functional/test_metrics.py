@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gputop.demo import Demo
+from gputop.core.demo import Demo
 from tests.conftest import ROOT
 from tests.functional.servehelp import Served
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 
-from gputop.errors import EXIT_REFUSED, EXIT_USAGE
+from gputop.util.errors import EXIT_REFUSED, EXIT_USAGE
 from tests.conftest import run_gputop
 from tests.functional.actions_helpers import alive
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gputop import node_units
+from gputop.commands import node_units
 from tests.conftest import ROOT, run_gputop
 
 ANALYZE = shutil.which("systemd-analyze")

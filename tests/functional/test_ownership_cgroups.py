@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from gputop.backends.simulated import SimulatedBackend
-from gputop.config import Config
-from gputop.orphans import NOT_ORPHAN, ORPHAN
-from gputop.ownership import SERVICE, SESSION, SLURM, SlurmEnv, read_owner, slurm_job_from_environ
-from gputop.snapshot import Sampler
+from gputop.core.config import Config
+from gputop.core.orphans import NOT_ORPHAN, ORPHAN
+from gputop.core.ownership import SERVICE, SESSION, SLURM, SlurmEnv, read_owner, slurm_job_from_environ
+from gputop.core.snapshot import Sampler
 from tests.conftest import run_gputop, wait_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
@@ -222,7 +222,7 @@ def test_slurm_job_v2_unified(procs, cgroups):
 def test_environ_of_another_users_process_is_none_not_an_error(procs):
     env = dict(os.environ, SLURM_JOB_ID="4244")
     job = procs.spawn(["sleep", "716"], env=env).pid
-    code = ("import sys; from gputop.ownership import slurm_job_from_environ as f; "
+    code = ("import sys; from gputop.core.ownership import slurm_job_from_environ as f; "
             f"print(f({job}), f({job}, '/nonexistent'))")
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
                          capture_output=True, text=True, timeout=30, cwd=str(Path(__file__).resolve().parents[2]))

@@ -7,8 +7,8 @@ import os
 import signal
 import time
 
-from gputop.procs import StaticCache, read_proc
-from gputop.snapshot import Sampler
+from gputop.core.procs import StaticCache, read_proc
+from gputop.core.snapshot import Sampler
 
 
 class FakeClock:
@@ -139,7 +139,7 @@ def test_sampler_keeps_verdicts_with_and_without_the_cache(procs, scenario):
 def test_a_holders_chain_is_its_ancestors_up_to_init(procs, scenario):
     # The sampler reuses the chain the orphan rule walked; it must equal a plain walk up to init.
     from gputop.backends.simulated import SimulatedBackend
-    from gputop.procs import ProcTable
+    from gputop.core.procs import ProcTable
 
     job = procs.orphan("sleep 63", "sleep 63")
     mine = procs.spawn(["sleep", "64"])
@@ -156,7 +156,7 @@ def test_a_holders_chain_is_its_ancestors_up_to_init(procs, scenario):
 
 
 def test_scan_all_finds_the_same_children_as_full_reads(procs):
-    from gputop.procs import ProcTable
+    from gputop.core.procs import ProcTable
 
     parent = procs.spawn(["sh", "-c", "sleep 60 & sleep 60 & wait"])
     deadline = time.time() + 5
@@ -181,7 +181,7 @@ def test_scan_all_finds_the_same_children_as_full_reads(procs):
 def test_a_scanned_stat_line_for_a_reused_pid_is_not_mixed_with_the_new_process(procs):
     """The reap path scans stat lines first and reads command lines later. If the PID was reused in
     between, the record must be dropped, not built from the old stat line and the new cmdline/owner."""
-    from gputop.procs import _read_linux
+    from gputop.core.procs import _read_linux
 
     p = procs.sleeper("newproc")
     with open(f"/proc/{p.pid}/stat", "rb") as f:
@@ -199,7 +199,7 @@ def test_a_scanned_stat_line_for_a_reused_pid_is_not_mixed_with_the_new_process(
 def test_a_process_seen_for_the_first_time_has_its_stat_read_once(procs, monkeypatch):
     # The first sample (the TUI's first frame, every 'status') used to read each stat line twice: by path,
     # then again through the pinned directory on the certain cache miss.
-    import gputop.procs as procs_mod
+    import gputop.core.procs as procs_mod
 
     p = procs.sleeper("gt-once")
     reads = []
@@ -222,7 +222,7 @@ def test_a_process_seen_for_the_first_time_has_its_stat_read_once(procs, monkeyp
 
 def test_a_gone_pid_is_checked_once_per_table(procs, monkeypatch):
     # Every holder of an orphan tree asks about the same gone session leader; one check per refresh.
-    import gputop.procs as procs_mod
+    import gputop.core.procs as procs_mod
 
     p = procs.sleeper("gt-gone")
     p.kill()
@@ -249,7 +249,7 @@ def _stat_fds_open() -> dict[int, str]:
 
 
 def _tables(cache, pid, n):
-    from gputop.procs import ProcTable
+    from gputop.core.procs import ProcTable
 
     out = []
     for _ in range(n):  # one table a refresh, as the Sampler makes them
@@ -302,7 +302,7 @@ def test_a_kept_fd_of_a_gone_process_never_answers_for_the_pid_of_a_live_one(pro
 def test_prune_closes_the_stat_fds_of_processes_no_longer_asked_for(procs):
     a, b = procs.sleeper("gt-prune-a"), procs.sleeper("gt-prune-b")
     cache = StaticCache(ttl=60)
-    from gputop.procs import ProcTable
+    from gputop.core.procs import ProcTable
 
     for _ in range(2):
         t = ProcTable(static=cache)
@@ -320,7 +320,7 @@ def test_kept_stat_fds_stay_within_one_budget_for_every_cache(procs):
     import gc
     import resource
 
-    from gputop.procs import _KEPT, ProcTable, _stat_fd_budget
+    from gputop.core.procs import _KEPT, ProcTable, _stat_fd_budget
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert 0 < _stat_fd_budget() <= max(1, soft // 2)
@@ -358,8 +358,8 @@ def test_a_sampler_closes_its_kept_stat_fds(procs, scenario):
 def test_owners_come_from_the_cgroup_read_with_the_command_line(procs, scenario, monkeypatch):
     # A sampler reads each process's cgroup through its pinned /proc dir when it reads the command line
     # (first sight, then every static_ttl), not again by path with a start-time check after.
-    import gputop.ownership as ownership
-    import gputop.snapshot as snapshot
+    import gputop.core.ownership as ownership
+    import gputop.core.snapshot as snapshot
     from gputop.backends.simulated import SimulatedBackend
 
     job = procs.orphan("sleep 71", "sleep 71")

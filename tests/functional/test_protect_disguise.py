@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from gputop import actions
-from gputop.config import Config
+from gputop.core.config import Config
 from tests.conftest import wait_gone
 from tests.functional.guard_helpers import Clock, sampler_for
 
@@ -50,7 +50,7 @@ def bins(tmp_path):
 
 def test_disguised_and_substring_names_are_not_protected_a_genuine_one_is(procs, scenario, bins, monkeypatch):
     from tests.functional.actions_helpers import write_config
-    from gputop.orphans import DEFAULT_PROTECT
+    from gputop.core.orphans import DEFAULT_PROTECT
 
     write_config(bins.parent / "c.yaml", monkeypatch, protect=list(DEFAULT_PROTECT))
     genuine = orphan(procs, f"{bins}/tmux 600", "tmux")
@@ -60,7 +60,7 @@ def test_disguised_and_substring_names_are_not_protected_a_genuine_one_is(procs,
     assert os.readlink(f"/proc/{via_link}/exe").endswith("/xmrig")
     assert open(f"/proc/{argv0}/cmdline").read().split("\0")[0] == "jupyter-lab"
     path = scenario(holders=[{"pid": p, "gpu": 0, "memory": "1GiB"} for p in (genuine, via_link, argv0, substring)])
-    from gputop.config import load_config
+    from gputop.core.config import load_config
 
     cfg = load_config()
     snap = sampler_for(path, Clock(), cfg).sample()
@@ -83,7 +83,7 @@ def test_disguised_and_substring_names_are_not_protected_a_genuine_one_is(procs,
 
 def test_the_rogue_audit_and_the_protect_rules_share_one_disguise_test(procs, scenario, bins):
     """The rogue audit flags the process the protect rules refuse to protect, with the same reason text."""
-    from gputop.rogue import audit
+    from gputop.core.rogue import audit
 
     via_link = orphan(procs, f"{bins}/lnk/tmux 600", "tmux")
     path = scenario(holders=[{"pid": via_link, "gpu": 0, "memory": "1GiB", "sm": 5}])

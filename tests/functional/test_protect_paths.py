@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import io
 
-from gputop.config import load_config
-from gputop.errors import EXIT_USAGE
+from gputop.core.config import load_config
+from gputop.util.errors import EXIT_USAGE
 from tests.conftest import run_gputop
 from tests.functional.test_guard_daemon import KILL_VICTIMS
 

@@ -1,4 +1,4 @@
-"""The console script's quick exit for one-shot read commands (gputop.cli.QUICK): the output is all there,
+"""The console script's quick exit for one-shot read commands (gputop.commands.cli.QUICK): the output is all there,
 atexit handlers run, and only Python's teardown is skipped; any other command exits normally."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 # which of the two ran, and whether the cyclic collector was on when the process left.
 SCRIPT = """
 import atexit, gc, sys
-from gputop import cli
+from gputop.commands import cli
 
 class Canary:
     def __del__(self):

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from gputop import actions
-from gputop.errors import EXIT_REFUSED
+from gputop.util.errors import EXIT_REFUSED
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import alive, records, unique, with_marker, write_config
 

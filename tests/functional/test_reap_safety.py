@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gputop.errors import EXIT_NOT_FOUND
+from gputop.util.errors import EXIT_NOT_FOUND
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import records, unique, with_marker, write_config
 
@@ -221,7 +221,7 @@ def test_a_half_exited_tree_member_is_reaped_with_its_subtree(procs, scenario, c
 
 
 def test_a_protect_word_inside_an_argument_protects_nothing(procs, scenario, tmp_path, monkeypatch):
-    from gputop.orphans import DEFAULT_PROTECT
+    from gputop.core.orphans import DEFAULT_PROTECT
 
     write_config(tmp_path / "c.yaml", monkeypatch, protect=list(DEFAULT_PROTECT))
     m = unique("gti11-arg")
@@ -411,7 +411,7 @@ def test_a_session_leader_that_cannot_be_seen_is_not_gone(hidden_user, procs, tm
 
 
 def test_log_names_the_survivors_of_a_partial_failure(cfg):
-    from gputop import auditlog
+    from gputop.core import auditlog
 
     auditlog.append({"at": time.time(), "time": auditlog.iso(time.time()), "host": "h", "actor": auditlog.actor(),
                      "face": "cli", "action": "reap", "target": {"pid": 4321, "name": "\x1b[2Jloop"},

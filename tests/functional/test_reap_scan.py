@@ -18,8 +18,8 @@ from gputop.actions.executor import Executor
 from gputop.actions import identity
 from gputop.actions.identity import Handle, wait_gone
 from gputop.actions.plan import ReapPlan
-from gputop.config import load_config
-from gputop.procs import IS_LINUX, ProcTable, read_proc, start_time, stat_state
+from gputop.core.config import load_config
+from gputop.core.procs import IS_LINUX, ProcTable, read_proc, start_time, stat_state
 from tests.functional.actions_helpers import scan_stats, unique
 from tests.functional.test_reap_safety import find, half_exited
 

@@ -10,9 +10,9 @@ import pytest
 from gputop import actions
 from gputop.backends.base import ResetError
 from gputop.backends.simulated import SimulatedBackend
-from gputop.config import load_config
-from gputop.errors import EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_FAILURE
-from gputop.snapshot import Sampler
+from gputop.core.config import load_config
+from gputop.util.errors import EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_FAILURE
+from gputop.core.snapshot import Sampler
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
     alive, check_common, records, spawn_ignoring_term, write_config,

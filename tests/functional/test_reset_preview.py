@@ -13,12 +13,13 @@ import pytest
 import yaml
 from mcp.types import CallToolResult
 
-from gputop import actions, mcp_server
+from gputop import actions
+from gputop.service import mcp_server
 from gputop.backends.base import Backend
 from gputop.backends.simulated import SimulatedBackend
-from gputop.config import Config
-from gputop.faces import LiveSnapshot
-from gputop.snapshot import Sampler
+from gputop.core.config import Config
+from gputop.service.faces import LiveSnapshot
+from gputop.core.snapshot import Sampler
 from tests.functional.test_mcp import _as_nobody, alive
 
 

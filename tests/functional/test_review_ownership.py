@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gputop.errors import EXIT_REFUSED
+from gputop.util.errors import EXIT_REFUSED
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.test_ownership_cgroups import Cgroups, run_root, sample  # noqa: F401  (fixtures)
 

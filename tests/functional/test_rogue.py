@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from gputop.config import Config
-from gputop.errors import UsageError
-from gputop.rogue import MINER_NAMES, AuditConfig, History, audit
+from gputop.core.config import Config
+from gputop.util.errors import UsageError
+from gputop.core.rogue import MINER_NAMES, AuditConfig, History, audit
 from tests.conftest import run_gputop
 from tests.functional.guard_helpers import Clock, PoolServer, sampler_for
 from tests.functional.test_guard_engine import wait_comm
@@ -123,7 +123,7 @@ def test_pool_connection_over_ipv6_and_the_bystander_is_not_flagged(procs, scena
 
 
 def test_proc_net_tcp_addresses_decode():
-    from gputop.rogue import _hex_addr
+    from gputop.core.rogue import _hex_addr
 
     assert _hex_addr("0100007F:0D05") == ("127.0.0.1", 3333)
     assert _hex_addr("00000000000000000000000001000000:1F90") == ("::1", 8080)

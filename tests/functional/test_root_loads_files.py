@@ -1,5 +1,5 @@
 """Issue 25: root loads a policy, a config (the user's and the node's) or a scenario only when no other
-user could have written it or swapped it (gputop/trustfile.py). Each refusal is one line, exit 2, saying
+user could have written it or swapped it (gputop/util/trustfile.py). Each refusal is one line, exit 2, saying
 what is wrong and what to run. The other user is real (useradd/setpriv): files are chowned to it and
 written by it."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gputop.errors import EXIT_USAGE
+from gputop.util.errors import EXIT_USAGE
 from tests.conftest import _default_sighup, run_gputop, wait_gone
 from tests.functional.actions_helpers import OtherUser, alive
 from tests.functional.test_guard_daemon import KILL_VICTIMS, holders, poll
@@ -214,7 +214,7 @@ def test_an_unprivileged_user_still_loads_a_world_writable_file_of_their_own(oth
 
 def test_a_running_guard_keeps_its_last_good_policy_and_config_when_they_turn_writable(
         sane, procs, scenario, tmp_path, other):
-    from gputop import auditlog
+    from gputop.core import auditlog
     from gputop.guard import state
 
     policy = other.shared / "policy.yaml"  # root's file (0644) in a root-owned sticky dir: accepted
@@ -272,7 +272,7 @@ def test_a_running_guard_keeps_its_last_good_policy_and_config_when_they_turn_wr
 def test_dotdot_after_a_symlink_goes_where_the_kernel_goes(tmp_path):
     """'link/../f' is f beside the link's *target*, not beside the link: the check follows the kernel,
     not the spelling (a lexical clean-up would check tmp_path/f, which is fine, and read open/f)."""
-    from gputop import trustfile
+    from gputop.util import trustfile
 
     (tmp_path / "f.yaml").write_text("rules: []\n")  # what a lexical reading would check
     bad = tmp_path / "open"
@@ -289,7 +289,7 @@ def test_dotdot_after_a_symlink_goes_where_the_kernel_goes(tmp_path):
 def test_a_symlink_loop_is_an_error_not_a_hang(tmp_path):
     import errno
 
-    from gputop import trustfile
+    from gputop.util import trustfile
 
     (tmp_path / "a").symlink_to("b")
     (tmp_path / "b").symlink_to("a")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from gputop.snapshot import Sampler
+from gputop.core.snapshot import Sampler
 
 
 def _sizes(s: Sampler) -> dict[str, int]:

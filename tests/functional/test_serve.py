@@ -12,8 +12,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gputop import auditlog
-from gputop.demo import Demo
+from gputop.core import auditlog
+from gputop.core.demo import Demo
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.servehelp import Served
 

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from gputop import auditlog
-from gputop.errors import EXIT_USAGE
+from gputop.core import auditlog
+from gputop.util.errors import EXIT_USAGE
 from tests.conftest import run_gputop
 from tests.functional.servehelp import Served, unix_request
 from tests.functional.test_serve import alive, auth, demo, server, token_file  # noqa: F401 - fixtures

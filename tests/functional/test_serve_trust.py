@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from gputop import auditlog
+from gputop.core import auditlog
 from gputop.guard import state
-from gputop.serve import create_token
+from gputop.core.requester import create_token
 from tests.conftest import run_gputop
 from tests.functional.mcphttp import McpHttp
 from tests.functional.servehelp import Served, unix_request
@@ -267,7 +267,7 @@ def _closed_within(c: socket.socket, seconds: float, drip: bytes = b"") -> float
 def test_a_client_that_never_finishes_its_request_is_dropped(targets):
     import httpx
 
-    from gputop.serve import REQUEST_TIMEOUT
+    from gputop.service.api import REQUEST_TIMEOUT
 
     s = Served("--interval", "0.3")
     try:
@@ -321,7 +321,7 @@ def test_out_of_file_descriptors_gives_one_line_and_the_server_recovers(targets)
 
 
 def test_a_flood_of_tcp_connections_is_capped_and_the_unix_socket_still_answers(targets):
-    from gputop.serve import MAX_CONNECTIONS
+    from gputop.service.api import MAX_CONNECTIONS
 
     s = Served("--interval", "0.3")
     held = []

@@ -222,13 +222,13 @@ def test_the_group_reap_lists_proc_once_per_round(procs, scenario, tmp_path, mon
     # also the lineage baseline: every listing of /proc is a table scan, one at the start and one a round.
     import dataclasses
 
-    from gputop import slurm as sl
+    from gputop.core import slurm_jobs as sl
     from gputop.actions import executor
     from gputop.backends.simulated import SimulatedBackend
     from gputop.commands.slurm import _reap_job
-    from gputop.config import Config
-    from gputop.procs import ProcTable, self_and_ancestors
-    from gputop.snapshot import Sampler
+    from gputop.core.config import Config
+    from gputop.core.procs import ProcTable, self_and_ancestors
+    from gputop.core.snapshot import Sampler
 
     monkeypatch.setenv("GPUTOP_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
     job, other_job = 4267, 4268

@@ -8,10 +8,10 @@ import time
 
 
 from gputop.backends.simulated import SimulatedBackend
-from gputop.config import Config
-from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED
-from gputop.procs import read_proc
-from gputop.snapshot import Sampler
+from gputop.core.config import Config
+from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED
+from gputop.core.procs import read_proc
+from gputop.core.snapshot import Sampler
 from tests.conftest import run_gputop, run_on_pty, wait_gone
 
 
@@ -176,7 +176,7 @@ def test_bad_scenario_is_one_line_error(tmp_path):
 
 def test_status_does_not_import_textual(scenario):
     path = scenario([], gpus=1)
-    code = ("import sys; from gputop.cli import main; main(['status','--json','--scenario',%r]);"
+    code = ("import sys; from gputop.commands.cli import main; main(['status','--json','--scenario',%r]);"
             "sys.stderr.write(str(any(m.startswith('textual') for m in sys.modules)))") % str(path)
     import subprocess, sys
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gputop.actions.identity import TargetLock
-from gputop.procs import read_proc
+from gputop.core.procs import read_proc
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
     OtherUser, alive, orphan_python, records, spawn_ignoring_term, unique,
@@ -149,7 +149,7 @@ def test_ten_concurrent_root_kills_under_a_squatted_name_still_signal_once(procs
 
 
 def test_the_enforcing_guard_kills_through_a_squatted_name(procs, scenario, other, tmp_path):
-    from gputop import auditlog
+    from gputop.core import auditlog
     from tests.conftest import _default_sighup
     from tests.functional.test_guard_daemon import KILL_VICTIMS, holders
     from tests.functional.test_guard_engine import named

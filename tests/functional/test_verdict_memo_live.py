@@ -7,9 +7,9 @@ import os
 import signal
 import time
 
-from gputop.orphans import classify, compile_protect
-from gputop.procs import ProcTable, read_proc
-from gputop.snapshot import Sampler
+from gputop.core.orphans import classify, compile_protect
+from gputop.core.procs import ProcTable, read_proc
+from gputop.core.snapshot import Sampler
 
 
 def _fresh(sampler, pid):

@@ -25,10 +25,10 @@ async def wait_until(pilot, cond, timeout: float = 10.0, step: float = 0.05) -> 
 # ---- a frozen sampler over constructed snapshots (process data is what changes between runs) ------
 
 from gputop.backends.base import BackendStatus, DeviceSample  # noqa: E402
-from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict  # noqa: E402
-from gputop.ownership import NONE, SESSION, Owner  # noqa: E402
-from gputop.procs import ProcInfo  # noqa: E402
-from gputop.snapshot import GpuUse, Holder, OrphanRoot, Snapshot  # noqa: E402
+from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict  # noqa: E402
+from gputop.core.ownership import NONE, SESSION, Owner  # noqa: E402
+from gputop.core.procs import ProcInfo  # noqa: E402
+from gputop.core.snapshot import GpuUse, Holder, OrphanRoot, Snapshot  # noqa: E402
 from gputop.tui.side_panel import PanelData  # noqa: E402
 
 AT = 1796000000.0  # 2026-11-30 05:33:20 UTC
@@ -134,7 +134,7 @@ def frozen_panel(snapshot, config) -> PanelData:
              "outcome": "dry-run"},
             {"time": AT - 10, "rule": "no-miners", "pid": 3200, "dry_run": False, "action": "kill",
              "outcome": "killed"})
-    from gputop.rogue import Finding
+    from gputop.core.rogue import Finding
 
     findings = (Finding("high", "miner-name", 3200, "process name 'xmrig' is a known crypto miner", "comm=xmrig"),
                 Finding("medium", "pool-port", 3200, "connected to a mining pool port (3333)", "tcp 3333"))
@@ -173,8 +173,8 @@ def seed_history(app, snapshot: Snapshot, n: int = 120) -> None:
 def open_app(scenario_path, *, readonly: bool = False, interval: float = 0.2):
     """The real app over the real simulated backend, with an empty protect list: a test runner started
     inside tmux or screen would otherwise make every process it spawns "protected"."""
-    from gputop.config import Config
-    from gputop.snapshot import Sampler
+    from gputop.core.config import Config
+    from gputop.core.snapshot import Sampler
     from gputop.tui.app import GputopApp
 
     config = Config(protect=())

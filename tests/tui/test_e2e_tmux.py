@@ -162,7 +162,7 @@ def _proc_state(pid: int) -> str | None:
 
 
 def _same(pid: int, start) -> bool:
-    from gputop.procs import start_time
+    from gputop.core.procs import start_time
 
     return _proc_state(pid) not in (None, "Z") and start_time(pid) == start
 

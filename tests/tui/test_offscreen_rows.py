@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 from gputop.backends.base import BackendStatus, DeviceSample
-from gputop.orphans import NOT_ORPHAN, Verdict
-from gputop.snapshot import GpuUse, Holder, Snapshot
+from gputop.core.orphans import NOT_ORPHAN, Verdict
+from gputop.core.snapshot import GpuUse, Holder, Snapshot
 from gputop.tui.process_tree import ProcessTree
-from gputop.units import fmt_duration
+from gputop.util.units import fmt_duration
 
 from .helpers import (AT, GiB, _p, frozen_app, row_line, run_async, screen_text, switch_snapshot,
                       wait_until)

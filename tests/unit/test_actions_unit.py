@@ -9,8 +9,8 @@ import pytest
 from gputop import actions
 from gputop.actions import ActionResult, OrphanTree, Watchdog, parse_signal, same_start
 from gputop.commands.log import parse_since
-from gputop.errors import UsageError
-from gputop.procs import ProcInfo
+from gputop.util.errors import UsageError
+from gputop.core.procs import ProcInfo
 
 
 @pytest.mark.parametrize("name,sig", [("TERM", signal.SIGTERM), ("sigkill", signal.SIGKILL),

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from gputop.errors import RefusedError, UsageError
-from gputop.serve import create_token, read_token
+from gputop.util.errors import RefusedError, UsageError
+from gputop.core.requester import create_token, read_token
 
 
 def test_create_then_read(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from gputop.cli import _named_command, build_parser
+from gputop.commands.cli import _named_command, build_parser
 
 
 def test_named_command_guess():
@@ -17,8 +17,8 @@ def test_named_command_guess():
 
 
 def test_status_does_not_import_other_subcommands():
-    code = ("import sys; from gputop.cli import build_parser; build_parser(['status', '--json']); "
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith('gputop.commands.'))))")
+    code = ("import sys; from gputop.commands.cli import build_parser; build_parser(['status', '--json']); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('gputop.commands.') and m != 'gputop.commands.cli')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["gputop.commands._common", "gputop.commands.status"]
 
@@ -33,8 +33,8 @@ def test_an_option_value_named_like_a_command_still_parses_the_real_one(tmp_path
 
 
 def test_the_tui_command_line_imports_no_subcommand():
-    code = ("import sys; from gputop.cli import build_parser; a = build_parser(['--interval', '2']).parse_args(['--interval', '2']); "
-            "print(a.interval, getattr(a, '_run', None), ' '.join(sorted(m for m in sys.modules if m.startswith('gputop.commands.'))))")
+    code = ("import sys; from gputop.commands.cli import build_parser; a = build_parser(['--interval', '2']).parse_args(['--interval', '2']); "
+            "print(a.interval, getattr(a, '_run', None), ' '.join(sorted(m for m in sys.modules if m.startswith('gputop.commands.') and m != 'gputop.commands.cli')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["2.0", "None"]
 
@@ -53,7 +53,7 @@ def test_a_status_run_imports_neither_typing_nor_subprocess(tmp_path):
     # (only a Slurm job's scontrol or a reset runs one) stay out of a sample with no Slurm job.
     scenario = tmp_path / "s.yaml"
     scenario.write_text("gpus: [{name: g, memory_total: 1GiB}]\nholders: []\n")
-    code = ("import sys; from gputop.cli import main; main(['status', '--json', '--scenario', %r]); "
+    code = ("import sys; from gputop.commands.cli import main; main(['status', '--json', '--scenario', %r]); "
             "sys.stderr.write(' '.join(m for m in ('typing', 'subprocess') if m in sys.modules))") % str(scenario)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stderr.strip() == ""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gputop.config import SCHEMA, load_config
-from gputop.errors import UsageError
-from gputop.orphans import DEFAULT_PROTECT
+from gputop.core.config import SCHEMA, load_config
+from gputop.util.errors import UsageError
+from gputop.core.orphans import DEFAULT_PROTECT
 
 
 @pytest.fixture

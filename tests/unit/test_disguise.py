@@ -1,10 +1,10 @@
-"""gputop.disguise: one test for the rogue audit's disguised-name finding and for protect patterns."""
+"""gputop.core.disguise: one test for the rogue audit's disguised-name finding and for protect patterns."""
 
 from __future__ import annotations
 
 import pytest
 
-from gputop.disguise import disguise, exe_mismatch
+from gputop.core.disguise import disguise, exe_mismatch
 
 
 @pytest.mark.parametrize("name,cmdline,exe", [

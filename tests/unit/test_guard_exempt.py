@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gputop.config import Config, load_config, parse_exempt
-from gputop.errors import UsageError
+from gputop.core.config import Config, load_config, parse_exempt
+from gputop.util.errors import UsageError
 from gputop.guard.exempt import Exempt, root_owned
 
 
@@ -61,7 +61,7 @@ def test_a_bad_exemption_is_a_one_line_error_naming_the_file(tmp_path, monkeypat
 
 
 def test_there_is_no_key_for_a_name_argv_environment_or_ancestry():
-    from gputop.config import EXEMPT_KEYS, SCHEMA
+    from gputop.core.config import EXEMPT_KEYS, SCHEMA
 
     assert set(SCHEMA["guard"]["exempt"]) == set(EXEMPT_KEYS) == {"users", "groups", "units", "cgroups",
                                                                    "executables"}

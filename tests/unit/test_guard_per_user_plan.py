@@ -8,9 +8,9 @@ import textwrap
 from gputop.backends.base import DeviceSample
 from gputop.guard.engine import Engine, plan_user_kills
 from gputop.guard.policy import Policy, parse_policy
-from gputop.orphans import NOT_ORPHAN, PROTECTED, UNKNOWN, Verdict
-from gputop.procs import ProcInfo
-from gputop.snapshot import GpuUse, Holder, Snapshot
+from gputop.core.orphans import NOT_ORPHAN, PROTECTED, UNKNOWN, Verdict
+from gputop.core.procs import ProcInfo
+from gputop.core.snapshot import GpuUse, Holder, Snapshot
 
 GIB = 1024**3
 AT = 1_796_000_000.0

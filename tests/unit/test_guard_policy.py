@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from gputop.errors import EXIT_USAGE
+from gputop.util.errors import EXIT_USAGE
 from gputop.guard.policy import PolicyError, load_policy, parse_policy, parse_window
 from tests.conftest import ROOT
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gputop.config import Config
-from gputop.faces import LiveSnapshot
-from gputop.serve import FindingCounter, GuardHitCounter, SnapshotCollector
+from gputop.core.config import Config
+from gputop.service.faces import LiveSnapshot
+from gputop.service.api import FindingCounter, GuardHitCounter, SnapshotCollector
 from tests.tui.helpers import frozen_snapshot
 
 

@@ -6,8 +6,8 @@ import gc
 import tracemalloc
 from types import SimpleNamespace
 
-from gputop import orphans
-from gputop.orphans import DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE, compile_protect
+from gputop.core import orphans
+from gputop.core.orphans import DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE, compile_protect
 
 
 def _proc(i: int, arg_len: int):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gputop.orphans import (
+from gputop.core.orphans import (
     DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE, NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, classify, compile_protect,
 )
-from gputop.procs import ProcInfo
+from gputop.core.procs import ProcInfo
 
 PROTECT = compile_protect(DEFAULT_PROTECT)
 PROTECT_CMDLINE = compile_protect(DEFAULT_PROTECT_CMDLINE)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gputop.ownership import (
+from gputop.core.ownership import (
     CONTAINER, NONE, POD, SERVICE, SESSION, SLURM, Owner, OwnerCache, SlurmEnv, parse_cgroup, parse_lines,
     read_owner, session_state, slurm_job_from_environ,
 )
@@ -233,7 +233,7 @@ def test_cache_with_ttl_zero_reads_once_per_sample(tmp_path):
 
 
 def test_read_bytes_stops_at_a_short_read_and_reads_a_long_file_whole(tmp_path, monkeypatch):
-    from gputop import ownership
+    from gputop.core import ownership
 
     big = tmp_path / "big"
     big.write_bytes(b"x" * 200_000)

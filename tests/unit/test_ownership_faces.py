@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from gputop.commands.status import OWNER_WIDTH, owner_cell, render
-from gputop.ownership import NONE, SERVICE, Owner, parse_cgroup
-from gputop.snapshot import snapshot_to_dict
+from gputop.core.ownership import NONE, SERVICE, Owner, parse_cgroup
+from gputop.core.snapshot import snapshot_to_dict
 from gputop.tui.details import details_text
 from tests.tui.helpers import frozen_snapshot
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict, apply_owner, classify, compile_protect
-from gputop.ownership import read_owner
+from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict, apply_owner, classify, compile_protect
+from gputop.core.ownership import read_owner
 from tests.unit.test_ownership import EXPECTED, FIXTURES, PID
 from tests.unit.test_orphans import INIT, P, Table
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gputop import rogue
-from gputop.config import Config
+from gputop.core import rogue
+from gputop.core.config import Config
 from gputop.tui.app import PanelSource
 from tests.tui.helpers import frozen_snapshot
 
@@ -82,7 +82,7 @@ def test_guard_text_shows_hostile_hit_fields_and_paths_escaped():
 
 def test_audit_error_and_an_ancestor_rows_command_are_shown_escaped():
     """An audit error can quote what a process wrote; an ancestor row shows another process's command line."""
-    from gputop.procs import ProcInfo
+    from gputop.core.procs import ProcInfo
     from gputop.tui.process_tree import row_cells
     from gputop.tui.rows import Node
     from gputop.tui.side_panel import PanelData, audit_text

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gputop.actions.plan import Rules, plan_group
-from gputop.orphans import compile_protect, classify
+from gputop.core.orphans import compile_protect, classify
 from tests.unit.test_reap_plan import INIT, FixtureTable, P
 
 
@@ -51,7 +51,7 @@ def test_a_round_with_known_members_takes_only_new_ones_under_the_same_rule():
     # The executor's rounds call plan_group with what they track (``known``): a known top is not listed
     # again, a new top is judged, and a member under a top left alone stays left alone though its own
     # verdict (here: an orphan, judged alone) would let it be signalled.
-    from gputop.orphans import ORPHAN, PROTECTED, Verdict
+    from gputop.core.orphans import ORPHAN, PROTECTED, Verdict
 
     t = FixtureTable(INIT, P(81, 1, "keep", 50, 80), P(82, 81, "python", 60, 80), P(91, 1, "python", 70, 90),
                      P(92, 91, "python", 71, 90), P(95, 1, "python", 72, 95))

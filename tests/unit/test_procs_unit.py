@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gputop.procs import read_proc
+from gputop.core.procs import read_proc
 
 PF_KTHREAD = 0x00200000
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gputop.actions.plan import joiners, lineage
-from gputop.procs import StatFields
+from gputop.core.procs import StatFields
 from tests.unit.test_reap_plan import INIT, FixtureTable, P, rules
 
 # Dead session 80: the tree's member 82 (group 80), another tree's root 90 (group 90) in the same session.

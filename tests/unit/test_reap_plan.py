@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gputop.actions.plan import Rules, plan_reap
-from gputop.orphans import DEFAULT_PROTECT, NOT_ORPHAN, ORPHAN, classify, compile_protect
-from gputop.procs import ProcInfo
+from gputop.core.orphans import DEFAULT_PROTECT, NOT_ORPHAN, ORPHAN, classify, compile_protect
+from gputop.core.procs import ProcInfo
 
 PROTECT = compile_protect(DEFAULT_PROTECT)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from gputop.actions.plan import LeftAlone, PidNs, Rules, orphaned_groups, plan_reap
-from gputop.orphans import classify
-from gputop.procs import StatFields
+from gputop.core.orphans import classify
+from gputop.core.procs import StatFields
 from tests.unit.test_reap_plan import INIT, P, FixtureTable
 
 

@@ -6,8 +6,8 @@ import shlex
 
 import pytest
 
-from gputop import remote
-from gputop.errors import UsageError
+from gputop.commands import remote
+from gputop.util.errors import UsageError
 
 
 def test_split_finds_remote_among_global_options():

@@ -1,4 +1,4 @@
-"""Patterns from requests, policies and configs are matched in bounded time (gputop.saferegex, RE2)."""
+"""Patterns from requests, policies and configs are matched in bounded time (gputop.util.saferegex, RE2)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from gputop import saferegex
-from gputop.config import load_config
-from gputop.errors import UsageError
+from gputop.util import saferegex
+from gputop.core.config import load_config
+from gputop.util.errors import UsageError
 from gputop.guard.conditions import compare
 from gputop.guard.policy import PolicyError, parse_policy
-from gputop.orphans import compile_protect
-from gputop.snapshot import select_holders
+from gputop.core.orphans import compile_protect
+from gputop.core.snapshot import select_holders
 from tests.tui.helpers import frozen_snapshot
 
 EVIL = ["(.*)*Q", "(a+)+$", "(a|aa)+$", "(x+x+)+y", "(.*a){20}"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gputop.errors import UsageError
-from gputop.snapshot import select_holders
+from gputop.util.errors import UsageError
+from gputop.core.snapshot import select_holders
 from tests.tui.helpers import frozen_snapshot
 
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from gputop import slurm
-from gputop.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict, classify, compile_protect, slurm_job_rule
-from gputop.procs import ProcInfo
-from gputop.slurm import JobProcess, JobRef, JobState, JobStates
+from gputop.core import slurm_jobs as slurm
+from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict, classify, compile_protect, slurm_job_rule
+from gputop.core.procs import ProcInfo
+from gputop.core.slurm_jobs import JobProcess, JobRef, JobState, JobStates
 
 SHOW = ("JobId=42 JobName=train UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A Priority=1 "
         "JobState=RUNNING Reason=None Dependency=(null) Command=/home/alice/run x=y NodeList=n1")
@@ -235,7 +235,7 @@ def test_classify_a_leftover_of_an_earlier_run_of_a_running_job_is_an_orphan():
 # ---- the epilog's verdict (pure) -------------------------------------------------------------------
 
 def _left(pid, name="w", start=1.0):
-    from gputop.procs import ProcInfo
+    from gputop.core.procs import ProcInfo
 
     return ProcInfo(pid=pid, ppid=1, name=name, cmdline=(name,), start_time=start, uid=1000, user="u")
 

@@ -83,7 +83,7 @@ def test_pair_values_without_data_read_na():
 
 
 def test_side_panel_shows_whole_severity_names():
-    from gputop.rogue import Finding
+    from gputop.core.rogue import Finding
     from gputop.tui.side_panel import PanelData, audit_text
 
     text = audit_text(PanelData(audit_available=True, findings=(Finding("medium", "r", 1, "why", ""),))).plain
@@ -91,7 +91,7 @@ def test_side_panel_shows_whole_severity_names():
 
 
 def test_side_panel_lists_the_most_severe_findings_and_counts_the_rest():
-    from gputop.rogue import Finding
+    from gputop.core.rogue import Finding
     from gputop.tui.side_panel import MAX_FINDINGS, PanelData, audit_text
 
     findings = tuple(Finding("low", "orphaned-holder", 1000 + i, f"orphan {1000 + i}", "") for i in range(512))

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from gputop.config import Config, load_config
-from gputop.errors import UsageError
-from gputop.units import fmt_bytes, fmt_duration, parse_duration, parse_memory
+from gputop.core.config import Config, load_config
+from gputop.util.errors import UsageError
+from gputop.util.units import fmt_bytes, fmt_duration, parse_duration, parse_memory
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -68,7 +68,7 @@ def test_config_errors_are_one_line(tmp_path, text, msg):
 
 
 def test_guard_dir_is_node_wide_once_the_service_dir_exists(tmp_path, monkeypatch):
-    import gputop.config as config
+    import gputop.core.config as config
 
     node = tmp_path / "var-lib-gputop"
     monkeypatch.setattr(config, "NODE_GUARD_DIR", node)

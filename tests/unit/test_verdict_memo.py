@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-import gputop.snapshot as snapshot_mod
+import gputop.core.snapshot as snapshot_mod
 from gputop.backends.base import Backend, DeviceSample, GpuProcess
-from gputop.config import Config
-from gputop.orphans import classify, compile_protect, verdict_inputs
-from gputop.procs import IS_LINUX, ProcInfo, ProcTable
-from gputop.snapshot import Sampler
+from gputop.core.config import Config
+from gputop.core.orphans import classify, compile_protect, verdict_inputs
+from gputop.core.procs import IS_LINUX, ProcInfo, ProcTable
+from gputop.core.snapshot import Sampler
 
 pytestmark = pytest.mark.skipif(not IS_LINUX, reason="a fixture /proc is read the Linux way")
 
@@ -309,7 +309,7 @@ def test_verdict_inputs_name_every_process_field_the_verdict_reads():
 
 def test_actions_do_not_use_the_memo():
     """The destructive paths classify again over their own fresh table: no sampler memo there."""
-    root = Path(snapshot_mod.__file__).parent / "actions"
+    root = Path(snapshot_mod.__file__).parents[1] / "actions"
     for path in root.glob("*.py"):
         assert not re.search(r"\._memo\b|\._verdict\(|_Memo\b", path.read_text()), path.name
     assert "classify(" in (root / "reap.py").read_text() and "classify(" in (root / "common.py").read_text()

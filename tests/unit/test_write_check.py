@@ -1,4 +1,4 @@
-"""gputop.requester.check_write, the one write rule of serve and mcp --http, over the peers the HTTP
+"""gputop.core.requester.check_write, the one write rule of serve and mcp --http, over the peers the HTTP
 protocol puts in the scope (a functional test cannot make another uid's process reach the 0700 socket
 directory: the directory keeps it out first)."""
 
@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from gputop import requester
-from gputop.serve import create_token
+from gputop.core import requester
+from gputop.core.requester import create_token
 
 ME = os.geteuid()
 OTHER = 61299 if ME != 61299 else 61298

@@ -9,8 +9,8 @@ from textual.app import ComposeResult
 from textual.widgets import Button, Static
 
 from gputop.tui.dialogs.base import ConfirmDialog
-from gputop.units import fmt_bytes
-from gputop.textsafe import visible
+from gputop.util.units import fmt_bytes
+from gputop.util.textsafe import visible
 
 
 @dataclass(frozen=True)

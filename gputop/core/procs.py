@@ -370,7 +370,7 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
         if last is not None and last[2] == key and last[0][last[0].index(b"(") + 1: last[0].rindex(b")")] \
                 != stat[lpar + 1: rpar]:
             cached = None  # its name changed under the same identity: an exec, so its command line is new too
-            # (the protect rules compare the name with argv[0]: gputop.disguise)
+            # (the protect rules compare the name with argv[0]: gputop.core.disguise)
     if cached is not None:
         cmdline, uid = cached
     else:
@@ -690,7 +690,7 @@ class ProcTable:
     def exe(self, pid: int) -> str | None:
         """The executable ``pid`` runs (/proc/PID/exe), or None where it cannot be read (another user's
         process when not root, a kernel thread). Read only when a protect name pattern matched (the
-        classifier's disguise test, gputop.disguise)."""
+        classifier's disguise test, gputop.core.disguise)."""
         try:
             return os.readlink(f"{self.proc_root}/{pid}/exe")
         except (OSError, ValueError):

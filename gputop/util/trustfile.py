@@ -24,7 +24,7 @@ import errno
 import os
 import stat
 
-from gputop.errors import UsageError
+from gputop.util.errors import UsageError
 
 MAX_LINKS = 40  # as the kernel's ELOOP limit
 
@@ -145,7 +145,7 @@ def open_file(path: str | os.PathLike, what: str) -> int:
 def read_text(path: str | os.PathLike, what: str, limit: int | None = None) -> str:
     """The text of a regular file of at most ``limit`` bytes (safeyaml.read_fd), checked as open_file
     does. Raises UntrustedFile, OSError (FileNotFoundError when missing) or ValueError."""
-    from gputop import safeyaml
+    from gputop.util import safeyaml
 
     fd = open_file(path, what)
     try:

@@ -45,7 +45,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from gputop.procs import start_time as proc_start_time
+from gputop.core.procs import start_time as proc_start_time
 
 # A PID above the default pid_max (4194304 is the hard limit; 4194303 is rarely used): never visible here.
 INVISIBLE_PID = 4194301

@@ -15,7 +15,7 @@ from typing import Iterable
 
 def _owner(pid: int) -> str:
     try:
-        from gputop.procs import user_name
+        from gputop.core.procs import user_name
 
         return user_name(os.stat(f"/proc/{pid}").st_uid)
     except (OSError, ImportError):

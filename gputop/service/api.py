@@ -1,7 +1,7 @@
 """``gputop serve``: a local HTTP API and a Prometheus endpoint (Starlette on uvicorn).
 
 Reads come from the latest snapshot, which one background thread refreshes (sampling never runs on the
-event loop). Who may write is gputop.requester.check_write: the server's own user (or root) through its
+event loop). Who may write is gputop.core.requester.check_write: the server's own user (or root) through its
 Unix socket (SO_PEERCRED), anyone else with the bearer token kept in a file only its owner can read
 (0600); every TCP write needs the token. Writes go through gputop.actions with face "api", which
 re-checks identity and safety and writes the audit log. --read-only refuses every write (403).
@@ -12,9 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import secrets
-import stat
 import sys
 from functools import partial
 from pathlib import Path
@@ -29,62 +26,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gputop import __version__, faces, requester
-from gputop.config import state_dir
-from gputop.errors import GputopError, RefusedError, UsageError
-from gputop.faces import HTTP_STATUS, LiveSnapshot
-from gputop.metrics import FindingCounter, GuardHitCounter, SnapshotCollector, exposition
+from gputop import __version__
+from gputop.service import faces
+from gputop.core import requester
+from gputop.util.errors import GputopError, UsageError
+from gputop.service.faces import HTTP_STATUS, LiveSnapshot
+from gputop.service.metrics import FindingCounter, GuardHitCounter, SnapshotCollector, exposition
 
-TOKEN_FILE = "api-token"
 FACE = "api"
-
-
-# ---- the token -------------------------------------------------------------------------------
-
-def default_token_path() -> Path:
-    return state_dir() / TOKEN_FILE
-
-
-def read_token(path: Path) -> str | None:
-    """The token, or None when the file does not exist. Refuses a file others can read or write."""
-    try:
-        # O_NONBLOCK: a FIFO put in its place must not block the server in open().
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise RefusedError(f"cannot open token file {path}: {e.strerror} (a symlink is refused)") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RefusedError(f"token file {path} is not a regular file")
-        if st.st_mode & 0o077:
-            raise RefusedError(f"token file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others can read it; "
-                               f"run 'chmod 600 {path}' (or delete it and start with --create-token)")
-        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-            raise RefusedError(f"token file {path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
-        token = os.read(fd, 4096).decode("utf-8", "replace").strip()
-    finally:
-        os.close(fd)
-    if len(token) < 16:
-        raise RefusedError(f"token file {path} holds no usable token (at least 16 characters); "
-                           "delete it and start with --create-token")
-    return token
-
-
-def create_token(path: Path) -> str:
-    """Write a new random token to ``path``, created 0600 (never over an existing file)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    token = secrets.token_urlsafe(32)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except FileExistsError:
-        raise UsageError(f"token file {path} already exists; it is used as it is") from None
-    try:
-        os.write(fd, (token + "\n").encode())
-    finally:
-        os.close(fd)
-    return token
 
 
 # ---- the app ---------------------------------------------------------------------------------
@@ -157,7 +106,7 @@ def _reason(data: dict) -> str | None:
 
 
 def _write_endpoint(live: LiveSnapshot, token_path: Path | None, read_only: bool, action: str, fn):
-    """A POST endpoint: who asked and whether they may write is decided first (gputop.requester: the Unix
+    """A POST endpoint: who asked and whether they may write is decided first (gputop.core.requester: the Unix
     socket's SO_PEERCRED uid, or the bearer token), every record names that actor, then ``fn(live, body)``
     runs in a thread."""
     async def endpoint(request: Request):
@@ -262,7 +211,7 @@ def _read_routes(live: LiveSnapshot, read_only: bool, registry: CollectorRegistr
 
 def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | None = None,
                read_only: bool = False) -> Starlette:
-    """Writes: see gputop.requester.check_write (the Unix socket's own user, or the bearer token of
+    """Writes: see gputop.core.requester.check_write (the Unix socket's own user, or the bearer token of
     ``token_path``; ``token_path`` None: no token, so nothing over TCP). ``read_only``: no writes at all.
     ``hosts``: the Host header values accepted (see allowed_hosts); None accepts any."""
     findings = FindingCounter()
@@ -340,7 +289,7 @@ EMFILE_WARN_EVERY = 30.0  # seconds between two "out of file descriptors" lines
 class GuardedProtocol(H11Protocol):
     """uvicorn's h11 protocol, plus:
 
-    - the kernel's word on the peer (gputop.requester.socket_peer: SO_PEERCRED on the Unix socket), read
+    - the kernel's word on the peer (gputop.core.requester.socket_peer: SO_PEERCRED on the Unix socket), read
       when the connection is made and put in every request's scope;
     - a deadline for each request: a client that has not sent the whole request REQUEST_TIMEOUT seconds
       after connecting (or after the previous response) is dropped, however slowly it trickles bytes in

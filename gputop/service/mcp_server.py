@@ -3,11 +3,11 @@
 Read tools sample the GPUs when called. Destructive tools (kill_process, reap_orphans, reset_gpu, and
 guard_set_mode to "enforce") only preview unless called with confirm=true; when confirmed they go through
 gputop.actions with face "mcp", so they make exactly the refusals the CLI makes and write the audit log.
-A preview also asks the kernel whether the signal would be allowed (gputop.permissions).
+A preview also asks the kernel whether the signal would be allowed (gputop.core.permissions).
 
 Over stdio the server belongs to the user who started it. Over HTTP (``--http``) anyone on the node can
 connect to loopback, so every write (a confirmed destructive call, any guard mode change) follows
-gputop.requester.check_write: through the server's Unix socket its own user (or root) may write, as
+gputop.core.requester.check_write: through the server's Unix socket its own user (or root) may write, as
 SO_PEERCRED says; everyone else, and everything over TCP, needs the bearer token of ``gputop serve``.
 The audit record names the uid the kernel gives, or "token holder" for TCP.
 Nothing here writes to stdout: on the stdio transport stdout carries the protocol.
@@ -25,11 +25,13 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
-from gputop import __version__, faces, permissions, requester
-from gputop.errors import GputopError
-from gputop.faces import LiveSnapshot
-from gputop.snapshot import holder_to_dict
-from gputop.units import fmt_bytes
+from gputop import __version__
+from gputop.service import faces
+from gputop.core import permissions, requester
+from gputop.util.errors import GputopError
+from gputop.service.faces import LiveSnapshot
+from gputop.core.snapshot import holder_to_dict
+from gputop.util.units import fmt_bytes
 
 FACE = "mcp"
 INSTRUCTIONS = """gputop shows which processes hold each GPU on this machine, finds orphaned GPU jobs, and can kill
@@ -59,7 +61,7 @@ def _refused(out: dict) -> CallToolResult:
 
 
 class HttpGate:
-    """Who may write over HTTP: gputop.requester.check_write, the rule ``gputop serve`` uses (the Unix
+    """Who may write over HTTP: gputop.core.requester.check_write, the rule ``gputop serve`` uses (the Unix
     socket's own user or root, else the bearer token of ``token_path``; None: no token file)."""
 
     def __init__(self, token_path: Path | None):
@@ -287,7 +289,7 @@ def http_app(live: LiveSnapshot, token_path: Path | None):
 
     from mcp.server.transport_security import TransportSecuritySettings
 
-    from gputop.serve import flush_refusals_on_shutdown
+    from gputop.service.api import flush_refusals_on_shutdown
 
     hosts = ["127.0.0.1", "localhost", "[::1]"]
     security = TransportSecuritySettings(enable_dns_rebinding_protection=True,

@@ -7,8 +7,8 @@ import socket
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gputop import faces
-from gputop.faces import LiveSnapshot
+from gputop.service import faces
+from gputop.service.faces import LiveSnapshot
 
 
 # ---- Prometheus ------------------------------------------------------------------------------

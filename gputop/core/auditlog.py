@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from gputop.config import Config
-from gputop.errors import GputopError
-from gputop.procs import user_name
+from gputop.core.config import Config
+from gputop.util.errors import GputopError
+from gputop.core.procs import user_name
 
 _LOCK = threading.Lock()
 NODE_LOG = Path("/var/log/gputop/audit.jsonl")
@@ -112,8 +112,8 @@ def check_writable(config: Config | None = None, path: str | os.PathLike | None 
 
 def actor() -> dict:
     """Who is acting: the effective user (and the sudo user behind it), or, while serve or mcp --http
-    handle a request, the user who asked (gputop.requester)."""
-    from gputop import requester
+    handle a request, the user who asked (gputop.core.requester)."""
+    from gputop.core import requester
 
     asked = requester.current()
     if asked is not None:

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from gputop.errors import EXIT_UNAVAILABLE, UnavailableError, UsageError
-from gputop.textsafe import visible
+from gputop.util.errors import EXIT_UNAVAILABLE, UnavailableError, UsageError
+from gputop.util.textsafe import visible
 
 ENV_REMOTE_CMD = "GPUTOP_REMOTE_CMD"  # the gputop command on the remote side (a shell string)
 ENV_SSH = "GPUTOP_SSH"  # the local ssh command (e.g. "ssh -F ~/.ssh/lab_config")
@@ -480,7 +480,7 @@ def _num(v):
 
 def render_merged(results: list[HostResult]) -> str:
     from gputop.commands._common import table
-    from gputop.units import fmt_bytes, fmt_opt
+    from gputop.util.units import fmt_bytes, fmt_opt
 
     merged = merged_dict(results)
     out: list[str] = []

@@ -42,15 +42,15 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from gputop.config import Config
-from gputop.disguise import INTERPRETER as _INTERPRETER
-from gputop.disguise import exe_base as _exe_base
-from gputop.disguise import exe_mismatch
-from gputop.errors import UsageError
-from gputop.orphans import ORPHAN
-from gputop.procs import ProcInfo, ProcTable
-from gputop.snapshot import Holder, Snapshot
-from gputop.units import fmt_bytes, parse_duration, parse_memory
+from gputop.core.config import Config
+from gputop.core.disguise import INTERPRETER as _INTERPRETER
+from gputop.core.disguise import exe_base as _exe_base
+from gputop.core.disguise import exe_mismatch
+from gputop.util.errors import UsageError
+from gputop.core.orphans import ORPHAN
+from gputop.core.procs import ProcInfo, ProcTable
+from gputop.core.snapshot import Holder, Snapshot
+from gputop.util.units import fmt_bytes, parse_duration, parse_memory
 
 SEVERITIES = ("high", "medium", "low")
 MINER_NAMES = ("xmrig", "ethminer", "t-rex", "nbminer", "lolminer", "gminer", "phoenixminer",

@@ -10,7 +10,7 @@ kernel says about a connection is trusted:
   as uid 0, and proxy headers are whatever the client wrote), so every TCP write needs the bearer token,
   and the record names "the token holder" with the client's address and ``uid: null``.
 
-The HTTP protocol (gputop.serve.GuardedProtocol) reads the peer credential when the connection is made
+The HTTP protocol (gputop.service.api.GuardedProtocol) reads the peer credential when the connection is made
 and puts it in the ASGI scope under ``PEER_KEY``; a scope without it is treated as TCP.
 While a request is handled its actor is set here (``acting_for``) and ``auditlog.actor()`` records it.
 """
@@ -21,15 +21,21 @@ import contextlib
 import contextvars
 import hmac
 import os
+import secrets
 import socket
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from gputop.core.config import state_dir
+from gputop.util.errors import RefusedError, UsageError
 
 _CURRENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("gputop_requester", default=None)
 
 PEER_KEY = "gputop.peer"  # the ASGI scope key holding socket_peer()'s answer
 TCP_PEER = {"transport": "tcp"}
+TOKEN_FILE = "api-token"
 
 
 def current() -> dict | None:
@@ -73,7 +79,7 @@ def peer_may_write_without_token(peer: dict) -> bool:
 def request_actor(scope: dict, via: str, credential: str | None = None) -> dict:
     """The audit actor for a request. ``credential``: "peer-uid" or "token" when the request may write,
     "bad-token" when it presented a wrong one, None when it presented none (or only reads)."""
-    from gputop.procs import user_name
+    from gputop.core.procs import user_name
 
     peer = scope.get(PEER_KEY) or TCP_PEER
     me = server_uid()
@@ -108,8 +114,7 @@ class WriteCheck:
 def check_write(scope: dict, authorization: str, token_path: Path | None, via: str) -> WriteCheck:
     """One rule for serve and mcp --http: a Unix socket peer of the server's uid (or root) may write;
     anyone else needs ``Authorization: Bearer <token in token_path>``, compared in constant time."""
-    from gputop.errors import GputopError
-    from gputop.serve import read_token
+    from gputop.util.errors import GputopError
 
     peer = scope.get(PEER_KEY) or TCP_PEER
     if peer_may_write_without_token(peer):
@@ -137,3 +142,51 @@ def check_write(scope: dict, authorization: str, token_path: Path | None, via: s
     return WriteCheck(request_actor(scope, via), rule="token", status=401,
                       why=f"missing bearer token: writes {where} need "
                           f"'Authorization: Bearer <contents of {token_path}>'")
+
+
+# ---- the token -------------------------------------------------------------------------------
+
+def default_token_path() -> Path:
+    return state_dir() / TOKEN_FILE
+
+
+def read_token(path: Path) -> str | None:
+    """The token, or None when the file does not exist. Refuses a file others can read or write."""
+    try:
+        # O_NONBLOCK: a FIFO put in its place must not block the server in open().
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise RefusedError(f"cannot open token file {path}: {e.strerror} (a symlink is refused)") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedError(f"token file {path} is not a regular file")
+        if st.st_mode & 0o077:
+            raise RefusedError(f"token file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others can read it; "
+                               f"run 'chmod 600 {path}' (or delete it and start with --create-token)")
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            raise RefusedError(f"token file {path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
+        token = os.read(fd, 4096).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
+    if len(token) < 16:
+        raise RefusedError(f"token file {path} holds no usable token (at least 16 characters); "
+                           "delete it and start with --create-token")
+    return token
+
+
+def create_token(path: Path) -> str:
+    """Write a new random token to ``path``, created 0600 (never over an existing file)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_urlsafe(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        raise UsageError(f"token file {path} already exists; it is used as it is") from None
+    try:
+        os.write(fd, (token + "\n").encode())
+    finally:
+        os.close(fd)
+    return token

@@ -10,13 +10,13 @@ import dataclasses
 import threading
 import time
 
-from gputop.config import Config
-from gputop.errors import (
+from gputop.core.config import Config
+from gputop.util.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
     GputopError, UsageError,
 )
-from gputop.snapshot import Holder, Sampler, Snapshot, holder_to_dict, select_holders
-from gputop.units import parse_memory
+from gputop.core.snapshot import Holder, Sampler, Snapshot, holder_to_dict, select_holders
+from gputop.util.units import parse_memory
 
 # ActionResult.exit_code -> HTTP status.
 HTTP_STATUS = {EXIT_OK: 200, EXIT_FAILURE: 500, EXIT_USAGE: 400, EXIT_NOT_FOUND: 404, EXIT_PERMISSION: 403,
@@ -67,7 +67,7 @@ class LiveSnapshot:
             snap = self.sampler.sample()
         if self._history is None:
             try:
-                from gputop.rogue import History
+                from gputop.core.rogue import History
 
                 self._history = History()
             except ImportError:
@@ -115,7 +115,7 @@ class LiveSnapshot:
 
 def audit_findings(snap: Snapshot, config: Config, history=None) -> tuple[list, str | None]:
     try:
-        from gputop.rogue import audit
+        from gputop.core.rogue import audit
     except ImportError:
         return [], "the rogue audit is not available in this build"
     try:
@@ -315,7 +315,7 @@ REFUSALS = RefusalLimiter()
 
 
 def _append_refusal(rec: dict) -> None:
-    from gputop import auditlog
+    from gputop.core import auditlog
 
     try:
         auditlog.append(rec)
@@ -326,7 +326,7 @@ def _append_refusal(rec: dict) -> None:
 def refusal_record(action: str, face: str, message: str, **extra) -> None:
     """Log a request refused before it reached the actions module (no token, bad token, bad input).
     Rate-limited per face and rule (RefusalLimiter): a burst gives a bounded number of lines."""
-    from gputop import auditlog
+    from gputop.core import auditlog
 
     now = time.time()
     rec = {"at": now, "face": face, "action": action, "outcome": "refused", "ok": False, "message": message}

@@ -1,7 +1,7 @@
 """Slurm: which job a process belongs to, and whether that job still runs. No UI imports.
 
 Attribution, per process: the job id (and step) from the cgroup path (``.../job_N/step_S``, read by
-gputop.ownership), or else ``SLURM_JOB_ID``/``SLURM_JOB_UID`` in /proc/PID/environ (readable by root and
+gputop.core.ownership), or else ``SLURM_JOB_ID``/``SLURM_JOB_UID`` in /proc/PID/environ (readable by root and
 by the process's own user). A job's state comes from ``scontrol show job -o N``, run with a timeout and
 cached for one refresh; "Invalid job id" means slurmctld has forgotten the job, which ended long ago.
 A missing ``scontrol``, a timeout or an unreachable slurmctld give an *unknown* state, never "ended".
@@ -100,10 +100,10 @@ class JobState:
 # ---- attribution ---------------------------------------------------------------------------------
 
 def process_job(pid: int, proc_root: str = "/proc", owner=None) -> JobRef | None:
-    """The job of one process: its cgroup first (gputop.ownership; a job cannot move itself out of the
+    """The job of one process: its cgroup first (gputop.core.ownership; a job cannot move itself out of the
     job's path under proctrack/cgroup without leaving the job), then SLURM_JOB_ID in its environment
     (readable by root and by the process's own user). ``owner``: the Owner already read, if any."""
-    from gputop.ownership import SLURM, read_owner, slurm_job_from_environ
+    from gputop.core.ownership import SLURM, read_owner, slurm_job_from_environ
 
     if owner is None:
         owner = read_owner(pid, proc_root)
@@ -163,7 +163,7 @@ def state_from_output(job_id: int, rc: int, out: str, err: str) -> JobState:
         return JobState(job_id, None, "scontrol printed no JobState")
     if "invalid job id" in (err + out).lower():
         return JobState(job_id, FORGOTTEN, "slurmctld: Invalid job id")
-    from gputop.textsafe import visible
+    from gputop.util.textsafe import visible
 
     msg = visible((err.strip() or out.strip() or f"exit status {rc}").splitlines()[-1][:200])
     return JobState(job_id, None, f"scontrol failed: {msg}")

@@ -4,7 +4,7 @@ POSIX (Linux, macOS): a process is an orphan when its session leader is gone (or
 it is not itself a session leader, and its chain was reparented to PID 1 or a subreaper.
 Windows: an ancestor's parent PID is missing, or that parent started after the child (PID reuse).
 A cycle or an over-long chain is "unknown", and unknown is never killed.
-With ``owner_of`` (the holder's cgroup owner, see gputop.ownership), ownership rules refine the POSIX
+With ``owner_of`` (the holder's cgroup owner, see gputop.core.ownership), ownership rules refine the POSIX
 verdict: see apply_owner.
 """
 
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from collections.abc import Callable, Sequence
 
-from gputop.disguise import disguise
-from gputop.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE  # noqa: F401 (re-exported)
-from gputop.ownership import ENDED_STATES, LIVE_STATES, SERVICE, SESSION, Owner
-from gputop.procs import ProcInfo
-from gputop.textsafe import visible
+from gputop.core.disguise import disguise
+from gputop.core.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE  # noqa: F401 (re-exported)
+from gputop.core.ownership import ENDED_STATES, LIVE_STATES, SERVICE, SESSION, Owner
+from gputop.core.procs import ProcInfo
+from gputop.util.textsafe import visible
 
 ORPHAN = "orphan"
 NOT_ORPHAN = "not-orphan"
@@ -41,7 +41,7 @@ class Table:
     # Optional: ``hidden(pid) -> bool``, True when ``pid`` exists but cannot be read (hidepid, another
     # user's process). A table without it cannot tell hidden from gone, and treats missing as gone.
     # Optional: ``exe(pid) -> str | None``, the executable /proc/PID/exe names (None: unreadable). Without
-    # it, a name pattern's disguise test compares the name with argv[0] only (gputop.disguise).
+    # it, a name pattern's disguise test compares the name with argv[0] only (gputop.core.disguise).
 
 
 def verdict_inputs(p: ProcInfo) -> tuple:
@@ -84,7 +84,7 @@ def compile_protect(patterns: Sequence[str]) -> re.Pattern[str] | None:
     if tuple(pats) in (tuple(DEFAULT_PROTECT), tuple(DEFAULT_PROTECT_CMDLINE)):  # our own: safe for re, and
         # no RE2 start-up cost (~25 ms and 2.5 MiB of RSS in the TUI)
         return re.compile(joined, re.IGNORECASE)
-    from gputop import saferegex  # bounded (RE2): the list comes from a config, the text from other users
+    from gputop.util import saferegex  # bounded (RE2): the list comes from a config, the text from other users
 
     return saferegex.compile(joined, ignore_case=True)
 
@@ -135,7 +135,7 @@ def _protect_hit(
         if protect is not None:
             hit = _protect_match(protect, m.name, m.cmdline[0] if m.cmdline else "")
             # A disguised process (its name, argv[0] and executable disagree) is never protected by a name:
-            # it says one thing and runs another (gputop.disguise, the rogue audit's test).
+            # it says one thing and runs another (gputop.core.disguise, the rogue audit's test).
             if hit is not None and disguise(m.name, m.cmdline, exe_of(m.pid) if exe_of else None) is None:
                 return f"pid {m.pid} ({_n(m)}) matches protect pattern '{visible(hit)}'"
         if protect_cmdline is not None:
@@ -188,7 +188,7 @@ def classify(
     if job is not None:
         state = job_state(job.job_id)  # type: ignore[attr-defined]
         if state is not None and hasattr(state, "for_ref"):
-            state = state.for_ref(job)  # a leftover of an earlier run of a requeued job: ended (gputop.slurm)
+            state = state.for_ref(job)  # a leftover of an earlier run of a requeued job: ended (gputop.core.slurm_jobs)
         if state is not None:
             jid = job.job_id  # type: ignore[attr-defined]
             verdict = slurm_job_rule(verdict, chain, job, state,
@@ -460,8 +460,8 @@ def slurm_job_rule(
     protect_cmdline: re.Pattern[str] | None = None,
     exe_of: Callable[[int], str | None] | None = None,
 ) -> Verdict:
-    """The verdict for a holder that belongs to Slurm job ``job`` (a gputop.slurm.JobRef) whose state is
-    ``state`` (a gputop.slurm.JobState), given the session rule's ``verdict`` and the walked ``chain``
+    """The verdict for a holder that belongs to Slurm job ``job`` (a gputop.core.slurm_jobs.JobRef) whose state is
+    ``state`` (a gputop.core.slurm_jobs.JobState), given the session rule's ``verdict`` and the walked ``chain``
     (holder first, up to but not including PID 1). ``in_job(member)`` says whether an ancestor belongs to
     the same job. Pure but for what ``in_job`` reads.
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import platformdirs
 
-from gputop import saferegex
-from gputop.errors import UsageError
-from gputop.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE
-from gputop.units import parse_duration
+from gputop.util import saferegex
+from gputop.util.errors import UsageError
+from gputop.core.defaults import DEFAULT_MAX_CHAIN, DEFAULT_PROTECT, DEFAULT_PROTECT_CMDLINE
+from gputop.util.units import parse_duration
 
 
 def config_path(explicit: str | None = None) -> Path:
@@ -126,7 +126,7 @@ def _read_yaml(p: Path) -> dict:
     """The file's top-level mapping, every key checked against SCHEMA. Bad content raises UsageError."""
     import yaml  # only when there is a file: it costs ~10 ms of start-up
 
-    from gputop import safeyaml, trustfile
+    from gputop.util import safeyaml, trustfile
 
     try:  # a regular file (a FIFO never blocks) of at most 1 MiB; as root, only one only root can change
         text = trustfile.read_text(p, "config file", MAX_CONFIG_BYTES)

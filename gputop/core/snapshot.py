@@ -14,15 +14,16 @@ import time
 from dataclasses import dataclass
 from collections.abc import Callable
 
-from gputop import __version__, saferegex
+from gputop import __version__
+from gputop.util import saferegex
 from gputop.backends import close_backends, device_map, probe, read_device, read_devices
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, GpuProcess, ProbeResult, merge_ctx
-from gputop.config import Config
-from gputop.errors import NotFoundError, UsageError
-from gputop.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect, verdict_inputs
-from gputop.ownership import Owner, OwnerCache
-from gputop.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, hidepid_note, start_time, tgid_of
-from gputop.slurm import JobRef, JobState, JobStates, process_job
+from gputop.core.config import Config
+from gputop.util.errors import NotFoundError, UsageError
+from gputop.core.orphans import ORPHAN, UNKNOWN, Verdict, classify, compile_protect, verdict_inputs
+from gputop.core.ownership import Owner, OwnerCache
+from gputop.core.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, hidepid_note, start_time, tgid_of
+from gputop.core.slurm_jobs import JobRef, JobState, JobStates, process_job
 
 PLATFORM = "windows" if sys.platform.startswith("win") else "posix"
 

@@ -3,7 +3,7 @@
 A local user chooses all three (``prctl(PR_SET_NAME)``, ``exec -a``, a copy or a symlink of any binary), so a
 name never proves what a program is. When they *disagree*, though, the process says one thing and runs
 another: the rogue audit reports that (``disguised-name``), and a protect pattern never protects it
-(gputop.orphans). One test, used by both.
+(gputop.core.orphans). One test, used by both.
 """
 
 from __future__ import annotations

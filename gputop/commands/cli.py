@@ -12,7 +12,7 @@ import sys
 from gputop import __version__
 from gputop.backends import CHOICES
 from gputop.commands import COMMANDS
-from gputop.errors import GputopError
+from gputop.util.errors import GputopError
 
 EPILOG = """\
 exit codes:
@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None, *, quick: bool = False) -> int:
 
 def _main(argv: list[str], quick: bool) -> int:
     try:
-        # gputop.remote is imported only when it can matter (start-up time).
+        # gputop.commands.remote is imported only when it can matter (start-up time).
         if any(a.partition("=")[0] in ("--remote", "--remote-gputop") for a in argv):
-            from gputop.remote import run_remote, split_remote_argv
+            from gputop.commands.remote import run_remote, split_remote_argv
 
             remote = split_remote_argv(argv)
             if remote is not None:  # everything else is for the gputop on that host
