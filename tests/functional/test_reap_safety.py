@@ -276,8 +276,8 @@ def test_a_target_that_exits_during_the_checks_is_not_found_never_refused(procs,
     ~1-in-8 flake of the concurrent-kills test above, made deterministic)."""
     from gputop import actions
     from gputop.backends.simulated import SimulatedBackend
-    from gputop.config import Config
-    from gputop.snapshot import Sampler
+    from gputop.core.config import Config
+    from gputop.core.snapshot import Sampler
 
     holder = procs.spawn(["sleep", "60"])
     path = scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])

@@ -66,7 +66,7 @@ def _gputop_pid(pane: int, launcher: Path, timeout: float = 30) -> int:
 # than that backstop (10 s) meets.
 GPUTOP = [PY, "-m", "gputop"]
 GPUTOP_QUICK_BACKSTOP = [PY, "-c", "from gputop.tui import launch; launch.EXIT_GRACE_S = 1.0; "
-                                   "from gputop.cli import entry; entry()"]
+                                   "from gputop.commands.cli import entry; entry()"]
 
 # The pane runs this launcher, which runs gputop and writes how it ended: its exit status, or -N where
 # signal N itself ended it (a shell's $? says 129 for both; tmux's #{pane_dead_status} is not always there).
