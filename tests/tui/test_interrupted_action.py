@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import wait_gone
 from tests.functional.actions_helpers import alive, records, unique, write_config
-from tests.functional.test_reap_round3 import marked, nothing_stopped, state, stubborn_tree
+from tests.functional.test_reap_namespaces_reforks_interrupts import marked, nothing_stopped, state, stubborn_tree
 from tests.tui.test_e2e_tmux import Tmux as E2eTmux
 
 TMUX = shutil.which("tmux")
