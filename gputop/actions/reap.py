@@ -7,7 +7,9 @@ plans again, and hands the plan to the executor (gputop.actions.executor), which
 
 from __future__ import annotations
 
-from gputop.actions.common import FACES, ActionResult, Ctx, OrphanTree, memory_released, name, proc_dict
+from gputop.actions.common import (
+    FACES, ActionResult, Ctx, OrphanTree, memory_released, name, proc_dict, same_start,
+)
 from gputop.actions import interrupt
 from gputop.actions.executor import Outcome, execute
 from gputop.actions.identity import TargetLock
@@ -119,7 +121,7 @@ def _reap(ctx: Ctx, run: ReapRun) -> ActionResult:
     if info is None or info.zombie:
         return run.done(False, "not-found", f"no process {pid}: the tree's root has exited (check "
                         "'gputop reap')", EXIT_NOT_FOUND)
-    if run.expected_start is not None and abs(info.start_time - run.expected_start) > 0.006:
+    if run.expected_start is not None and not same_start(info.start_time, run.expected_start):
         run.details["found_start_time"] = info.start_time
         return run.done(False, "identity-changed", f"pid {pid} is now a different process (the PID was "
                         "reused); run 'gputop reap' again", EXIT_REFUSED)
