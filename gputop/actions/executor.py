@@ -60,6 +60,11 @@ class Outcome:
     converge_rounds: int | None = None
     interrupted: bool = False
 
+    @property
+    def ending(self) -> str:
+        """How the members ended, for the result's message."""
+        return ", SIGKILL needed" if self.sigkill else ", all exited after SIGTERM"
+
     def details(self) -> dict:
         """The audit record's details, keys in the order the reap learns them."""
         d: dict = {}

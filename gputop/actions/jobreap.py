@@ -109,12 +109,11 @@ def _finish(run: GroupRun, done: Outcome) -> ActionResult:
                         "(uninterruptible I/O?)", EXIT_FAILURE)
     msg = (f"{len(done.members)} process(es) stopped together and reaped"
            + (f" ({len(late)} joined during the reap, stopped at once: {late})" if late else "")
-           + (", SIGKILL needed" if done.sigkill else ", all exited after SIGTERM"))
+           + done.ending)
     left = list(done.left_alone) + list(done.left_alone_new)
     if left:
         msg += "; left alone: " + "; ".join(str(e.reason) for e in left[:5])
-    if interrupt.caught():
-        msg += f"; interrupted by {', '.join(interrupt.caught())}: the confirmed plan was carried out to its end"
+    msg += interrupt.finished_note()
     return run.done(True, "reaped", msg, EXIT_OK)
 
 

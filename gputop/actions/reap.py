@@ -175,14 +175,13 @@ def _finish(ctx: Ctx, run: ReapRun, plan: ReapPlan, done: Outcome) -> ActionResu
     late = len(set(done.started_during_reap) | set(done.joined_by_session))
     msg = (f"reaped the tree of pid {run.root_pid} ({name(run.info)}): {len(done.members)} process(es)"
            + (f" ({late} started during the reap, stopped at once)" if late else "")
-           + (", SIGKILL needed" if done.sigkill else ", all exited after SIGTERM"))
+           + done.ending)
     if done.left_alone:
         msg += "; left alone as planned: " + ", ".join(f"{e.pid} ({e.rule})" for e in done.left_alone)
     if done.left_alone_new:
         msg += (f"; started during the reap and left alone: {', '.join(str(e.pid) for e in done.left_alone_new)} "
                 "(not orphans of this tree; see the audit log)")
-    if interrupt.caught():
-        msg += f"; interrupted by {', '.join(interrupt.caught())}: the confirmed plan was carried out to its end"
+    msg += interrupt.finished_note()
     if mem is True:
         msg += "; GPU memory released"
     elif mem is False:
