@@ -17,7 +17,7 @@ from typing import Callable
 from gputop.actions import interrupt
 from gputop.actions.common import ActionResult, Ctx
 from gputop.actions.executor import Outcome, execute
-from gputop.actions.plan import LeftAlone, ReapPlan, make_rules, plan_group
+from gputop.actions.plan import LeftAlone, ReapPlan, make_rules, plan_group, plan_gpus
 from gputop.actions.reap import ReapRun
 from gputop.core.config import Config
 from gputop.util.errors import EXIT_FAILURE, EXIT_OK, GputopError
@@ -75,7 +75,7 @@ def reap_group(membership: Callable[[ProcTable], list[int]], owner: ProcInfo, *,
             return [m for m in found.members if m.pid not in known], left
 
         run.details["plan"] = plan.to_dict()
-        run.gpus = sorted({g for h in snap.holders if h.pid in set(plan.pids) for g in h.gpus})
+        run.gpus = plan_gpus(plan, snap, left_alone=False)
         if not plan.members:
             return run.done(True, "nothing", _left_text("no process to signal", plan), EXIT_OK)
         with interrupt.deferred():  # SIGHUP/SIGTERM: finish the plan, record it, then exit as asked

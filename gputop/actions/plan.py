@@ -207,9 +207,12 @@ def refusal_of(plan: ReapPlan) -> Refusal | None:
     return Refusal("refused", message, EXIT_REFUSED, rule)
 
 
-def plan_gpus(plan: ReapPlan, snapshot) -> list[int]:
-    """The GPUs held in the plan's tree, members and subtrees left alone alike (the record's target)."""
-    member_set = set(plan.pids) | {p for e in plan.left_alone for p in (e.pid, *e.subtree)}
+def plan_gpus(plan: ReapPlan, snapshot, left_alone: bool = True) -> list[int]:
+    """The GPUs the plan's processes hold (the record's target): its members, and with ``left_alone`` (a
+    tree's plan) the subtrees it leaves alone too."""
+    member_set = set(plan.pids)
+    if left_alone:
+        member_set |= {p for e in plan.left_alone for p in (e.pid, *e.subtree)}
     return sorted({g for h in snapshot.holders if h.pid in member_set for g in h.gpus})
 
 

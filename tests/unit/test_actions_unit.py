@@ -220,3 +220,15 @@ def test_the_planner_says_what_a_refused_plan_answers():
         "not-found", "pid 10 exited while the tree was being checked; nothing was signalled", 3)
     assert refusal_of(ReapPlan(10, root, (), (), (), ("identity-changed", "reused"))) == Refusal(
         "identity-changed", "reused", 5)
+
+
+def test_a_plans_gpus_are_its_members_and_for_a_tree_its_subtrees_left_alone_too():
+    from types import SimpleNamespace
+
+    from gputop.actions.plan import LeftAlone, ReapPlan, plan_gpus
+
+    root, kept = _p(10, 1.0), _p(20, 1.0)
+    plan = ReapPlan(10, root, (root,), (LeftAlone(kept, 20, "not-orphan", "r", (21,)),), (10,))
+    snap = SimpleNamespace(holders=[SimpleNamespace(pid=10, gpus=(1,)), SimpleNamespace(pid=21, gpus=(0, 1)),
+                                    SimpleNamespace(pid=99, gpus=(3,))])
+    assert plan_gpus(plan, snap) == [0, 1] and plan_gpus(plan, snap, left_alone=False) == [1]
