@@ -4,12 +4,17 @@ Every face (CLI, TUI, guard, MCP, HTTP API) calls this package. The files show t
 
 - ``common``: results, the per-action context, safety rules (PID 1, kernel threads, gputop and its
   ancestors are never signalled) and audit records;
+- ``run``: one action run (kill, reap, group reap, reset), which writes its one audit record and returns
+  its result;
 - ``identity``: a verified pidfd per target (identity = pid + start time, checked right before acting),
   waiting for an exit, and the cross-invocation lock on one target;
 - ``kill``: one process (a thread id is resolved to its process first), or several in parallel;
-- ``plan``: the reap planner, a pure function from a process table and a root to the plan;
+- ``plan``: the reap planner, a pure function from a process table and a root to the plan; also the
+  rules it plans with (``make_rules``) and what a refused plan answers (``refusal_of``);
 - ``reap``: orphan trees with their plans, and ``reap_tree``, which re-checks and plans again;
-- ``executor``: carries out a plan (freeze, re-plan, SIGTERM, SIGKILL) and signals only its members;
+- ``executor``: carries out a plan (freeze, re-plan, SIGTERM, SIGKILL), signals only its members, and
+  returns what it did (``Outcome``);
+- ``jobreap``: a group known by membership (a finished Slurm job's leftovers), through the same executor;
 - ``watchdog``: reaps trees that stay orphaned past a grace;
 - ``reset``: GPU reset, killing the holders first only with ``force``.
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from gputop.actions import interrupt
 from gputop.core import auditlog
 from gputop.core.config import Config, load_config
 from gputop.util.errors import EXIT_OK, GputopError
@@ -237,9 +238,7 @@ def record(action: str, face: str, outcome: str, ok: bool, message: str, target:
     if reason:
         rec["reason"] = reason
     rec.update(extra)
-    from gputop.actions.interrupt import note
-
-    intr = note(outcome)  # a SIGHUP/SIGTERM came while the action ran: say so, and what was done then
+    intr = interrupt.note(outcome)  # a SIGHUP/SIGTERM came while the action ran: say so, and what was done then
     if intr is not None:
         rec["interrupted"] = intr
     return rec

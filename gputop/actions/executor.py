@@ -17,6 +17,9 @@ The same executor carries out a plan that has no single root (a finished Slurm j
 gputop.actions.jobreap): ``planner`` re-plans from a fresh table instead of the tree planner, and
 ``rescan`` adds, in every round, the processes that joined the group by membership (the job's cgroup or
 environment), wherever they sit in the process tree.
+
+``execute`` returns an ``Outcome``: a refusal (nothing was killed, the tree runs again) or what the reap did.
+The run (gputop.actions.reap.ReapRun) turns it into its audit record's details, in one place.
 """
 
 from __future__ import annotations
@@ -24,12 +27,66 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 
 from gputop.actions.common import Ctx, proc_dict, same_start, sig_event
 from gputop.actions.identity import Handle, wait_gone
-from gputop.actions.plan import Lineage, ReapPlan, joiners, lineage, plan_reap, walk
-from gputop.util.errors import EXIT_FAILURE, EXIT_PERMISSION, EXIT_REFUSED
+from gputop.actions.plan import (
+    LeftAlone, Lineage, ReapPlan, Refusal, joiners, lineage, make_rules, plan_reap, refusal_of, walk,
+)
+from gputop.util.errors import EXIT_PERMISSION, EXIT_REFUSED
 from gputop.core.procs import IS_LINUX, ProcInfo, ProcTable, StatFields, read_proc, self_and_ancestors, stat_state
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the executor did. ``refusal`` set: it signalled nothing to end and let the tree run again
+    (``replan``: the plan made again from the frozen table, when that plan refused). Else the reap was
+    carried out: success only when there are no ``survivors`` and it converged (``not_converged`` None).
+    ``interrupted``: cut short; only what was done so far (``members``: every process it held)."""
+
+    refusal: Refusal | None = None
+    replan: ReapPlan | None = None
+    members: tuple[ProcInfo, ...] = ()  # signalled (the processes it held, when interrupted)
+    left_alone: tuple[LeftAlone, ...] = ()  # as the last plan left them
+    left_alone_new: tuple[LeftAlone, ...] = ()  # started during the reap, and not the tree's to take
+    released: tuple[int, ...] = ()  # frozen, then no member on re-planning: continued and left alone
+    survivors: tuple[int, ...] = ()
+    reaped_holders: tuple[int, ...] = ()  # GPU holders among the members
+    sigkill: bool | None = None  # SIGKILL was needed; None: it did not come that far
+    started_during_reap: tuple[int, ...] = ()
+    joined_by_session: tuple[int, ...] = ()
+    not_converged: tuple[int, ...] | None = None  # new processes kept appearing: the last seen
+    converge_rounds: int | None = None
+    interrupted: bool = False
+
+    @property
+    def ending(self) -> str:
+        """How the members ended, for the result's message."""
+        return ", SIGKILL needed" if self.sigkill else ", all exited after SIGTERM"
+
+    def details(self) -> dict:
+        """The audit record's details, keys in the order the reap learns them."""
+        d: dict = {}
+        if self.left_alone_new:
+            d["left_alone_new"] = [e.to_dict() for e in self.left_alone_new]
+        if self.not_converged is not None:
+            d["not_converged"] = list(self.not_converged)
+            d["converge_rounds"] = self.converge_rounds
+        if self.sigkill is not None:
+            d["sigkill"] = self.sigkill
+            d["started_during_reap"] = list(self.started_during_reap)
+            d["joined_by_session"] = list(self.joined_by_session)
+        if self.refusal is not None:
+            return d
+        d["members"] = [proc_dict(m) for m in self.members]
+        if self.interrupted:
+            return d
+        d["left_alone"] = [e.to_dict() for e in self.left_alone]
+        d["released"] = list(self.released)
+        d["survivors"] = list(self.survivors)
+        d["reaped_holders"] = list(self.reaped_holders)
+        return d
 
 
 class Executor:
@@ -63,6 +120,10 @@ class Executor:
         self.planned_left.update({e.pid: e.proc.start_ticks if e.proc is not None else None
                                   for e in plan.left_alone})
         self.ever_churn = False
+        self.left_new: dict[int, LeftAlone] = {}  # started during the reap and left alone, by pid
+        self.not_converged: tuple[int, ...] | None = None  # kill_rest gave up: what it saw last
+        self.rounds = 0  # kill_rest's bound, when it gave up
+        self.sigkill: bool | None = None  # kill_rest's answer, once it has one
 
     # ---- signals ----
     def adopt(self, procs: list[ProcInfo], sigs: list[int]) -> list[int]:
@@ -190,8 +251,6 @@ class Executor:
             self.scan_s = time.monotonic() - t0
 
     def _new_members(self) -> list[ProcInfo]:
-        from gputop.actions.reap import make_rules
-
         table = _scanned()
         rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
         self.last_scan = (table, rules)
@@ -209,9 +268,7 @@ class Executor:
             if e.pid in self.planned_left and self.planned_left[e.pid] in (
                     None, e.proc.start_ticks if e.proc is not None else None):
                 continue  # left alone by the first plan: not new, and never reported as started during the reap
-            seen = self.run.details.setdefault("left_alone_new", [])
-            if all(x["pid"] != e.pid for x in seen):
-                seen.append(e.to_dict())
+            self.left_new.setdefault(e.pid, e)
         return members + found
 
     @property
@@ -244,13 +301,12 @@ class Executor:
         ev = sig_event(signal.SIGSTOP, new)
         return {**ev, "note": note} if note else ev
 
-    def replan(self):
-        """Plan again from the frozen table. Returns a refusal result, or None and keeps only members.
+    def replan(self) -> ReapPlan | None:
+        """Plan again from the frozen table. Returns that plan when it refuses (the tree runs again), or
+        None and keeps only its members.
 
         The frozen table is the one freeze() read last: taken with every member stopped, it found nothing
         new, so it is what a fresh scan would read now (without the cost of another read of /proc)."""
-        from gputop.actions.reap import _refused, make_rules
-
         if self.last_scan is None:
             self.last_scan = (_scanned(), None)
         table, rules = self.last_scan
@@ -262,8 +318,7 @@ class Executor:
             plan = plan_reap(table, self.run.root_pid, self.run.info.start_time, rules)
         if plan.refusal is not None:
             self.cont_all()
-            self.run.details["replanned"] = True
-            return _refused(self.run, plan, self.snapshot)
+            return plan
         keep = set(plan.pids)
         out = [p for p in self.alive() if p not in keep]
         if out:
@@ -348,7 +403,7 @@ class Executor:
         a new process, not even one that was gone before it could be held (``churn``: a process that
         re-forks faster than a scan leaves a successor the scan may not show). Bounded by ``rounds`` and
         ``deadline_s``; a tree that has not converged by then is a failure, never success: the processes
-        seen last are named in ``run.details["not_converged"]`` and as survivors."""
+        seen last are named in ``not_converged`` and as survivors."""
         killed_any = False
         end = time.monotonic() + deadline_s
         quiet = 0
@@ -374,9 +429,17 @@ class Executor:
                     return killed_any  # ignores SIGKILL for now (uninterruptible I/O); reported as a survivor
             if time.monotonic() >= end:
                 break
-        self.run.details["not_converged"] = sorted(set(self.churn) | set(self.alive()))
-        self.run.details["converge_rounds"] = rounds
+        self.not_converged = tuple(sorted(set(self.churn) | set(self.alive())))
+        self.rounds = rounds
         return killed_any
+
+    def outcome(self, **kw) -> Outcome:
+        """An Outcome with what the rounds found so far; ``kw``: the rest (the refusal, or the end)."""
+        killed = self.sigkill is not None
+        return Outcome(left_alone_new=tuple(self.left_new.values()), not_converged=self.not_converged,
+                       converge_rounds=self.rounds if self.not_converged is not None else None,
+                       sigkill=self.sigkill, started_during_reap=tuple(sorted(self.late)) if killed else (),
+                       joined_by_session=tuple(sorted(self.joined)) if killed else (), **kw)
 
     def close(self) -> None:
         for h in self.handles.values():
@@ -445,57 +508,54 @@ def _is_mine(pid: int, table: ProcTable) -> bool:
 
 
 def execute(ctx: Ctx, run, plan: ReapPlan, snapshot, planner=None, rescan=None,
-            stats: dict[int, StatFields] | None = None):
-    """Carry out ``plan``. Returns a finished ActionResult on refusal or failure to start, else None with
-    ``run.details`` saying what happened (members, survivors, left alone, sigkill). ``planner`` and
-    ``rescan``: see Executor (a plan without a single root). ``stats``: the lineage fields of the table
-    ``plan`` was made from (``ProcTable.stat_fields``), read before any signal; None: scan now."""
+            stats: dict[int, StatFields] | None = None) -> Outcome:
+    """Carry out ``plan``: the Outcome says whether it refused (nothing killed) or what it did. ``run``
+    gives the tree (``root_pid``, ``info``: its root or owner, ``grace``) and keeps the signals sent; an
+    interruption is recorded through it (``run.interrupted``) before it goes on. ``planner`` and ``rescan``:
+    see Executor (a plan without a single root). ``stats``: the lineage fields of the table ``plan`` was
+    made from (``ProcTable.stat_fields``), read before any signal; None: scan now."""
     ex = Executor(ctx, run, plan, snapshot, planner, rescan, stats)
     try:
         refused = _freeze_and_replan(ex)
         if refused is not None:
             return refused
         ex.terminate(run.grace)
-        run.details["sigkill"] = ex.kill_rest()
-        run.details["started_during_reap"] = sorted(ex.late)
-        run.details["joined_by_session"] = sorted(ex.joined)
+        ex.sigkill = ex.kill_rest()
         survivors = ex.alive()
-        if "not_converged" in run.details:
-            survivors = sorted(set(survivors) | set(run.details["not_converged"]))
-        ex.cont_groups(fresh="not_converged" in run.details)  # what a group stop caught, not a member
+        if ex.not_converged is not None:
+            survivors = sorted(set(survivors) | set(ex.not_converged))
+        ex.cont_groups(fresh=ex.not_converged is not None)  # what a group stop caught, not a member
     except BaseException as e:
         # Interrupted (Ctrl-C, a bug): never leave a tree stopped. Whatever has SIGTERM pending acts on it.
         ex.cont_all()
-        run.details["members"] = [proc_dict(h.info) for h in ex.handles.values()]
-        run.details["error"] = f"{type(e).__name__}: {e}"
-        run.done(False, "interrupted", f"the reap of the tree of pid {run.root_pid} was interrupted "
-                 f"({type(e).__name__}); the tree was continued (SIGCONT), not left stopped; check 'gputop reap'",
-                 EXIT_FAILURE)
+        held = ex.outcome(members=tuple(h.info for h in ex.handles.values()), interrupted=True)
+        run.interrupted(e, f"the reap of the tree of pid {run.root_pid} was interrupted ({type(e).__name__}); "
+                        "the tree was continued (SIGCONT), not left stopped; check 'gputop reap'", held.details())
         raise
     finally:
         ex.close()
-    signalled = [h.info for p, h in ex.handles.items() if p not in ex.released]
-    run.details["members"] = [proc_dict(m) for m in signalled]
-    run.details["left_alone"] = [e.to_dict() for e in ex.plan.left_alone]
-    run.details["released"] = ex.released
-    run.details["survivors"] = survivors
-    run.details["reaped_holders"] = [m.pid for m in signalled if m.pid in {h.pid for h in snapshot.holders}]
-    return None
+    signalled = tuple(h.info for p, h in ex.handles.items() if p not in ex.released)
+    holders = {h.pid for h in snapshot.holders}
+    return ex.outcome(members=signalled, left_alone=ex.plan.left_alone, released=tuple(ex.released),
+                      survivors=tuple(survivors), reaped_holders=tuple(m.pid for m in signalled if m.pid in holders))
 
 
-def _freeze_and_replan(ex: Executor):
+def _freeze_and_replan(ex: Executor) -> Outcome | None:
+    """Freeze the tree and plan again: an Outcome with the refusal when nothing may be killed, else None."""
     run = ex.run
     ex.freeze(ex.adopt(list(ex.plan.members), []))
     if ex.denied:
         # Nothing was killed yet: let the tree run again and say why.
         ex.send_all(signal.SIGCONT, [p for p in ex.handles if p not in ex.denied and p not in ex.pre_stopped])
-        return run.done(False, "permission-denied", f"no permission to signal pid(s) {ex.denied} in the tree of "
-                        f"pid {run.root_pid} (user {run.info.user}); run as that user or as root", EXIT_PERMISSION)
-    refused = ex.replan()
-    if refused is not None:
-        return refused
+        return ex.outcome(refusal=Refusal(
+            "permission-denied", f"no permission to signal pid(s) {ex.denied} in the tree of pid {run.root_pid} "
+            f"(user {run.info.user}); run as that user or as root", EXIT_PERMISSION))
+    replan = ex.replan()
+    if replan is not None:
+        return ex.outcome(refusal=refusal_of(replan), replan=replan)
     if run.root_pid is not None and (run.root_pid not in ex.handles or run.root_pid in ex.gone):
         ex.cont_all()
-        return run.done(False, "identity-changed", f"pid {run.root_pid} could not be held while the tree was "
-                        "frozen; nothing was killed; run 'gputop reap' again", EXIT_REFUSED)
+        return ex.outcome(refusal=Refusal(
+            "identity-changed", f"pid {run.root_pid} could not be held while the tree was frozen; nothing was "
+            "killed; run 'gputop reap' again", EXIT_REFUSED))
     return None

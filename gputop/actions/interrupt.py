@@ -72,6 +72,13 @@ def note(outcome: str) -> dict | None:
     return {"signals": sigs, "then": "rolled back" if outcome == "interrupted" else "finished"}
 
 
+def finished_note() -> str:
+    """For the message of an action that went on to the end of its plan: which signals came meanwhile
+    ("" when none did)."""
+    sigs = caught()
+    return f"; interrupted by {', '.join(sigs)}: the confirmed plan was carried out to its end" if sigs else ""
+
+
 @contextmanager
 def deferred():
     """Hold SIGHUP and SIGTERM for the duration (main thread only; nested uses share the outermost)."""

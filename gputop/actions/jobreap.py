@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Callable
 
 from gputop.actions import interrupt
-from gputop.actions.common import ActionResult, Ctx, log_record, record
-from gputop.actions.plan import LeftAlone, ReapPlan, plan_group
-from gputop.actions.reap import ReapRun, make_rules
+from gputop.actions.common import ActionResult, Ctx
+from gputop.actions.executor import Outcome, execute
+from gputop.actions.plan import LeftAlone, ReapPlan, make_rules, plan_group, plan_gpus
+from gputop.actions.reap import ReapRun
 from gputop.core.config import Config
 from gputop.util.errors import EXIT_FAILURE, EXIT_OK, GputopError
 from gputop.core.procs import ProcInfo, ProcTable
@@ -26,15 +27,20 @@ from gputop.core.procs import ProcInfo, ProcTable
 class GroupRun(ReapRun):
     """A reap of a group: no root; its audit record names the group (``target``)."""
 
-    def __init__(self, target: dict, face: str, grace: float, reason: str | None, cfg: Config | None):
-        super().__init__(None, None, face, grace, False, reason, cfg)  # type: ignore[arg-type]
-        self.target = target
+    action = "reap-group"
 
-    def done(self, ok: bool, outcome: str, message: str, code: int) -> ActionResult:
-        rec = record("reap-group", self.face, outcome, ok, message, {**self.target, "gpus": self.gpus},
-                     self.signals, self.reason, grace=self.grace, exit_code=code, details=dict(self.details))
-        log_record(rec, self.cfg, self.details)
-        return ActionResult("reap-group", ok, outcome, message, exit_code=code, details=self.details)
+    def __init__(self, target: dict, face: str, grace: float, reason: str | None, cfg: Config | None):
+        super().__init__(None, None, face, grace, False, reason, cfg)
+        self.group = target
+
+    def target(self) -> dict:
+        return {**self.group, "gpus": self.gpus}
+
+    def record_fields(self, code: int, mem: bool | None) -> dict:
+        return {"grace": self.grace, "exit_code": code}
+
+    def result_fields(self, mem: bool | None) -> dict:
+        return {}
 
 
 def reap_group(membership: Callable[[ProcTable], list[int]], owner: ProcInfo, *, target: dict, face: str,
@@ -42,8 +48,6 @@ def reap_group(membership: Callable[[ProcTable], list[int]], owner: ProcInfo, *,
     """Stop, plan, SIGTERM, wait one ``grace``, SIGKILL every process ``membership(table)`` names (and
     what they start meanwhile). ``owner``: a member, whose user every signalled process must have.
     Success means every planned member is gone; the survivors are named otherwise."""
-    from gputop.actions.executor import execute
-
     run = GroupRun(target, face, grace, reason, config)
     try:
         ctx = Ctx(sampler, config)
@@ -71,14 +75,12 @@ def reap_group(membership: Callable[[ProcTable], list[int]], owner: ProcInfo, *,
             return [m for m in found.members if m.pid not in known], left
 
         run.details["plan"] = plan.to_dict()
-        run.gpus = sorted({g for h in snap.holders if h.pid in set(plan.pids) for g in h.gpus})
+        run.gpus = plan_gpus(plan, snap, left_alone=False)
         if not plan.members:
             return run.done(True, "nothing", _left_text("no process to signal", plan), EXIT_OK)
         with interrupt.deferred():  # SIGHUP/SIGTERM: finish the plan, record it, then exit as asked
-            result = execute(ctx, run, plan, snap, planner=planner, rescan=rescan, stats=table.stat_fields())
-            if result is not None:
-                return result
-            return _finish(run)
+            outcome = execute(ctx, run, plan, snap, planner=planner, rescan=rescan, stats=table.stat_fields())
+            return run.executed(outcome, snap) or _finish(run, outcome)
     finally:
         ctx.close()
 
@@ -95,25 +97,23 @@ def _left_text(msg: str, plan: ReapPlan) -> str:
     return msg
 
 
-def _finish(run: GroupRun) -> ActionResult:
-    d = run.details
-    survivors = d.get("survivors") or []
-    n = len(d.get("members") or ())
-    late = sorted(set(d.get("started_during_reap") or ()) | set(d.get("joined_by_session") or ()))
-    if "not_converged" in d:
+def _finish(run: GroupRun, done: Outcome) -> ActionResult:
+    """The result of a group reap the executor carried out: success only when every member is gone."""
+    survivors = list(done.survivors)
+    late = sorted(set(done.started_during_reap) | set(done.joined_by_session))
+    if done.not_converged is not None:
         return run.done(False, "still-alive", "the group did not settle: new processes kept appearing after "
                         f"SIGKILL (a member that re-forks?); last seen: pid(s) {survivors or '?'}", EXIT_FAILURE)
     if survivors:
         return run.done(False, "still-alive", f"pid(s) {', '.join(map(str, survivors))} still alive after SIGKILL "
                         "(uninterruptible I/O?)", EXIT_FAILURE)
-    msg = (f"{n} process(es) stopped together and reaped"
+    msg = (f"{len(done.members)} process(es) stopped together and reaped"
            + (f" ({len(late)} joined during the reap, stopped at once: {late})" if late else "")
-           + (", SIGKILL needed" if d.get("sigkill") else ", all exited after SIGTERM"))
-    left = (d.get("left_alone") or []) + (d.get("left_alone_new") or [])
+           + done.ending)
+    left = list(done.left_alone) + list(done.left_alone_new)
     if left:
-        msg += "; left alone: " + "; ".join(str(e.get("reason")) for e in left[:5])
-    if interrupt.caught():
-        msg += f"; interrupted by {', '.join(interrupt.caught())}: the confirmed plan was carried out to its end"
+        msg += "; left alone: " + "; ".join(str(e.reason) for e in left[:5])
+    msg += interrupt.finished_note()
     return run.done(True, "reaped", msg, EXIT_OK)
 
 

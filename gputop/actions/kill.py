@@ -16,11 +16,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gputop.actions.common import (
-    FACES, NON_LETHAL, ActionResult, Ctx, Serial, err_text, log_record, memory_released, name, parse_signal,
-    record, safety_refusal, same_start, sig_event, target_dict, user,
+    FACES, NON_LETHAL, ActionResult, Ctx, Serial, err_text, memory_released, name, parse_signal, safety_refusal,
+    same_start, sig_event, user,
 )
 from gputop.actions import interrupt
 from gputop.actions.identity import Handle, TargetLock, wait_gone
+from gputop.actions.run import ProcessRun
 from gputop.core.config import Config, load_config
 from gputop.util.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
@@ -63,26 +64,17 @@ def kill_process(pid: int, *, expected_start: float | None, face: str, force: bo
         ctx.close()
 
 
-class _KillRun:
-    """One kill: its state, and the audit record that ``done`` writes."""
+class _KillRun(ProcessRun):
+    """One kill: its state; its record names the signal's options (dry_run, force)."""
+
+    action = "kill"
 
     def __init__(self, pid, expected_start, face, force, timeout, dry_run, reason, cfg):
-        self.pid, self.expected_start, self.face, self.force = pid, expected_start, face, force
-        self.timeout, self.dry_run, self.reason, self.cfg = timeout, dry_run, reason, cfg
-        self.info = None
-        self.gpus: list[int] = []
-        self.details: dict = {}
-        self.signals: list[dict] = []
+        super().__init__(pid, expected_start, face, reason, cfg)
+        self.force, self.timeout, self.dry_run = force, timeout, dry_run
 
-    def done(self, ok: bool, outcome: str, message: str, code: int, mem: bool | None = None) -> ActionResult:
-        target = target_dict(self.pid, self.info, self.gpus, self.expected_start)
-        rec = record("kill", self.face, outcome, ok, message, target, self.signals, self.reason,
-                     dry_run=self.dry_run, force=self.force, exit_code=code, memory_released=mem,
-                     details=dict(self.details))
-        log_record(rec, self.cfg, self.details)
-        gpu = self.gpus[0] if len(self.gpus) == 1 else None
-        return ActionResult("kill", ok, outcome, message, pid=self.pid, gpu=gpu, exit_code=code,
-                            memory_released=mem, details=self.details)
+    def record_fields(self, code: int, mem: bool | None) -> dict:
+        return {"dry_run": self.dry_run, "force": self.force, "exit_code": code, "memory_released": mem}
 
     def run(self, ctx: Ctx, sig: signal.Signals, require_holder: bool, allow_protected: bool,
             policy: bool = False) -> ActionResult:
@@ -259,9 +251,8 @@ class _KillRun:
                 return self.send_and_wait(ctx, handle, sig)
             except BaseException as e:
                 # Interrupted (Ctrl-C, a bug) after a signal may have gone out: record it before it propagates.
-                self.details["error"] = f"{type(e).__name__}: {e}"
-                self.done(False, "interrupted", f"the kill of pid {pid} ({name(info)}) was interrupted "
-                          f"({type(e).__name__}) after the signals listed; check 'gputop status'", EXIT_FAILURE)
+                self.interrupted(e, f"the kill of pid {pid} ({name(info)}) was interrupted "
+                                 f"({type(e).__name__}) after the signals listed; check 'gputop status'")
                 raise
             finally:
                 handle.close()

@@ -7,17 +7,26 @@ whatever its ancestor is. Some reasons block the whole tree, because a reap is c
 one unit: a protected or nohup-detached member, another user's process, one that cannot be seen or whose
 verdict is unknown, and PID 1, kernel threads or gputop's own ancestors. The preview prints exactly this
 plan; apply recomputes it after freezing the tree and signals only its members.
+
+The planner also makes its own inputs from the live system (``make_rules``: the orphan classifier with the
+configured protect rules, gputop's ancestors, the GPU holders, the PID namespaces) and says what a reap
+answers when a plan refuses (``refusal_of``), so the reap (``reap``, ``jobreap``) and the executor, which
+plans again after freezing, share one rule for both.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, Protocol
 
 from gputop.actions.common import other_user, proc_dict, safety_refusal, same_start
-from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict
-from gputop.core.procs import ProcInfo, StatFields
+from gputop.core.config import Config
+from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict, classify, compile_protect
+from gputop.core.ownership import NONE
+from gputop.core.procs import IS_LINUX, ProcInfo, StatFields, pid_ns, pid_ns_init, pid_ns_members, self_and_ancestors
+from gputop.util.errors import EXIT_NOT_FOUND, EXIT_REFUSED
 from gputop.util.textsafe import visible
 
 # Rules for a subtree left alone. Only "not-orphan" leaves the rest of the tree to be reaped.
@@ -113,6 +122,98 @@ class Rules:
     hidden: Callable[[int], bool] = lambda pid: False  # exists but cannot be read
     owner: Callable[[int], str | None] = lambda pid: None  # who manages it (its cgroup owner's label), when known
     namespace: Callable[[int], PidNs | None] = lambda pid: None  # the PID namespace it is the init of, if any
+
+
+def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[int] | None = None) -> Rules:
+    """The planner's inputs: the orphan classifier over ``table`` with the configured protect rules, where a
+    GPU holder the snapshot could not tie to a visible process keeps its unknown verdict."""
+    protect, cmdline = compile_protect(config.protect), compile_protect(config.protect_cmdline)
+    unknown = {h.pid: h.verdict for h in snapshot.holders if h.proc is None or h.verdict.kind == UNKNOWN}
+    hooks = getattr(snapshot, "hooks", None) or {}  # the sampler's owner and Slurm job lookups
+
+    def verdict(pid: int):
+        if pid in unknown:
+            return unknown[pid]
+        return classify(pid, table, platform=platform, protect=protect, nohup_protects=config.nohup_protects,
+                        max_chain=config.max_chain, protect_cmdline=cmdline, **hooks)
+
+    owner_of = hooks.get("owner_of")
+
+    def owner(pid: int) -> str | None:  # who manages a subtree left alone, for the plan
+        info = table.get(pid) if owner_of is not None else None
+        o = owner_of(info) if info is not None else None
+        return o.label if o is not None and o.kind != NONE else None
+
+    hidden = getattr(table, "hidden", None) or (lambda pid: False)
+    return Rules(verdict, frozenset(self_and_ancestors()) if never is None else never,
+                 frozenset(h.pid for h in snapshot.holders), hidden, owner, namespace_reader(table))
+
+
+def namespace_reader(table):
+    """``pid -> PidNs | None``: the PID namespace ``pid`` is the init of, with every process in it (read
+    from /proc/PID/ns/pid and NSpid); None when it is no namespace's init. One read of the namespace link
+    for a process in our own namespace; the whole process table is looked at only for an init."""
+    if not IS_LINUX:
+        return lambda pid: None
+    own = pid_ns(os.getpid())
+    cache: dict[int, PidNs | None] = {}
+
+    def namespace(pid: int) -> PidNs | None:
+        if pid in cache:
+            return cache[pid]
+        info = table.get(pid)
+        ns = pid_ns_init(pid, info.ppid, own=own) if info is not None else None
+        if ns is False:
+            out = PidNs(None)
+        elif ns is None:
+            out = None
+        else:
+            pids = list(table.stat_fields()) if hasattr(table, "stat_fields") and table.stat_fields() else None
+            if pids is None:
+                pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+            inside, unreadable = pid_ns_members(pid, ns, pids, own=own)
+            out = PidNs(ns, tuple(inside), tuple(unreadable))
+        cache[pid] = out
+        return out
+
+    return namespace
+
+
+# A plan refused because its root is gone or is another process now: the answer is not "refused" but says so.
+GONE = {"not-found": ("not-found", EXIT_NOT_FOUND), "identity-changed": ("identity-changed", EXIT_REFUSED)}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """What a reap answers when it signals nothing to end: the result's outcome, its message and exit code,
+    and the rule for the audit record's details (None where the answer is not a refusal by a rule)."""
+
+    outcome: str
+    message: str
+    code: int
+    rule: str | None = None
+
+
+def refusal_of(plan: ReapPlan) -> Refusal | None:
+    """What a reap answers when ``plan`` says it must signal nothing at all, or None when it may go on."""
+    if plan.refusal is None:
+        return None
+    rule, message = plan.refusal
+    if rule in GONE:
+        outcome, code = GONE[rule]
+        if rule == "not-found":
+            message = f"pid {plan.root_pid} exited while the tree was being checked; nothing was signalled"
+        return Refusal(outcome, message, code)
+    return Refusal("refused", message, EXIT_REFUSED, rule)
+
+
+def plan_gpus(plan: ReapPlan, snapshot, left_alone: bool = True) -> list[int]:
+    """The GPUs the plan's processes hold (the record's target): its members, and with ``left_alone`` (a
+    tree's plan) the subtrees it leaves alone too."""
+    member_set = set(plan.pids)
+    if left_alone:
+        member_set |= {p for e in plan.left_alone for p in (e.pid, *e.subtree)}
+    return sorted({g for h in snapshot.holders if h.pid in member_set for g in h.gpus})
 
 
 def _label(p: ProcInfo) -> str:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import time
 
-from gputop.actions.common import Ctx, FACES, ActionResult, log_record, record, safety_refusal
+from gputop.actions.common import Ctx, FACES, ActionResult, safety_refusal
+from gputop.actions.kill import kill_many
+from gputop.actions.run import ActionRun
 from gputop.backends.base import ResetError
 from gputop.core.config import Config
 from gputop.util.errors import (
     EXIT_FAILURE, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, GputopError,
 )
 from gputop.core.orphans import PROTECTED, UNKNOWN
+from gputop.core.permissions import signal_refusal
 from gputop.core.procs import self_and_ancestors
 from gputop.util.textsafe import visible
 
@@ -25,6 +28,25 @@ _RESET_CODES = {
 }
 
 
+class ResetRun(ActionRun):
+    """One reset of GPU ``gpu``: its record names the GPU and whether the holders were to be killed."""
+
+    action = "reset"
+
+    def __init__(self, gpu: int, face: str, force: bool, reason: str | None, cfg: Config | None):
+        super().__init__(face, reason, cfg)
+        self.gpu, self.force = gpu, force
+
+    def target(self) -> dict:
+        return {"gpu": self.gpu}
+
+    def record_fields(self, code: int, mem: bool | None) -> dict:
+        return {"force": self.force, "exit_code": code}
+
+    def result_fields(self, mem: bool | None) -> dict:
+        return {"gpu": self.gpu}
+
+
 def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
               config: Config | None = None, reason: str | None = None,
               kill_timeout: float | None = None, dry_run: bool = False) -> ActionResult:
@@ -34,49 +56,47 @@ def reset_gpu(index: int, *, face: str, force: bool = False, sampler=None,
     The backend's own checks (root, a display, the reset tool) run only in a real reset."""
     if face not in FACES:
         raise ValueError(f"face must be one of {FACES}, not {face!r}")
-    details: dict = {}
-    state = {"cfg": config}
-
-    def done(ok, outcome, message, code):
-        rec = record("reset", face, outcome, ok, message, {"gpu": index}, [], reason, force=force,
-                      exit_code=code, details=dict(details))
-        log_record(rec, state["cfg"], details)
-        return ActionResult("reset", ok, outcome, message, gpu=index, exit_code=code, details=details)
-
+    run = ResetRun(index, face, force, reason, config)
     try:
         ctx = Ctx(sampler, config)
     except GputopError as e:
-        return done(False, "failed", str(e), e.exit_code)
-    state["cfg"] = ctx.config
+        return run.done(False, "failed", str(e), e.exit_code)
+    run.cfg = ctx.config
     try:
-        if ctx.sampler is None:
-            return done(False, "unavailable", f"no GPU backend: {ctx.sampler_error}", EXIT_UNAVAILABLE)
-        try:
-            ctx.sampler.locate(index)
-        except GputopError as e:
-            return done(False, "not-found", str(e), e.exit_code)
-        rights = reset_rights(ctx.sampler.locate(index)[0])
-        if rights is not None:  # before any holder is killed: a reset that cannot happen costs nobody a job
-            outcome, code, hint = _RESET_CODES[rights[0]]
-            details["kind"] = rights[0]
-            return done(False, outcome, f"GPU {index} not reset: {rights[1]}; {hint.format(i=index)}", code)
-        snap = ctx.sample()
-        holders = snap.holders_on(index)
-        details["holders"] = [{"pid": h.pid, "start_time": h.start_time, "user": h.user, "name": h.name,
-                               "cmd": h.cmd, "verdict": h.verdict.kind} for h in holders]
-        if not holders and dry_run:
-            return done(True, "dry-run", f"would reset GPU {index} (no process holds it)", EXIT_OK)
-        if holders and not force:
-            listing = ", ".join(f"{h.pid} ({visible(h.name)}, {visible(h.user or '?')})" for h in holders)
-            return done(False, "busy", f"GPU {index} is in use by {len(holders)} process(es): {listing}; "
-                        f"stop them or use --force to kill them first", EXIT_REFUSED)
-        if holders:
-            stop = _clear_holders(ctx, index, holders, face, reason, kill_timeout, dry_run, details, done)
-            if stop is not None:
-                return stop
-        return _reset(ctx, index, details, done)
+        return _checked_reset(ctx, run, kill_timeout, dry_run)
     finally:
         ctx.close()
+
+
+def _checked_reset(ctx: Ctx, run: ResetRun, kill_timeout: float | None, dry_run: bool) -> ActionResult:
+    """Check that GPU ``run.gpu`` can be reset and who holds it, clear the holders (``run.force``), reset."""
+    index, details, done = run.gpu, run.details, run.done
+    if ctx.sampler is None:
+        return done(False, "unavailable", f"no GPU backend: {ctx.sampler_error}", EXIT_UNAVAILABLE)
+    try:
+        ctx.sampler.locate(index)
+    except GputopError as e:
+        return done(False, "not-found", str(e), e.exit_code)
+    rights = reset_rights(ctx.sampler.locate(index)[0])
+    if rights is not None:  # before any holder is killed: a reset that cannot happen costs nobody a job
+        outcome, code, hint = _RESET_CODES[rights[0]]
+        details["kind"] = rights[0]
+        return done(False, outcome, f"GPU {index} not reset: {rights[1]}; {hint.format(i=index)}", code)
+    snap = ctx.sample()
+    holders = snap.holders_on(index)
+    details["holders"] = [{"pid": h.pid, "start_time": h.start_time, "user": h.user, "name": h.name,
+                           "cmd": h.cmd, "verdict": h.verdict.kind} for h in holders]
+    if not holders and dry_run:
+        return done(True, "dry-run", f"would reset GPU {index} (no process holds it)", EXIT_OK)
+    if holders and not run.force:
+        listing = ", ".join(f"{h.pid} ({visible(h.name)}, {visible(h.user or '?')})" for h in holders)
+        return done(False, "busy", f"GPU {index} is in use by {len(holders)} process(es): {listing}; "
+                    f"stop them or use --force to kill them first", EXIT_REFUSED)
+    if holders:
+        stop = _clear_holders(ctx, run, holders, kill_timeout, dry_run)
+        if stop is not None:
+            return stop
+    return _reset(ctx, run)
 
 
 def reset_rights(backend) -> tuple[str, str] | None:
@@ -98,8 +118,6 @@ def reset_rights(backend) -> tuple[str, str] | None:
 
 def signal_blockers(holders) -> list[str]:
     """Why the kernel would refuse this process's signal to a holder (kill(pid, 0), which sends nothing)."""
-    from gputop.core.permissions import signal_refusal
-
     return [why for why in (signal_refusal(h.pid) for h in holders) if why is not None]
 
 
@@ -120,8 +138,9 @@ def reset_blockers(holders, ancestors: set[int] | None = None) -> list[tuple[obj
     return out
 
 
-def _clear_holders(ctx, index, holders, face, reason, kill_timeout, dry_run, details, done):
+def _clear_holders(ctx: Ctx, run: ResetRun, holders, kill_timeout: float | None, dry_run: bool):
     """Kill the GPU's holders (all or none): a result that stops the reset, or None once they are gone."""
+    index, details, done = run.gpu, run.details, run.done
     invisible = [h.pid for h in holders if not h.visible]
     if invisible:
         return done(False, "refused", f"GPU {index} is held by pid(s) {invisible} that gputop cannot see "
@@ -141,11 +160,9 @@ def _clear_holders(ctx, index, holders, face, reason, kill_timeout, dry_run, det
         return done(True, "dry-run", f"would kill {len(holders)} process(es) holding GPU {index} "
                     f"({', '.join(str(h.pid) for h in holders)}), then reset it", EXIT_OK)
     timeout = kill_timeout if kill_timeout is not None else ctx.config.kill_timeout
-    from gputop.actions.kill import kill_many
-
-    results = kill_many([(h.pid, h.start_time) for h in holders], face=face, force=True, timeout=timeout,
+    results = kill_many([(h.pid, h.start_time) for h in holders], face=run.face, force=True, timeout=timeout,
                         sampler=ctx.sampler, config=ctx.config,
-                        reason=f"reset of GPU {index}" + (f": {reason}" if reason else ""))
+                        reason=f"reset of GPU {index}" + (f": {run.reason}" if run.reason else ""))
     details["kills"] = [r.to_dict() for r in results]
     failed = [r for r in results if not r.ok and r.outcome != "not-found"]
     if failed:
@@ -163,12 +180,13 @@ def _clear_holders(ctx, index, holders, face, reason, kill_timeout, dry_run, det
     return None
 
 
-def _reset(ctx, index, details, done):
+def _reset(ctx: Ctx, run: ResetRun) -> ActionResult:
+    index, done = run.gpu, run.done
     try:
         what = ctx.sampler.reset(index)
     except ResetError as e:
         outcome, code, hint = _RESET_CODES.get(e.kind, _RESET_CODES["failed"])
-        details["kind"] = e.kind
+        run.details["kind"] = e.kind
         return done(False, outcome, f"GPU {index} not reset: {e}; {hint.format(i=index)}", code)
     except GputopError as e:
         return done(False, "failed", f"GPU {index} not reset: {e}", e.exit_code)

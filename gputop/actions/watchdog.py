@@ -1,7 +1,8 @@
 """The watchdog: reap (or only log) orphan trees that stay orphaned, with the same root identity, past a grace.
 
-It uses the same planner and executor as ``gputop reap --apply`` (through gputop.actions.reap_tree), and
-counts a reap as done only when every planned member has exited.
+It uses the same planner and executor as ``gputop reap --apply`` (``reap.orphan_trees`` and
+``reap.reap_tree``, or the ``trees`` and ``reap`` a caller passes: a test's stand-ins), and counts a reap
+as done only when every planned member has exited.
 """
 
 from __future__ import annotations
@@ -9,14 +10,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from gputop.actions.reap import orphan_trees, reap_tree
 from gputop.core.config import Config
 
-
-def _pkg():
-    # Through the package, so that a test (or a face) that replaces gputop.actions.reap_tree is obeyed.
-    from gputop import actions
-
-    return actions
 
 class Watchdog:
     """Reaps (or only logs) orphan trees that stay orphaned, with the same root identity, past ``grace``.
@@ -26,8 +22,10 @@ class Watchdog:
     """
 
     def __init__(self, sampler, *, apply: bool, grace: float, face: str = "cli", kill_grace: float = 5.0,
-                 config: Config | None = None, reason: str = "watchdog"):
+                 config: Config | None = None, reason: str = "watchdog", trees: Callable = orphan_trees,
+                 reap: Callable = reap_tree):
         self.sampler = sampler
+        self.trees, self.reap = trees, reap  # (snapshot[, config=]) -> [OrphanTree]; reap_tree's signature
         self.apply = apply
         self.grace = grace
         self.face = face
@@ -40,7 +38,7 @@ class Watchdog:
     def scan(self, now: float) -> list[dict]:
         events: list[dict] = []
         snap = self.sampler.sample()
-        trees = _pkg().orphan_trees(snap, config=self.config) if self.config is not None else _pkg().orphan_trees(snap)
+        trees = self.trees(snap, config=self.config) if self.config is not None else self.trees(snap)
         seen = {t.root.identity: t for t in trees}
         for key in list(self.first_seen):
             if key not in seen:
@@ -57,13 +55,13 @@ class Watchdog:
                 if key in self.reported:
                     continue
                 self.reported.add(key)
-                res = _pkg().reap_tree(tree.pid, expected_start=tree.root.start_time, face=self.face,
+                res = self.reap(tree.pid, expected_start=tree.root.start_time, face=self.face,
                                 grace=self.kill_grace, dry_run=True, sampler=self.sampler,
                                 config=self.config, reason=why)
                 events.append({"event": "would-reap", "root": tree.pid, "age": age, "tree": tree,
                                "result": res})
                 continue
-            res = _pkg().reap_tree(tree.pid, expected_start=tree.root.start_time, face=self.face,
+            res = self.reap(tree.pid, expected_start=tree.root.start_time, face=self.face,
                             grace=self.kill_grace, sampler=self.sampler, config=self.config, reason=why)
             if res.ok:
                 del self.first_seen[key]
@@ -76,9 +74,11 @@ def run_watch(sampler, *, apply: bool, interval: float, grace: float, face: str 
               kill_grace: float = 5.0, config: Config | None = None,
               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
               on_event: Callable[[dict], None] | None = None, iterations: int | None = None,
-              stop: Callable[[], bool] | None = None) -> Watchdog:
+              stop: Callable[[], bool] | None = None, trees: Callable = orphan_trees,
+              reap: Callable = reap_tree) -> Watchdog:
     """The watchdog loop: scan, report events, sleep ``interval``; until ``stop()`` or ``iterations``."""
-    dog = Watchdog(sampler, apply=apply, grace=grace, face=face, kill_grace=kill_grace, config=config)
+    dog = Watchdog(sampler, apply=apply, grace=grace, face=face, kill_grace=kill_grace, config=config,
+                   trees=trees, reap=reap)
     n = 0
     while True:
         for ev in dog.scan(clock()):

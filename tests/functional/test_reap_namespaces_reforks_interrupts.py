@@ -372,6 +372,7 @@ def test_a_signal_to_reap_apply_mid_grace_finishes_the_plan(procs, scenario, cfg
     [rec] = records(action="reap", pid=t["root"])
     assert rec["outcome"] == "reaped" and rec["ok"], rec
     assert rec["interrupted"] == {"signals": [signal.Signals(sig).name], "then": "finished"}
+    assert f"interrupted by {signal.Signals(sig).name}: the confirmed plan was carried out" in rec["message"], rec
     assert "SIGKILL" in [s["signal"] for s in rec["signals"]]
 
 

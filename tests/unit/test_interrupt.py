@@ -28,9 +28,10 @@ def test_a_signal_during_the_action_is_held_then_raised_again_with_the_old_handl
             os.kill(os.getpid(), signal.SIGHUP)
             assert interrupt.caught() == ["SIGHUP"] and seen == []
             assert interrupt.note("reaped") == {"signals": ["SIGHUP"], "then": "finished"}
+            assert interrupt.finished_note() == "; interrupted by SIGHUP: the confirmed plan was carried out to its end"
         assert seen == []
     assert seen == [signal.SIGHUP] and interrupt.caught() == []
-    assert interrupt.note("reaped") is None
+    assert interrupt.note("reaped") is None and interrupt.finished_note() == ""
     assert interrupt.note("interrupted") == {"signals": [], "then": "rolled back"}
 
 

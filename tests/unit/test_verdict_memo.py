@@ -312,7 +312,7 @@ def test_actions_do_not_use_the_memo():
     root = Path(snapshot_mod.__file__).parents[1] / "actions"
     for path in root.glob("*.py"):
         assert not re.search(r"\._memo\b|\._verdict\(|_Memo\b", path.read_text()), path.name
-    assert "classify(" in (root / "reap.py").read_text() and "classify(" in (root / "common.py").read_text()
+    assert "classify(" in (root / "plan.py").read_text() and "classify(" in (root / "common.py").read_text()
 
 
 def test_a_thread_id_is_mapped_to_its_process_on_the_first_and_later_samples(host, ttl):
