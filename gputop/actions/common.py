@@ -136,7 +136,7 @@ class Ctx:
             self.config = load_config()  # may raise UsageError: caught by the callers
         if self.sampler is None:
             try:
-                from gputop.core.snapshot import Sampler
+                from gputop.core.sampler import Sampler
 
                 self.sampler = Sampler.open(config=self.config)
                 self.owned = True

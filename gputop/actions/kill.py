@@ -364,7 +364,7 @@ def kill_many(targets: list[tuple[int, float | None]], **kw) -> list[ActionResul
         try:
             cfg = kw.get("config") or load_config()
             kw["config"] = cfg
-            from gputop.core.snapshot import Sampler
+            from gputop.core.sampler import Sampler
 
             owned = sampler = Sampler.open(config=cfg)
         except GputopError:

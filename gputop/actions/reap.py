@@ -27,12 +27,12 @@ from gputop.core.procs import (
 _REFUSAL_CODES = {"not-found": ("not-found", EXIT_NOT_FOUND), "identity-changed": ("identity-changed", EXIT_REFUSED)}
 
 
-def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[int] | None = None) -> Rules:
+def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[int] | None = None, sampler=None) -> Rules:
     """The planner's inputs: the orphan classifier over ``table`` with the configured protect rules, where a
     GPU holder the snapshot could not tie to a visible process keeps its unknown verdict."""
     protect, cmdline = compile_protect(config.protect), compile_protect(config.protect_cmdline)
     unknown = {h.pid: h.verdict for h in snapshot.holders if h.proc is None or h.verdict.kind == UNKNOWN}
-    hooks = getattr(snapshot, "hooks", None) or {}  # the sampler's owner and Slurm job lookups
+    hooks = sampler.lookups().kwargs() if sampler is not None else {}  # the sampler's owner and Slurm job lookups
 
     def verdict(pid: int):
         if pid in unknown:
@@ -82,11 +82,11 @@ def namespace_reader(table):
     return namespace
 
 
-def orphan_trees(snapshot, table: ProcTable | None = None, config: Config | None = None) -> list[OrphanTree]:
+def orphan_trees(snapshot, table: ProcTable | None = None, config: Config | None = None, sampler=None) -> list[OrphanTree]:
     """Every orphan root of ``snapshot`` with its live tree and reap plan (re-read now)."""
     table = table or ProcTable()
     config = config or load_config()
-    rules = make_rules(config, getattr(snapshot, "platform", "posix"), table, snapshot)
+    rules = make_rules(config, getattr(snapshot, "platform", "posix"), table, snapshot, sampler=sampler)
     out = []
     for r in snapshot.roots:
         plan = plan_reap(table, r.pid, r.proc.start_time, rules)
@@ -164,7 +164,7 @@ def current_plan(ctx: Ctx, run: ReapRun, snapshot, table: ProcTable | None = Non
     caller that wants the scan's lineage fields too)."""
     table = table if table is not None else ProcTable()
     table.scan_all()
-    rules = make_rules(ctx.config, ctx.platform, table, snapshot)
+    rules = make_rules(ctx.config, ctx.platform, table, snapshot, sampler=ctx.sampler)
     return plan_reap(table, run.root_pid, run.info.start_time, rules)
 
 
