@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (gputop status does not)
 
 from gputop.backends.base import BackendStatus, DeviceSample, merge_ctx
 from gputop.core.snapshot_json import snapshot_to_dict

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (gputop status does not)
 
 from gputop import __version__
 

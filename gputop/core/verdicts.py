@@ -65,7 +65,7 @@ class _Context:
     """The part of a verdict's inputs that the holders of one tree share: each process-table answer
     classify() got for a PID other than the holder's own (its ancestors, their session leaders, init),
     each "hidden" answer, and the chain it walked. Sibling holders classified over the same table get
-    the same answers (the same ProcInfo objects), so the Sampler keeps one _Context for all of them
+    the same answers (the same ProcInfo objects), so the VerdictCache keeps one _Context for all of them
     (interned by the identity of those objects) and checks it once per sample instead of once a holder."""
 
     __slots__ = ("gets", "hides", "chain", "same", "current")
@@ -104,7 +104,7 @@ class _Memo:
     verdict inputs), its owner, and the answers it shares with its tree (_Context). classify() is a pure
     function of these and of the rules (config), so while every one of them gives the same answer
     again, it would return the same verdict. ``info`` is the newest record found to have those inputs
-    (moved on by _verdict, so that the next sample's identity check usually answers)."""
+    (moved on by VerdictCache.verdict, so that the next sample's identity check usually answers)."""
 
     info: ProcInfo
     inputs: tuple  # verdict_inputs(info)

@@ -56,7 +56,7 @@ def test_watchdog_timer_keys_on_root_identity(monkeypatch):
     """Only a tree that stays orphaned with the same (pid, start time) past the grace is reaped."""
     current: list[OrphanTree] = []
     reaped = []
-    monkeypatch.setattr(actions, "orphan_trees", lambda snap: list(current))
+    monkeypatch.setattr(actions, "orphan_trees", lambda snap, **kw: list(current))
     monkeypatch.setattr(actions, "reap_tree", lambda pid, **kw: reaped.append((pid, kw)) or
                         ActionResult("reap", True, "dry-run" if kw.get("dry_run") else "reaped", "ok", pid=pid))
 
@@ -91,7 +91,7 @@ def test_watchdog_timer_keys_on_root_identity(monkeypatch):
 
 
 def test_run_watch_loops_with_injected_clock(monkeypatch):
-    monkeypatch.setattr(actions, "orphan_trees", lambda snap: [])
+    monkeypatch.setattr(actions, "orphan_trees", lambda snap, **kw: [])
 
     class S:
         config = None
