@@ -356,7 +356,7 @@ class LockedSampler:
     ``statuses``, ``locate``...)."""
 
     def __init__(self, sampler):
-        self._s = sampler
+        self.inner = sampler  # the sampler it shares
         self.lock = threading.RLock()
 
     @classmethod
@@ -364,26 +364,21 @@ class LockedSampler:
         """``sampler`` itself when it is already shared this way, else a new wrapper around it."""
         return sampler if isinstance(sampler, cls) else cls(sampler)
 
-    @property
-    def inner(self):
-        """The sampler this wrapper shares."""
-        return self._s
-
     def sample(self) -> Snapshot:
         with self.lock:
-            return self._s.sample()
+            return self.inner.sample()
 
     def sample_devices(self) -> tuple[DeviceSample, ...]:
         with self.lock:
-            return self._s.sample_devices()
+            return self.inner.sample_devices()
 
     def reset(self, index: int) -> str:
         with self.lock:
-            return self._s.reset(index)
+            return self.inner.reset(index)
 
     def lookups(self) -> Lookups:
         with self.lock:
-            inner = self._s.lookups()
+            inner = self.inner.lookups()
         return Lookups(**{k: self._locked(fn) for k, fn in vars(inner).items() if fn is not None})
 
     def _locked(self, fn: Callable) -> Callable:
@@ -396,7 +391,7 @@ class LockedSampler:
 
     def close(self) -> None:
         with self.lock:
-            self._s.close()
+            self.inner.close()
 
     def __getattr__(self, name):
-        return getattr(self._s, name)
+        return getattr(self.inner, name)
