@@ -193,7 +193,8 @@ class Executor:
         from gputop.actions.reap import make_rules
 
         table = _scanned()
-        rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never, self.ctx.sampler)
+        rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never,
+                           sampler=self.ctx.sampler)
         self.last_scan = (table, rules)
         alive = self.alive()
         members, left = walk(table, alive, set(self.handles) | self.gone, self.run.info, rules)
@@ -258,7 +259,8 @@ class Executor:
             plan = self.planner(table)
         else:
             if rules is None:
-                rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never, self.ctx.sampler)
+                rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never,
+                                   sampler=self.ctx.sampler)
             plan = plan_reap(table, self.run.root_pid, self.run.info.start_time, rules)
         if plan.refusal is not None:
             self.cont_all()
