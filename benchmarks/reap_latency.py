@@ -125,7 +125,7 @@ def worker(tree_json: str, grace: float, profile: str | None = None, watch: str 
            sampler: str = "warm") -> dict:
     from gputop.actions import reap_tree
     from gputop.core.procs import read_proc
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
 
     open_sampler = Sampler.open() if sampler == "warm" else None
     if open_sampler is not None:

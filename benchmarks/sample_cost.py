@@ -158,7 +158,7 @@ def worker(rounds: int, holders: list[int], backend: str) -> dict:
     from gputop.backends import probe
     from gputop.core.config import load_config
     from gputop.core.procs import ProcTable
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
 
     def open_sampler(**kw) -> Sampler:
         r = probe(backend)

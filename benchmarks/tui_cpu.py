@@ -26,7 +26,7 @@ from benchmarks.common import PY, ROOT, HolderForest, print_table, proc_cpu_seco
 SAMPLER_LOOP = """\
 import sys, time
 from gputop.core.config import Config
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 s = Sampler.open("simulated", sys.argv[1], Config())
 interval, end = float(sys.argv[2]), time.monotonic() + float(sys.argv[3])
 while time.monotonic() < end:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from gputop.core.config import Config  # noqa: E402
 from gputop.core.demo import Demo  # noqa: E402
-from gputop.core.snapshot import Sampler  # noqa: E402
+from gputop.core.sampler import Sampler  # noqa: E402
 from gputop.tui.app import GputopApp  # noqa: E402
 
 

@@ -6,7 +6,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -137,7 +136,7 @@ class Ctx:
             self.config = load_config()  # may raise UsageError: caught by the callers
         if self.sampler is None:
             try:
-                from gputop.core.snapshot import Sampler
+                from gputop.core.sampler import Sampler
 
                 self.sampler = Sampler.open(config=self.config)
                 self.owned = True
@@ -168,23 +167,6 @@ class Ctx:
     def verdict(self, pid: int):
         return self.classifier(ProcTable())(pid)
 
-
-class Serial:
-    """Serialises sample() of a shared sampler between the threads of kill_many."""
-
-    def __init__(self, sampler):
-        self._s = sampler
-        self._lock = threading.Lock()
-
-    def sample(self):
-        with self._lock:
-            return self._s.sample()
-
-    def close(self):
-        pass
-
-    def __getattr__(self, name):
-        return getattr(self._s, name)
 
 def memory_released(ctx: Ctx, pids: set[int], wait: float = 2.0) -> bool | None:
     """Sample again until none of ``pids`` holds a GPU (the driver may take a moment)."""

@@ -252,7 +252,8 @@ class Executor:
 
     def _new_members(self) -> list[ProcInfo]:
         table = _scanned()
-        rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
+        rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never,
+                           sampler=self.ctx.sampler)
         self.last_scan = (table, rules)
         alive = self.alive()
         members, left = walk(table, alive, set(self.handles) | self.gone, self.run.info, rules)
@@ -314,7 +315,8 @@ class Executor:
             plan = self.planner(table)
         else:
             if rules is None:
-                rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never)
+                rules = make_rules(self.ctx.config, self.ctx.platform, table, self.snapshot, self.plan_never,
+                                   sampler=self.ctx.sampler)
             plan = plan_reap(table, self.run.root_pid, self.run.info.start_time, rules)
         if plan.refusal is not None:
             self.cont_all()

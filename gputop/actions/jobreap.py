@@ -87,7 +87,7 @@ def reap_group(membership: Callable[[ProcTable], list[int]], owner: ProcInfo, *,
 
 def _plan(ctx: Ctx, snap, table: ProcTable, membership: Callable[[ProcTable], list[int]],
           owner: ProcInfo) -> ReapPlan:
-    rules = make_rules(ctx.config, ctx.platform, table, snap)
+    rules = make_rules(ctx.config, ctx.platform, table, snap, sampler=ctx.sampler)
     return plan_group(table, membership(table), owner, rules)
 
 

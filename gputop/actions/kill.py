@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gputop.actions.common import (
-    FACES, NON_LETHAL, ActionResult, Ctx, Serial, err_text, memory_released, name, parse_signal, safety_refusal,
+    FACES, NON_LETHAL, ActionResult, Ctx, err_text, memory_released, name, parse_signal, safety_refusal,
     same_start, sig_event, user,
 )
 from gputop.actions import interrupt
@@ -355,12 +355,14 @@ def kill_many(targets: list[tuple[int, float | None]], **kw) -> list[ActionResul
         try:
             cfg = kw.get("config") or load_config()
             kw["config"] = cfg
-            from gputop.core.snapshot import Sampler
+            from gputop.core.sampler import Sampler
 
             owned = sampler = Sampler.open(config=cfg)
         except GputopError:
             sampler = None  # each kill_process reports the problem itself
-    shared = Serial(sampler) if sampler is not None else None
+    from gputop.core.sampler import LockedSampler  # the process layer: loaded with the first action
+
+    shared = LockedSampler.around(sampler) if sampler is not None else None
     try:
         # The kills run in worker threads, where no signal handler can be installed: the caller's thread
         # holds SIGHUP/SIGTERM until every kill has finished and written its record.

@@ -124,12 +124,13 @@ class Rules:
     namespace: Callable[[int], PidNs | None] = lambda pid: None  # the PID namespace it is the init of, if any
 
 
-def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[int] | None = None) -> Rules:
+def make_rules(config: Config, platform: str, table, snapshot, never: frozenset[int] | None = None,
+               sampler=None) -> Rules:
     """The planner's inputs: the orphan classifier over ``table`` with the configured protect rules, where a
     GPU holder the snapshot could not tie to a visible process keeps its unknown verdict."""
     protect, cmdline = compile_protect(config.protect), compile_protect(config.protect_cmdline)
     unknown = {h.pid: h.verdict for h in snapshot.holders if h.proc is None or h.verdict.kind == UNKNOWN}
-    hooks = getattr(snapshot, "hooks", None) or {}  # the sampler's owner and Slurm job lookups
+    hooks = sampler.lookups().kwargs() if sampler is not None else {}  # the sampler's owner and Slurm job lookups
 
     def verdict(pid: int):
         if pid in unknown:

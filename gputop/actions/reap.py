@@ -20,11 +20,12 @@ from gputop.util.errors import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUS
 from gputop.core.procs import ProcTable, read_proc
 
 
-def orphan_trees(snapshot, table: ProcTable | None = None, config: Config | None = None) -> list[OrphanTree]:
+def orphan_trees(snapshot, table: ProcTable | None = None, config: Config | None = None,
+                 sampler=None) -> list[OrphanTree]:
     """Every orphan root of ``snapshot`` with its live tree and reap plan (re-read now)."""
     table = table or ProcTable()
     config = config or load_config()
-    rules = make_rules(config, getattr(snapshot, "platform", "posix"), table, snapshot)
+    rules = make_rules(config, getattr(snapshot, "platform", "posix"), table, snapshot, sampler=sampler)
     out = []
     for r in snapshot.roots:
         plan = plan_reap(table, r.pid, r.proc.start_time, rules)
@@ -111,7 +112,7 @@ def current_plan(ctx: Ctx, run: ReapRun, snapshot, table: ProcTable | None = Non
     caller that wants the scan's lineage fields too)."""
     table = table if table is not None else ProcTable()
     table.scan_all()
-    rules = make_rules(ctx.config, ctx.platform, table, snapshot)
+    rules = make_rules(ctx.config, ctx.platform, table, snapshot, sampler=ctx.sampler)
     return plan_reap(table, run.root_pid, run.info.start_time, rules)
 
 

@@ -38,7 +38,7 @@ class Watchdog:
     def scan(self, now: float) -> list[dict]:
         events: list[dict] = []
         snap = self.sampler.sample()
-        trees = self.trees(snap, config=self.config) if self.config is not None else self.trees(snap)
+        trees = self.trees(snap, config=self.config, sampler=self.sampler)
         seen = {t.root.identity: t for t in trees}
         for key in list(self.first_seen):
             if key not in seen:

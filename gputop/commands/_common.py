@@ -8,7 +8,7 @@ import sys
 
 from gputop.core.config import Config, load_config
 from gputop.util.errors import GputopError
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 from gputop.util.textsafe import visible
 
 

@@ -8,7 +8,7 @@ from gputop import actions
 from gputop.util import saferegex
 from gputop.commands._common import config_from, open_sampler, print_json, table
 from gputop.util.errors import EXIT_NOT_FOUND, EXIT_OK, NotFoundError, UsageError
-from gputop.core.snapshot import select_holders
+from gputop.core.model import select_holders
 from gputop.util.textsafe import visible
 from gputop.util.units import fmt_bytes, parse_duration
 

@@ -103,7 +103,7 @@ def render_tree(t: actions.OrphanTree) -> list[str]:
 
 def _preview(args, config, sampler) -> int:
     snap = sampler.sample()
-    trees = actions.orphan_trees(snap, config=config)
+    trees = actions.orphan_trees(snap, config=config, sampler=sampler)
     if args.root is not None:
         trees = [t for t in trees if t.pid == args.root]
     skipped = [h for h in snap.holders if h.verdict.kind != ORPHAN and h.verdict.orphan_reason]
@@ -128,7 +128,7 @@ def _preview(args, config, sampler) -> int:
 def _apply(args, config, sampler) -> int:
     grace = _dur(args.grace, "--grace", config.kill_timeout)
     snap = sampler.sample()
-    trees = actions.orphan_trees(snap, config=config)
+    trees = actions.orphan_trees(snap, config=config, sampler=sampler)
     if args.root is not None:
         match = [t for t in trees if t.pid == args.root]
         # A root that is not (or no longer) an orphan still goes through reap_tree: it refuses, says why,

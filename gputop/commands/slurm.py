@@ -329,7 +329,7 @@ def _prolog_report(args, config, job, gpus, source, others, results, apply) -> i
 
 
 def _hdict(h) -> dict:
-    from gputop.core.snapshot import slurm_to_dict
+    from gputop.core.snapshot_json import slurm_to_dict
 
     return {"pid": h.pid, "name": h.name, "user": h.user, "gpus": list(h.gpus), "slurm": slurm_to_dict(h),
             "verdict": {"kind": h.verdict.kind, "reason": h.verdict.reason, "root": h.verdict.root}}

@@ -10,7 +10,8 @@ from gputop.commands._common import fit_last, open_sampler, print_json, table, t
 from gputop.util.errors import UsageError
 from gputop.core.ownership import NONE, Owner
 from gputop.util.textsafe import visible
-from gputop.core.snapshot import Snapshot, snapshot_json
+from gputop.core.model import Snapshot
+from gputop.core.snapshot_json import snapshot_json
 from gputop.util.units import fmt_bytes, fmt_duration, fmt_opt
 
 NAME = "status"

@@ -49,7 +49,7 @@ from gputop.core.disguise import exe_mismatch
 from gputop.util.errors import UsageError
 from gputop.core.orphans import ORPHAN
 from gputop.core.procs import ProcInfo, ProcTable
-from gputop.core.snapshot import Holder, Snapshot
+from gputop.core.model import Holder, Snapshot
 from gputop.util.units import fmt_bytes, parse_duration, parse_memory
 
 SEVERITIES = ("high", "medium", "low")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from gputop.guard.policy import Condition
 from gputop.core.orphans import ORPHAN
-from gputop.core.snapshot import Holder, Snapshot
+from gputop.core.model import Holder, Snapshot
 from gputop.util.textsafe import visible
 from gputop.util.units import fmt_bytes, fmt_duration
 

@@ -37,7 +37,7 @@ from gputop.guard.conditions import Facts, Outcome, Target, evaluate
 from gputop.guard.exempt import Exempt, Exemption
 from gputop.guard.policy import USER_LEVEL, Condition, Policy, Rule
 from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN, compile_protect, protect_reason
-from gputop.core.snapshot import Holder, Snapshot
+from gputop.core.model import Holder, Snapshot
 from gputop.util.textsafe import visible
 from gputop.util.units import fmt_bytes
 

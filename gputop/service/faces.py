@@ -15,7 +15,9 @@ from gputop.util.errors import (
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE,
     GputopError, UsageError,
 )
-from gputop.core.snapshot import Holder, Sampler, Snapshot, holder_to_dict, select_holders
+from gputop.core.model import Holder, Snapshot, select_holders
+from gputop.core.sampler import LockedSampler, Sampler
+from gputop.core.snapshot_json import holder_to_dict
 from gputop.util.units import parse_memory
 
 # ActionResult.exit_code -> HTTP status.
@@ -28,15 +30,16 @@ HTTP_STATUS = {EXIT_OK: 200, EXIT_FAILURE: 500, EXIT_USAGE: 400, EXIT_NOT_FOUND:
 class LiveSnapshot:
     """One sampler, one background thread refreshing the latest snapshot; actions share the sampler.
 
-    The lock is held while the sampler samples or an action runs (actions re-sample through it), so the
+    ``sampler`` is the shared sampler (core.sampler.LockedSampler): every call takes its lock, and a face
+    holds ``lock`` (the same, reentrant) while an action runs (actions re-sample through it), so the
     sampler is never used by two threads at once. Readers never wait for it: they take ``latest``.
     """
 
-    def __init__(self, sampler: Sampler, config: Config, interval: float = 1.0):
-        self.sampler = sampler
+    def __init__(self, sampler: Sampler | LockedSampler, config: Config, interval: float = 1.0):
+        self.sampler = LockedSampler.around(sampler)
         self.config = config
         self.interval = interval
-        self.lock = threading.Lock()
+        self.lock = self.sampler.lock
         self._latest: Snapshot | None = None
         self._findings: list = []
         self._findings_error: str | None = None
@@ -63,8 +66,7 @@ class LiveSnapshot:
         self._listeners.append(fn)
 
     def refresh(self) -> Snapshot:
-        with self.lock:
-            snap = self.sampler.sample()
+        snap = self.sampler.sample()
         if self._history is None:
             try:
                 from gputop.core.rogue import History
@@ -107,8 +109,7 @@ class LiveSnapshot:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with self.lock:
-            self.sampler.close()
+        self.sampler.close()
 
 
 # ---- reading ---------------------------------------------------------------------------------
@@ -219,7 +220,7 @@ def do_reap(live: LiveSnapshot, face: str, *, roots=None, dry_run: bool = False,
         wanted = {_opt_int("roots", r) for r in roots}
     with live.lock:
         snap = live.sampler.sample()
-        trees = actions.orphan_trees(snap, config=live.config)
+        trees = actions.orphan_trees(snap, config=live.config, sampler=live.sampler)
     results = []
     known = {t.pid for t in trees}
     for missing in sorted((wanted or set()) - known):

@@ -30,7 +30,7 @@ from gputop.service import faces
 from gputop.core import permissions, requester
 from gputop.util.errors import GputopError
 from gputop.service.faces import LiveSnapshot
-from gputop.core.snapshot import holder_to_dict
+from gputop.core.snapshot_json import holder_to_dict
 from gputop.util.units import fmt_bytes
 
 FACE = "mcp"

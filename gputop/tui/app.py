@@ -27,7 +27,7 @@ from textual.widgets import Footer, Input, Static
 from gputop.core.config import Config
 from gputop.core.orphans import ORPHAN
 from gputop.util.textsafe import visible
-from gputop.core.snapshot import Snapshot
+from gputop.core.model import Snapshot
 from gputop.tui import keymap, process_tree
 from gputop.tui.bar import TextBar
 from gputop.tui.device_pane import DeviceBoard
@@ -892,7 +892,7 @@ class GputopApp(App):
         try:
             from gputop import actions
 
-            trees = [t for t in actions.orphan_trees(snapshot, config=self.config) if t.root.pid == root]
+            trees = [t for t in actions.orphan_trees(snapshot, config=self.config, sampler=self.sampler) if t.root.pid == root]
         except Exception as e:
             self.call_from_thread(self.notify, f"reap unavailable: {type(e).__name__}: {e}", severity="error",
                                   timeout=10)

@@ -13,7 +13,7 @@ from textual.widgets import Button, Static
 
 from gputop.core.ownership import NONE, Owner
 from gputop.core.procs import ProcInfo
-from gputop.core.snapshot import Holder
+from gputop.core.model import Holder
 from gputop.util.units import fmt_bytes, fmt_duration
 from gputop.util.textsafe import visible
 

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from itertools import islice
 
-from gputop.core.snapshot import Snapshot
+from gputop.core.model import Snapshot
 
 DEFAULT_LENGTH = 3600  # samples: an hour at the default 1 s refresh
 MAX_STRIP = 1024  # the widest history strip drawn (a pane is narrower than the terminal)

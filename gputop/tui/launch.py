@@ -62,7 +62,7 @@ def run_tui(args) -> int:
             scenario, backend = str(demo.scenario_path), "simulated"
             # A sandbox: the demo's guard switch, audit log and node trail must not touch the node's real ones.
             demo.sandbox()  # also writes env.sh, which a second shell sources (see the banner)
-        # The devices first, from the backends alone: the process layer (gputop.core.snapshot and what it
+        # The devices first, from the backends alone: the process layer (gputop.core.sampler and what it
         # imports, ~a quarter of what the first frame needs) is imported once they are on the screen.
         found = probe(backend, scenario)
         sampler = None
@@ -71,7 +71,7 @@ def run_tui(args) -> int:
         app = None
         drawn = first_frame.draw(devices, readonly=getattr(args, "readonly", False), demo=demo is not None)
         try:
-            from gputop.core.snapshot import Sampler
+            from gputop.core.sampler import Sampler
 
             sampler = Sampler.from_probe(found, config)
             action_grace = ACTION_GRACE_S + 2 * config.kill_timeout

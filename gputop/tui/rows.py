@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.core.procs import ProcInfo
-from gputop.core.snapshot import Holder, Snapshot
+from gputop.core.model import Holder, Snapshot
 from gputop.util.units import fmt_bytes
 from gputop.util.textsafe import visible
 

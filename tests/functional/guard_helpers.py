@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from gputop.backends.simulated import SimulatedBackend
 from gputop.core.config import Config
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 
 GIB = 1024**3
 

@@ -16,7 +16,7 @@ import pytest
 from gputop.backends.amd import AmdBackend
 from gputop.backends.fdinfo import FdinfoScanner
 from gputop.backends.intel import IntelBackend
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 from tests.conftest import ROOT, run_gputop
 from tests.drm_tree import (
     AMD_PCI, BTIME, DEVICE_UTIL, EXPECTED, GIB, I915_PCI, XE_PCI, DrmTree,

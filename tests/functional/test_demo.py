@@ -15,7 +15,7 @@ import pytest
 
 from gputop.core.config import Config
 from gputop.core.demo import INVISIBLE_PID, Demo
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 from tests.conftest import wait_gone
 
 

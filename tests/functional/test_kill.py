@@ -144,7 +144,7 @@ def test_refuses_a_kernel_thread(scenario, cfg):
 
 def test_pid_reused_after_the_checks_is_never_signalled(procs, scenario, cfg):
     from gputop.core.config import load_config
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
     from tests.functional.actions_helpers import SwapAfterSample, spawn_at_pid
 
     holder = procs.sleeper("gt-old")

@@ -553,7 +553,7 @@ def test_a_process_that_changed_is_read_anew_and_an_unchanged_one_keeps_its_reco
     out = run_py(f"""
         import json, os, time
         from gputop.backends import probe
-        from gputop.core.snapshot import Sampler
+        from gputop.core.sampler import Sampler
         from tests.fakenvml.build import write_fake_nvml_config
         r = probe("nvml")
         s = Sampler(r.backends, r.statuses)
@@ -581,7 +581,7 @@ def test_a_holder_reported_by_thread_id_stays_its_process_while_its_records_are_
     out = run_py("""
         import json
         from gputop.backends import probe
-        from gputop.core.snapshot import Sampler
+        from gputop.core.sampler import Sampler
         r = probe("nvml")
         s = Sampler(r.backends, r.statuses)
         snaps = [s.sample() for _ in range(3)]

@@ -17,7 +17,7 @@ from gputop.backends.simulated import SimulatedBackend
 from gputop.core.config import Config
 from gputop.core.orphans import NOT_ORPHAN, ORPHAN
 from gputop.core.ownership import SERVICE, SESSION, SLURM, SlurmEnv, read_owner, slurm_job_from_environ
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 from tests.conftest import run_gputop, wait_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,

@@ -8,7 +8,7 @@ import signal
 import time
 
 from gputop.core.procs import StaticCache, read_proc
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 
 
 class FakeClock:
@@ -359,16 +359,16 @@ def test_owners_come_from_the_cgroup_read_with_the_command_line(procs, scenario,
     # A sampler reads each process's cgroup through its pinned /proc dir when it reads the command line
     # (first sight, then every static_ttl), not again by path with a start-time check after.
     import gputop.core.ownership as ownership
-    import gputop.core.snapshot as snapshot
+    import gputop.core.sampler as sampler_mod
     from gputop.backends.simulated import SimulatedBackend
 
     job = procs.orphan("sleep 71", "sleep 71")
     mine = procs.sleeper("gt-pinned")
     path = scenario([{"pid": job, "gpu": 0, "memory": "1GiB"}, {"pid": mine.pid, "gpu": 1, "memory": "1GiB"}])
     by_path, starts = [], []
-    real_read, real_start = ownership.read_owner, snapshot.start_time
+    real_read, real_start = ownership.read_owner, sampler_mod.start_time
     monkeypatch.setattr(ownership, "read_owner", lambda pid, *a: by_path.append(pid) or real_read(pid, *a))
-    monkeypatch.setattr(snapshot, "start_time", lambda pid, *a: starts.append(pid) or real_start(pid, *a))
+    monkeypatch.setattr(sampler_mod, "start_time", lambda pid, *a: starts.append(pid) or real_start(pid, *a))
     s = Sampler([SimulatedBackend(path)])
     clock = FakeClock()
     s._static.clock = s._owners.clock = clock

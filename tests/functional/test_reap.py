@@ -13,7 +13,7 @@ import pytest
 from gputop import actions
 from gputop.core.config import load_config
 from gputop.util.errors import EXIT_PERMISSION, EXIT_REFUSED
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
     OtherUser, alive, check_common, ident, orphan_python, records, unique, with_marker, write_config,

@@ -13,7 +13,7 @@ import psutil
 from gputop import actions
 from gputop.actions.executor import Executor
 from gputop.core.config import load_config
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 from tests.functional.actions_helpers import unique, write_config
 from tests.functional.test_reap_safety import find, running
 

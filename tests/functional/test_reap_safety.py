@@ -277,7 +277,7 @@ def test_a_target_that_exits_during_the_checks_is_not_found_never_refused(procs,
     from gputop import actions
     from gputop.backends.simulated import SimulatedBackend
     from gputop.core.config import Config
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
 
     holder = procs.spawn(["sleep", "60"])
     path = scenario(holders=[{"pid": holder.pid, "gpu": 0, "memory": "1GiB"}])

@@ -54,7 +54,7 @@ def test_a_member_that_calls_setsid_after_the_plan_is_not_signalled(procs, scena
     flag = tmp_path / "setsid-done"
     ids = tree(procs, tmp_path, flag)
     scenario(holders=[{"pid": ids["h1"], "gpu": 0, "memory": "1GiB"}])
-    [t] = actions.orphan_trees(__import__("gputop.core.snapshot", fromlist=["Sampler"]).Sampler.open().sample())
+    [t] = actions.orphan_trees(__import__("gputop.core.sampler", fromlist=["Sampler"]).Sampler.open().sample())
     assert {m.pid for m in t.members} == {ids["root"], ids["h1"], ids["m"], ids["k"]}  # the plan, before
 
     freeze = Executor.freeze

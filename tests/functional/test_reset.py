@@ -12,7 +12,7 @@ from gputop.backends.base import ResetError
 from gputop.backends.simulated import SimulatedBackend
 from gputop.core.config import load_config
 from gputop.util.errors import EXIT_NOT_FOUND, EXIT_PERMISSION, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_FAILURE
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import (
     alive, check_common, records, spawn_ignoring_term, write_config,

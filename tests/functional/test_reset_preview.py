@@ -19,7 +19,7 @@ from gputop.backends.base import Backend
 from gputop.backends.simulated import SimulatedBackend
 from gputop.core.config import Config
 from gputop.service.faces import LiveSnapshot
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 from tests.functional.test_mcp import _as_nobody, alive
 
 

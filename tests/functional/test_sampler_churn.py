@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import subprocess
 
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 
 
 def _sizes(s: Sampler) -> dict[str, int]:
-    out = {"cpu": len(s._cpu_prev), "memo": len(s._memo), "leaders": len(s._leaders),
+    out = {"cpu": len(s._cpu_prev), "memo": len(s.verdicts.memos), "leaders": len(s._leaders),
            "job_refs": len(s._job_refs)}
     if s._static is not None:
         out.update(static=len(s._static._entries), static_last=len(s._static._last))

@@ -228,7 +228,7 @@ def test_the_group_reap_lists_proc_once_per_round(procs, scenario, tmp_path, mon
     from gputop.commands.slurm import _reap_job
     from gputop.core.config import Config
     from gputop.core.procs import ProcTable, self_and_ancestors
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
 
     monkeypatch.setenv("GPUTOP_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
     job, other_job = 4267, 4268

@@ -11,7 +11,7 @@ from gputop.backends.simulated import SimulatedBackend
 from gputop.core.config import Config
 from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED
 from gputop.core.procs import read_proc
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 from tests.conftest import run_gputop, run_on_pty, wait_gone
 
 

@@ -9,14 +9,13 @@ import time
 
 from gputop.core.orphans import classify, compile_protect
 from gputop.core.procs import ProcTable, read_proc
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 
 
 def _fresh(sampler, pid):
-    hooks = {k: v for k, v in sampler.verdict_hooks().items() if k == "owner_of"}
     cfg = sampler.config
     return classify(pid, ProcTable(), protect=compile_protect(cfg.protect),
-                    protect_cmdline=compile_protect(cfg.protect_cmdline), **hooks)
+                    protect_cmdline=compile_protect(cfg.protect_cmdline), owner_of=sampler.lookups().owner_of)
 
 
 def test_session_leader_dies_between_two_samples(procs, scenario):

@@ -28,7 +28,8 @@ from gputop.backends.base import BackendStatus, DeviceSample  # noqa: E402
 from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict  # noqa: E402
 from gputop.core.ownership import NONE, SESSION, Owner  # noqa: E402
 from gputop.core.procs import ProcInfo  # noqa: E402
-from gputop.core.snapshot import GpuUse, Holder, OrphanRoot, Snapshot  # noqa: E402
+from gputop.core.model import GpuUse, Holder, OrphanRoot, Snapshot  # noqa: E402
+from gputop.core.verdicts import Lookups  # noqa: E402
 from gputop.tui.side_panel import PanelData  # noqa: E402
 
 AT = 1796000000.0  # 2026-11-30 05:33:20 UTC
@@ -109,6 +110,9 @@ class FakeSampler:
     def reset(self, index: int) -> str:
         raise RuntimeError("the frozen sampler cannot reset")
 
+    def lookups(self) -> Lookups:
+        return Lookups()  # the frozen snapshot's processes have no owner or Slurm job to look up
+
     def close(self) -> None:
         pass
 
@@ -174,7 +178,7 @@ def open_app(scenario_path, *, readonly: bool = False, interval: float = 0.2):
     """The real app over the real simulated backend, with an empty protect list: a test runner started
     inside tmux or screen would otherwise make every process it spawns "protected"."""
     from gputop.core.config import Config
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
     from gputop.tui.app import GputopApp
 
     config = Config(protect=())

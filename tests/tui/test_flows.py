@@ -167,7 +167,7 @@ async def test_cursor_and_expansion_survive_refreshes(procs, scenario):
 @run_async
 async def test_a_refused_kill_is_shown_as_a_failure(procs, scenario):
     from gputop.core.config import Config
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
     from gputop.tui.app import GputopApp
 
     victim = spawn_named(procs, "keepme")  # its names agree: a renamed python is a disguise (issue 25)
@@ -189,7 +189,7 @@ async def test_a_refused_kill_is_shown_as_a_failure(procs, scenario):
 @run_async
 async def test_protected_process_dies_only_through_the_explicit_override(procs, scenario):
     from gputop.core.config import Config
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
     from gputop.tui.app import GputopApp
     from gputop.tui.dialogs.kill import OVERRIDE
 
@@ -274,7 +274,7 @@ async def test_reset_needs_the_typed_gpu_index(procs, scenario):
 @run_async
 async def test_reset_dialog_offers_only_what_would_be_done(procs, scenario):
     from gputop.core.config import Config
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
     from gputop.tui.app import GputopApp
 
     keep = spawn_named(procs, "keepme")  # its names agree: a renamed python is a disguise (issue 25)
@@ -309,7 +309,7 @@ async def test_reset_dialog_says_the_core_refusal_before_offering_a_reset(procs,
     from gputop.actions import reset as core_reset
     from gputop.backends.simulated import SimulatedBackend
     from gputop.core.config import Config
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
     from gputop.tui.app import GputopApp
 
     class Vendor(SimulatedBackend):

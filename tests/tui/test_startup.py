@@ -79,8 +79,11 @@ import argparse, json, sys, types
 from gputop.tui import first_frame, launch
 
 seen = []
+PROCESS_LAYER = ("gputop.core.sampler", "gputop.core.model", "gputop.core.verdicts", "gputop.core.orphans",
+                 "gputop.core.ownership", "gputop.core.slurm_jobs")
 launch.require_terminal = lambda: None
-first_frame.draw = lambda devices, **kw: seen.append(["draw", len(devices), "gputop.core.snapshot" in sys.modules]) or True
+first_frame.draw = lambda devices, **kw: seen.append(
+    ["draw", len(devices), [m for m in PROCESS_LAYER if m in sys.modules]]) or True
 first_frame.leave = lambda out=None: seen.append(["leave"])
 
 class App:
@@ -90,7 +93,7 @@ class App:
         seen.append(["app", len(sampler.sample_devices()), kw["devices"] is not None])
         raise RuntimeError("stop here")
 
-sys.modules["gputop.tui.app"] = types.SimpleNamespace(GputopApp=App)  # the real one imports gputop.core.snapshot
+sys.modules["gputop.tui.app"] = types.SimpleNamespace(GputopApp=App)  # the real one imports gputop.core.model
 args = argparse.Namespace(scenario=sys.argv[1], backend="simulated", interval=None, readonly=False, demo=False,
                           config=None)
 try:
@@ -102,13 +105,13 @@ print(json.dumps(seen))
 
 
 def test_the_process_layer_is_imported_after_the_first_frame(scenario):
-    # The first frame needs the backends and the config only: gputop.core.snapshot (the classifier, the /proc
+    # The first frame needs the backends and the config only: gputop.core.sampler (the classifier, the /proc
     # and owner readers) is imported after it is drawn, and the sampler takes over the same backends.
     path = str(scenario([], gpus=3))
     out = subprocess.run([sys.executable, "-c", FIRST_FRAME_ORDER, path], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [["draw", 3, False], ["app", 3, True], ["leave"]]
+    assert json.loads(out.stdout) == [["draw", 3, []], ["app", 3, True], ["leave"]]
 
 
 @run_async
@@ -117,7 +120,7 @@ async def test_first_frame_shows_the_devices_given_at_start(procs, scenario):
     # frame, without waiting for the sampling thread. Here that thread is held, devices and all, so
     # anything on screen came from what the app was given.
     from gputop.core.config import Config
-    from gputop.core.snapshot import Sampler
+    from gputop.core.sampler import Sampler
     from gputop.tui.app import GputopApp
 
     worker = procs.sleeper("firstframe")

@@ -10,7 +10,7 @@ import time
 
 from gputop.backends.base import BackendStatus, DeviceSample
 from gputop.core.orphans import NOT_ORPHAN, Verdict
-from gputop.core.snapshot import GpuUse, Holder, Snapshot
+from gputop.core.model import GpuUse, Holder, Snapshot
 from gputop.tui.process_tree import ProcessTree
 from gputop.util.units import fmt_duration
 

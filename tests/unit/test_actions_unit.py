@@ -56,7 +56,7 @@ def test_watchdog_timer_keys_on_root_identity():
     """Only a tree that stays orphaned with the same (pid, start time) past the grace is reaped."""
     current: list[OrphanTree] = []
     reaped = []
-    seams = {"trees": lambda snap: list(current),
+    seams = {"trees": lambda snap, **kw: list(current),
              "reap": lambda pid, **kw: reaped.append((pid, kw)) or
              ActionResult("reap", True, "dry-run" if kw.get("dry_run") else "reaped", "ok", pid=pid)}
 
@@ -101,7 +101,7 @@ def test_run_watch_loops_with_injected_clock():
 
     slept = []
     actions.run_watch(S(), apply=True, interval=60, grace=60, clock=lambda: 0.0, sleep=slept.append,
-                      iterations=3, trees=lambda snap: [])
+                      iterations=3, trees=lambda snap, **kw: [])
     assert S.calls == 3 and slept == [60, 60]
 
 

@@ -11,7 +11,7 @@ from gputop.guard.conditions import Facts, Target, evaluate
 from gputop.guard.policy import parse_policy
 from gputop.core.orphans import NOT_ORPHAN, ORPHAN, Verdict
 from gputop.core.procs import ProcInfo
-from gputop.core.snapshot import GpuUse, Holder, Snapshot
+from gputop.core.model import GpuUse, Holder, Snapshot
 
 GIB = 1024**3
 # Monday 2026-11-30 14:30 local time

@@ -10,7 +10,7 @@ from gputop.guard.engine import Engine, plan_user_kills
 from gputop.guard.policy import Policy, parse_policy
 from gputop.core.orphans import NOT_ORPHAN, PROTECTED, UNKNOWN, Verdict
 from gputop.core.procs import ProcInfo
-from gputop.core.snapshot import GpuUse, Holder, Snapshot
+from gputop.core.model import GpuUse, Holder, Snapshot
 
 GIB = 1024**3
 AT = 1_796_000_000.0

@@ -6,7 +6,7 @@ import json
 
 from gputop.commands.status import OWNER_WIDTH, owner_cell, render
 from gputop.core.ownership import NONE, SERVICE, Owner, parse_cgroup
-from gputop.core.snapshot import snapshot_to_dict
+from gputop.core.snapshot_json import snapshot_to_dict
 from gputop.tui.details import details_text
 from tests.tui.helpers import frozen_snapshot
 

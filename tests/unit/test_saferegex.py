@@ -13,7 +13,7 @@ from gputop.util.errors import UsageError
 from gputop.guard.conditions import compare
 from gputop.guard.policy import PolicyError, parse_policy
 from gputop.core.orphans import compile_protect
-from gputop.core.snapshot import select_holders
+from gputop.core.model import select_holders
 from tests.tui.helpers import frozen_snapshot
 
 EVIL = ["(.*)*Q", "(a+)+$", "(a|aa)+$", "(x+x+)+y", "(.*a){20}"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gputop.util.errors import UsageError
-from gputop.core.snapshot import select_holders
+from gputop.core.model import select_holders
 from tests.tui.helpers import frozen_snapshot
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from gputop.core.config import Config
 from gputop.core.procs import IS_LINUX
-from gputop.core.snapshot import Sampler, snapshot_json
+from gputop.core.sampler import Sampler
+from gputop.core.snapshot_json import snapshot_json
 from tests.unit.test_verdict_memo import HOLDER, INIT, LEADER, PARENT, Counting, Host, OneGpu, fresh
 
 pytestmark = pytest.mark.skipif(not IS_LINUX, reason="a fixture /proc is read the Linux way")
@@ -62,12 +63,12 @@ def test_a_sampler_without_the_memo_judges_as_one_with_it(forest, monkeypatch):
         a, b = one_shot.sample(), kept.sample()
         assert judged(a) == judged(b) and a.roots == b.roots
     assert count.calls == 2 * 7 + 7  # the one-shot sampler classifies every holder every time
-    assert one_shot._memo is None and not one_shot._contexts
+    assert one_shot.verdicts.memos is None and not one_shot.verdicts.contexts
     for pid in pids()[:-1]:
         assert a.holder(pid).verdict == fresh(forest, pid, sampler_=one_shot)
 
 
-@pytest.mark.parametrize("cls_path", ["gputop.core.snapshot.Holder", "gputop.core.snapshot.GpuUse",
+@pytest.mark.parametrize("cls_path", ["gputop.core.model.Holder", "gputop.core.model.GpuUse",
                                       "gputop.backends.base.GpuProcess"])
 def test_hand_written_inits_take_every_field_in_order_with_its_default(cls_path):
     """Holder, GpuUse and GpuProcess fill their fields in one update instead of the frozen dataclass's
@@ -99,7 +100,7 @@ def test_hand_written_inits_take_every_field_in_order_with_its_default(cls_path)
 def test_holder_gpus_memory_ctx_and_sm_are_the_same_with_one_use_or_several(uses):
     """A holder of one GPU takes them from its use at construction; the properties compute them."""
     from gputop.core.orphans import Verdict
-    from gputop.core.snapshot import GpuUse, Holder
+    from gputop.core.model import GpuUse, Holder
 
     h = Holder(1, tuple(GpuUse(g, c, m, sm) for g, m, c, sm in uses), None, (), Verdict("unknown", "x"))
     for name in ("ctx", "gpus", "gpu_memory", "sm_util"):

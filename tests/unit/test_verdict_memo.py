@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-import gputop.core.snapshot as snapshot_mod
+import gputop.core.sampler as sampler_mod
+import gputop.core.verdicts as verdicts_mod
 from gputop.backends.base import Backend, DeviceSample, GpuProcess
 from gputop.core.config import Config
 from gputop.core.orphans import classify, compile_protect, verdict_inputs
 from gputop.core.procs import IS_LINUX, ProcInfo, ProcTable
-from gputop.core.snapshot import Sampler
+from gputop.core.sampler import Sampler
 
 pytestmark = pytest.mark.skipif(not IS_LINUX, reason="a fixture /proc is read the Linux way")
 
@@ -91,7 +92,7 @@ class Counting:
         def counted(*a, **kw):
             self.calls += 1
             return classify(*a, **kw)
-        monkeypatch.setattr(snapshot_mod, "classify", counted)
+        monkeypatch.setattr(verdicts_mod, "classify", counted)
 
 
 def sampler(host, holders=(HOLDER,), config=None, static_ttl=60.0):
@@ -102,10 +103,9 @@ def sampler(host, holders=(HOLDER,), config=None, static_ttl=60.0):
 def fresh(host, pid, config=None, sampler_=None):
     """What classify() says now over a new table: what the memo must agree with."""
     cfg = config or Config()
-    hooks = sampler_.verdict_hooks() if sampler_ is not None else {}
-    hooks.pop("job_of", None), hooks.pop("job_state", None)
+    owner_of = sampler_.lookups().owner_of if sampler_ is not None else None
     return classify(pid, ProcTable(str(host.proc)), protect=compile_protect(cfg.protect),
-                    protect_cmdline=compile_protect(cfg.protect_cmdline), **hooks)
+                    protect_cmdline=compile_protect(cfg.protect_cmdline), owner_of=owner_of)
 
 
 def verdict(snap, pid=HOLDER):
@@ -282,7 +282,7 @@ def test_a_holder_that_leaves_and_comes_back_is_classified_again(host, monkeypat
 def test_verdict_inputs_name_every_process_field_the_verdict_reads():
     """A field that orphans.py reads but verdict_inputs() leaves out would let the memo keep a verdict
     after that field changed."""
-    src = Path(snapshot_mod.__file__).with_name("orphans.py").read_text()
+    src = Path(verdicts_mod.__file__).with_name("orphans.py").read_text()
     fields = {f.name for f in dataclasses.fields(ProcInfo)} | {"zombie", "identity", "cmd"}
     read = {n.attr for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Attribute) and n.attr in fields}
     p = ProcInfo(pid=7, ppid=1, name="n", cmdline=("c",), start_time=1.0, uid=5, user="u", sid=7, state="S",
@@ -309,9 +309,9 @@ def test_verdict_inputs_name_every_process_field_the_verdict_reads():
 
 def test_actions_do_not_use_the_memo():
     """The destructive paths classify again over their own fresh table: no sampler memo there."""
-    root = Path(snapshot_mod.__file__).parents[1] / "actions"
+    root = Path(verdicts_mod.__file__).parents[1] / "actions"
     for path in root.glob("*.py"):
-        assert not re.search(r"\._memo\b|\._verdict\(|_Memo\b", path.read_text()), path.name
+        assert not re.search(r"\.verdicts\.(memos|verdict)\b|VerdictCache|_Memo\b", path.read_text()), path.name
     assert "classify(" in (root / "plan.py").read_text() and "classify(" in (root / "common.py").read_text()
 
 
@@ -337,10 +337,10 @@ def two_holders(host):
 def test_siblings_share_one_context_checked_once_a_sample(two_holders, monkeypatch):
     s = sampler(two_holders, holders=(HOLDER, SIBLING))
     s.sample()
-    assert s._memo[HOLDER].ctx is s._memo[SIBLING].ctx and len(s._contexts) == 1
+    assert s.verdicts.memos[HOLDER].ctx is s.verdicts.memos[SIBLING].ctx and len(s.verdicts.contexts) == 1
     checks = []
-    real = snapshot_mod._Context.holds
-    monkeypatch.setattr(snapshot_mod._Context, "holds", lambda self, table: checks.append(1) or real(self, table))
+    real = verdicts_mod._Context.holds
+    monkeypatch.setattr(verdicts_mod._Context, "holds", lambda self, table: checks.append(1) or real(self, table))
     snap = s.sample()
     assert len(checks) == 1  # one check for both holders
     assert snap.holder(HOLDER).chain == snap.holder(SIBLING).chain
@@ -397,10 +397,10 @@ def test_contexts_are_forgotten_with_their_holders(two_holders):
     gpu = OneGpu([HOLDER, SIBLING])
     s = Sampler([gpu], config=Config(), proc_root=str(two_holders.proc), run_root=str(two_holders.run))
     s.sample()
-    assert len(s._contexts) == 1
+    assert len(s.verdicts.contexts) == 1
     gpu.pids = []
     s.sample()
-    assert s._memo == {} and s._contexts == {}
+    assert s.verdicts.memos == {} and s.verdicts.contexts == {}
 
 
 def test_a_sample_that_failed_part_way_leaves_no_context_check_for_the_next(two_holders, monkeypatch):
@@ -409,18 +409,18 @@ def test_a_sample_that_failed_part_way_leaves_no_context_check_for_the_next(two_
     host = two_holders
     s = sampler(host, holders=(HOLDER, SIBLING))
     s.sample()
-    real = snapshot_mod.Sampler._holder
+    real = sampler_mod.Sampler._holder
     built = []
 
     def failing(self, pid, *a, **kw):
         out = real(self, pid, *a, **kw)  # the shared context is checked here, for the first holder
         built.append(pid)
         raise RuntimeError("an owner lookup failed")
-    monkeypatch.setattr(snapshot_mod.Sampler, "_holder", failing)
+    monkeypatch.setattr(sampler_mod.Sampler, "_holder", failing)
     with pytest.raises(RuntimeError):
         s.sample()
     assert built
-    monkeypatch.setattr(snapshot_mod.Sampler, "_holder", real)
+    monkeypatch.setattr(sampler_mod.Sampler, "_holder", real)
     host.kill(LEADER)  # the tree changes before the next sample
     host.write_proc(PARENT, INIT, LEADER, "python", start=60, cmd=["python", "train.py"])  # reparented
     snap = s.sample()
@@ -440,7 +440,7 @@ def test_a_chain_member_with_new_cpu_time_is_this_samples_record_and_kept(host):
     parent = snap.holder(HOLDER).chain[0]
     assert parent is not first and parent.cpu_time > first.cpu_time  # the new record
     assert snap.holder(HOLDER).verdict == fresh(host, HOLDER, sampler_=s)
-    ctx = s._memo[HOLDER].ctx
+    ctx = s.verdicts.memos[HOLDER].ctx
     assert ctx.current[0] is parent and ctx.chain[0] is first  # kept; the interned answers unchanged
     again = s.sample().holder(HOLDER).chain
     assert again[0] is parent and again == snap.holder(HOLDER).chain
