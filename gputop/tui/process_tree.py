@@ -14,6 +14,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.geometry import Region
+from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
@@ -228,6 +229,15 @@ def _time_column(layout) -> tuple[int, int, str] | None:
 
 class ColumnHeader(Static):
     """The header over the tree (kept separate so the tree can scroll under it)."""
+
+    shown: Text | None = None
+
+    def show(self, max_depth: int, compact, sort: str, reverse: bool) -> None:
+        """The header for rows laid out ``max_depth`` deep; redrawn only when its text changed."""
+        text = header_text(max(0, (max_depth - 1) * GUIDE), compact, sort, reverse)
+        if text != self.shown:
+            self.shown = text
+            self.update(text, layout=False)
 
 
 LINE_CACHE_ROWS = 64  # drawn lines kept (at least the tree's height: Tree grows it on resize)
@@ -539,6 +549,59 @@ class ProcessTree(Tree[Node]):
     def selected(self) -> Node | None:
         node = self.cursor_node
         return node.data if node is not None else None
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest level the rows are laid out for (the header is padded to it)."""
+        return self._max_depth
+
+    def select_key(self, key: str) -> bool:
+        """Put the cursor on the row with this key (e.g. "gpu2/2001"); False if there is none."""
+        node = self.nodes_by_key.get(key)
+        if node is None:
+            return False
+        self.move_cursor(node)
+        self.cursor_key = key
+        return True
+
+    def find(self, text: str, after_cursor: bool) -> bool:
+        """Move the cursor to the next row shown (after the cursor, wrapping) that matches ``text``."""
+        from gputop.tui.rows import row_matches
+
+        count = self.last_line + 1
+        if not text or count <= 0:
+            return False
+        start = self.cursor_line + 1 if after_cursor else 0
+        for i in range(count):
+            node = self.get_node_at_line((start + i) % count)
+            if node is not None and node.data is not None and row_matches(node.data, text):
+                self.move_cursor(node)
+                return True
+        return False
+
+    # ---- tags -----------------------------------------------------------------------------------
+
+    class TagsChanged(Message):
+        """The set of tagged processes changed (the top bar counts them)."""
+
+    def toggle_tag(self, pid: int) -> None:
+        if pid in self.tagged:
+            self.tagged.discard(pid)
+        else:
+            self.tagged.add(pid)
+        self._tags_changed()
+
+    def untag(self, pids=None) -> None:
+        """Untag ``pids`` (every process when None)."""
+        if pids is None:
+            self.tagged.clear()
+        else:
+            self.tagged -= set(pids)
+        self._tags_changed()
+
+    def _tags_changed(self) -> None:
+        self.relabel()
+        self.post_message(self.TagsChanged())
 
     def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
         if event.node.data is not None:

@@ -374,7 +374,7 @@ async def test_devices_show_before_the_first_full_sample(procs, scenario):
     worker = procs.sleeper("slowfirst")
     app = open_app(scenario([{"pid": worker.pid, "gpu": 0, "memory": "4GiB"}]))
     gate = threading.Event()
-    inner = app.sampler._s
+    inner = app.sampler.inner
     real = inner.sample
 
     def slow_sample():
