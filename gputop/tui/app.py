@@ -286,13 +286,7 @@ class GputopApp(App):
         self._topbar.update(topbar_text(self.snapshot, self.view, facts))  # repaints only when it changed
 
     def selection(self) -> Selection:
-        node = self.process_tree.selected
-        if node is None:
-            return Selection(None, None, None, None, None)
-        holder = node.holder
-        if holder is not None and self.snapshot is not None:
-            holder = self.snapshot.holder(holder.pid) or holder
-        return Selection(node.pid, holder, node.proc, node.gpu, node.root)
+        return Selection.of(self.process_tree.selected, self.snapshot)
 
     def select_key(self, key: str) -> bool:
         """Put the cursor on the row with this key (e.g. "gpu2/2001"); False if there is none."""

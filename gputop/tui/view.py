@@ -56,6 +56,16 @@ class Selection:
     gpu: int | None
     root: int | None
 
+    @classmethod
+    def of(cls, node, snapshot: Snapshot | None) -> "Selection":
+        """The selection on the tree row ``node`` (a rows.Node, or None), its holder as ``snapshot`` has it."""
+        if node is None:
+            return cls(None, None, None, None, None)
+        holder = node.holder
+        if holder is not None and snapshot is not None:
+            holder = snapshot.holder(holder.pid) or holder
+        return cls(node.pid, holder, node.proc, node.gpu, node.root)
+
     def gpu_or_first(self, snapshot: Snapshot | None) -> int | None:
         """The GPU of the selected row: its group's, else the holder's first, else the first GPU."""
         if self.gpu is not None:

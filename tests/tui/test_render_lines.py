@@ -66,10 +66,9 @@ async def test_device_board_and_top_bar_draw_what_textual_would(size, monkeypatc
             await pilot.pause()
             assert app.query_one(DeviceBoard)._lines
             screens.append(_screen(app))
-            app.action_filter()  # the top bar says so (wider: at 60 columns it is cut)
-            app.query_one("#filter").value = "x"
-            await pilot.pause()
-            app.query_one("#filter").close(clear=False)  # enter: the filter stays, the box goes
-            await pilot.pause()
+            await pilot.press("slash", "x", "enter")  # the top bar says so (wider: at 60 columns it is cut)
+            assert await wait_until(pilot, lambda: app.view.filter_text == "x" and app.focused is app.process_tree
+                                    and not app.query_one("#filter").display)
+            await pilot.pause(0.2)
             screens.append(_screen(app))
     assert screens[:2] == screens[2:]
