@@ -392,3 +392,43 @@ async def test_devices_show_before_the_first_full_sample(procs, scenario):
             assert "reading processes" not in screen_text(app)
     finally:
         gate.set()
+
+
+def _parent_of_two(procs):
+    """A real shell with two real children (sleeps), and its start time once both run."""
+    import time
+
+    from gputop.core.procs import start_time
+
+    sh = procs.spawn("sleep 600 & sleep 600 & wait")
+    deadline = time.monotonic() + 10
+    while len(psutil.Process(sh.pid).children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return sh, start_time(sh.pid)
+
+
+def test_child_count_reads_the_process_the_snapshot_saw(procs):
+    from gputop.tui.flows import child_count
+
+    sh, started = _parent_of_two(procs)
+    assert child_count(sh.pid, started) == 2
+    assert child_count(sh.pid, started - 5) is None  # another process now has this pid: no count
+    assert child_count(sh.pid, None) is None
+    dead = procs.sleeper("gonesoon")
+    dead_start = psutil.Process(dead.pid).create_time()
+    dead.kill()
+    dead.wait()
+    assert child_count(dead.pid, dead_start) is None
+
+
+@run_async
+async def test_the_kill_dialog_counts_the_children_of_a_real_holder(procs, scenario):
+    sh, _ = _parent_of_two(procs)
+    app = open_app(scenario([{"pid": sh.pid, "gpu": 0, "memory": "4GiB"}]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _open_kill_dialog(pilot, 0, sh.pid)
+        assert await wait_until(pilot, lambda: "2 child process(es)" in screen_text(app)), screen_text(app)
+        await pilot.press("escape")  # cancelled: nothing is signalled
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ != "KillDialog")
+    assert alive(sh.pid) and len(psutil.Process(sh.pid).children()) == 2
+    assert audit_records("kill") == []
