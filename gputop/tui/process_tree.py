@@ -586,10 +586,11 @@ class ProcessTree(Tree[Node]):
 
     def toggle_tag(self, pid: int) -> None:
         if pid in self.tagged:
-            self.tagged.discard(pid)
+            self.untag({pid})
         else:
             self.tagged.add(pid)
-        self._tags_changed()
+            self.relabel()
+            self.post_message(self.TagsChanged())
 
     def untag(self, pids=None) -> None:
         """Untag ``pids`` (every process when None)."""
@@ -597,9 +598,6 @@ class ProcessTree(Tree[Node]):
             self.tagged.clear()
         else:
             self.tagged -= set(pids)
-        self._tags_changed()
-
-    def _tags_changed(self) -> None:
         self.relabel()
         self.post_message(self.TagsChanged())
 
@@ -627,7 +625,7 @@ class ProcessTree(Tree[Node]):
         self._changed, self._structural, self._updated = [], False, []
         self._reconcile_children(self.root, groups, 0)
         structural = self._structural
-        self._tree_lines  # noqa: B018 -- lay the lines out now, so that node.line below is current
+        self.last_line  # noqa: B018 -- lay the lines out now (Tree does on first use), so node.line is current
         self._label_updated()
         self._repaint(structural)
         # Put the cursor back on the same row (by key) if inserts or removals above moved it.
@@ -643,7 +641,7 @@ class ProcessTree(Tree[Node]):
         self._labels.clear()
         self._changed, self._structural = [], False
         self._updated = [(node, self._depth(node)) for node in self.nodes_by_key.values()]
-        self._tree_lines  # noqa: B018
+        self.last_line  # noqa: B018 -- lay the lines out now
         self._label_updated()
         self._repaint(False)
 
