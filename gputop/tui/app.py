@@ -1,16 +1,15 @@
-"""The gputop Textual app: the layout of the main screen, and the routing of keys and messages.
+"""The gputop Textual app: the layout of the main screen, and the routing of messages.
 
-What the app routes to: tui/sampling.py (the sampling thread, which posts SnapshotReady), tui/flows.py (the
-kill, reap, reset and guard flows: dialog, then a worker through gputop.actions, face "tui"), tui/view.py
-(grouping, sort, filter, selection, the top bar's line), and the widgets (ProcessTree, DevicesBox,
-SidePanel, FindBox). No handler blocks: a handler only reads the latest snapshot, updates widgets, or
-starts a worker.
+What the app routes to: tui/sampling.py (the sampling thread, which posts SnapshotReady and DevicesReady),
+tui/main_screen.py (the main screen's keys), tui/flows.py (the kill, reap, reset and guard flows: dialog,
+then a worker through gputop.actions, face "tui"), tui/view.py (grouping, sort, filter, selection, the top
+bar's line), and the widgets (ProcessTree, DevicesBox, SidePanel, FindBox). No handler blocks: a handler
+only reads the latest snapshot, updates widgets, or starts a worker.
 """
 
 from __future__ import annotations
 
 import gc
-import time
 from functools import partial
 from pathlib import Path
 from typing import Iterable
@@ -27,16 +26,15 @@ from gputop.tui import keymap
 from gputop.tui.bar import TextBar
 from gputop.tui.device_pane import DevicesBox
 from gputop.tui.find_box import FindBox
-from gputop.tui.flows import ActionFlows, tui_wording  # noqa: F401 - tui_wording: its home before the split
+from gputop.tui.flows import ActionFlows, tui_wording  # noqa: F401 - tui_wording was defined here
 from gputop.tui.history import DeviceHistory
 from gputop.tui.legend import legend_text
 from gputop.tui.process_tree import ColumnHeader, ProcessTree, column_level, use_palette
 from gputop.tui.rows import build, max_depth
 from gputop.tui.sampling import (DevicesReady, LockedSampler, PanelSource, SampleFailed, SamplingLoop,  # noqa: F401
-                                 SnapshotReady)
+                                 SnapshotReady)  # PanelSource, LockedSampler were defined here
 from gputop.tui.side_panel import PanelData, SidePanel
-from gputop.util.textsafe import visible
-from gputop.tui.view import GROUP_NAMES, Selection, TopBarFacts, ViewState, has_jobs, topbar_text
+from gputop.tui.view import Selection, TopBarFacts, ViewState, has_jobs, topbar_text
 
 _MAIN_ACTIONS = frozenset(k.action for k in keymap.KEYS)
 FILTER_PLACEHOLDER = "filter: pid, user, name or command (enter keeps, esc clears)"
@@ -114,7 +112,6 @@ class GputopApp(App):
     TITLE = "gputop"
     AUTO_FOCUS = "ProcessTree"
     CSS_PATH = str(css_path())
-    BINDINGS = keymap.bindings()
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, sampler, *, config: Config | None = None, interval: float | None = None,
@@ -141,12 +138,18 @@ class GputopApp(App):
         self.sampling = SamplingLoop(self.sampler, panel_source or PanelSource(), self.config, self.interval,
                                      self.post_message)
         self._sample_error: str | None = None
-        self._panel_user_choice: bool | None = None
+        self.panel_user_choice: bool | None = None  # b pressed: the side panel stays as chosen
         self._devices_only = False  # the device panes are up, the first full sample is not
         self._first_devices = devices or None
         self.took_screen = False  # see _driver_after_first_frame
 
     # ---- layout ---------------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen:
+        """The main screen: the layout below is mounted on it, and it carries the keys (MainScreen)."""
+        from gputop.tui.main_screen import MainScreen
+
+        return MainScreen(id="_default")
 
     def compose(self) -> ComposeResult:
         # The widgets that every refresh updates are kept here: composed once, never replaced.
@@ -183,7 +186,7 @@ class GputopApp(App):
         self._apply_size()
         if self._first_devices:  # mounted now, they are in the first frame
             self.on_devices_ready(DevicesReady(self._first_devices))
-        self._update_topbar()
+        self.update_topbar()
 
     def on_ready(self) -> None:
         self._gc_saved = gc.get_threshold()
@@ -210,11 +213,11 @@ class GputopApp(App):
 
         w, h = size or self.size
         too_small.cover(self, w, h)
-        if self._panel_user_choice is None:
+        if self.panel_user_choice is None:
             self._side.display = w >= SIDE_PANEL_MIN_WIDTH
         compact = column_level(w, self._side.display, self.view.sort_key, has_jobs(self.snapshot))
         if compact != self.process_tree.compact and self.snapshot is not None:
-            self._refresh_tree()
+            self.refresh_tree()
         else:
             self.process_tree.compact = compact
             self._header.show(self.process_tree.max_depth, compact, self.view.sort_key, self.view.sort_reverse)
@@ -240,7 +243,7 @@ class GputopApp(App):
             return
         self._devices.show(message.devices, tuple(self.sampler.statuses), self.size.height)
         self._devices_only = True
-        self._update_topbar()
+        self.update_topbar()
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         if self._gone():
@@ -251,11 +254,11 @@ class GputopApp(App):
         self._sample_error = None
         self.history.add(snap)
         self._devices.show(snap.devices, snap.backends, self.size.height)
-        self._refresh_tree()
+        self.refresh_tree()
         if message.panel != self.panel_shown:  # its height can change: lay out only when it does
             self.panel_shown = message.panel
             self._side.show(message.panel)
-        self._update_topbar()
+        self.update_topbar()
         redraw = getattr(self.screen, "redraw", None)  # the plot screen follows the history
         if callable(redraw):
             redraw()
@@ -266,11 +269,11 @@ class GputopApp(App):
         if self._sample_error != message.error:
             self.notify(f"sampling failed: {message.error}", severity="error", timeout=8)
         self._sample_error = message.error
-        self._update_topbar()
+        self.update_topbar()
 
     # ---- drawing the state ----------------------------------------------------------------------
 
-    def _refresh_tree(self) -> None:
+    def refresh_tree(self) -> None:
         if self.snapshot is None:
             return
         tree, view = self.process_tree, self.view
@@ -280,7 +283,7 @@ class GputopApp(App):
         tree.reconcile(groups, max(1, max_depth(groups) - 1), compact)
         self._header.show(tree.max_depth, tree.compact, view.sort_key, view.sort_reverse)
 
-    def _update_topbar(self) -> None:
+    def update_topbar(self) -> None:
         facts = TopBarFacts(readonly=self.readonly, demo=self.demo is not None, devices_only=self._devices_only,
                             tagged=len(self.process_tree.tagged), panel=self.panel, sample_error=self._sample_error)
         self._topbar.update(topbar_text(self.snapshot, self.view, facts))  # repaints only when it changed
@@ -308,7 +311,8 @@ class GputopApp(App):
                 continue
             if k.action == "quit":
                 continue  # the built-in "Quit" command is already there
-            yield SystemCommand(f"{k.description} ({k.display})", k.help, partial(self.run_action, k.action))
+            yield SystemCommand(f"{k.description} ({k.display})", k.help,
+                                partial(self.run_action, k.action, self.default_screen))
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input is self._search:
@@ -316,97 +320,15 @@ class GputopApp(App):
             self.process_tree.find(self.view.search_text, after_cursor=False)
         elif event.input is self._filter:
             self.view.filter_text = event.value.strip()
-            self._refresh_tree()
-            self._update_topbar()
+            self.refresh_tree()
+            self.update_topbar()
 
     def on_find_box_closed(self, event: FindBox.Closed) -> None:
         if event.cleared:
             self.view.filter_text = ""
-            self._refresh_tree()
-            self._update_topbar()
+            self.refresh_tree()
+            self.update_topbar()
         self.process_tree.focus()
 
     def on_process_tree_tags_changed(self, event: ProcessTree.TagsChanged) -> None:
-        self._update_topbar()
-
-    def action_help(self) -> None:
-        from gputop.tui.help import HelpScreen
-
-        self.push_screen(HelpScreen(self.readonly))
-
-    def action_panel(self) -> None:
-        self._side.display = not self._side.display
-        self._panel_user_choice = self._side.display
-        self._refresh_tree()
-
-    def action_refresh(self) -> None:
-        self.sample_now()
-
-    def action_filter(self) -> None:
-        self._filter.open(self.view.filter_text)
-
-    def action_search(self) -> None:
-        """F3, as in htop: type to jump to the first matching row; F3 in the box jumps to the next match."""
-        if self._search.display:  # F3 while typing: the next match
-            self.process_tree.find(self.view.search_text, after_cursor=True)
-        else:
-            self._search.open()
-
-    def action_toggle_tag(self) -> None:
-        sel = self.selection()
-        if sel.holder is None:
-            self.notify("Only GPU holders can be tagged (select a process row).", severity="warning")
-            return
-        self.process_tree.toggle_tag(sel.pid)
-        self.process_tree.action_cursor_down()  # move down, as top and nvitop do
-
-    def action_untag_all(self) -> None:
-        self.process_tree.untag()
-
-    def action_grouping(self) -> None:
-        grouping = self.view.next_grouping(self.snapshot)
-        self._refresh_tree()
-        self._update_topbar()
-        self.notify(f"grouped by {GROUP_NAMES[grouping]}", timeout=2)
-
-    def action_sort(self) -> None:
-        self.view.next_sort()
-        self._refresh_tree()
-
-    def action_sort_reverse(self) -> None:
-        self.view.sort_reverse = not self.view.sort_reverse
-        self._refresh_tree()
-
-    def action_details(self) -> None:
-        from gputop.tui.details import DetailsScreen
-
-        sel = self.selection()
-        if sel.pid is None:
-            self.notify("Select a process first.", severity="warning")
-            return
-        owner = self.snapshot.owner(sel.pid) if self.snapshot is not None else None
-        self.push_screen(DetailsScreen(sel.holder, sel.proc, sel.root, owner))
-
-    def action_plot(self) -> None:
-        from gputop.tui.plot_screen import PlotScreen
-
-        idx = self.selection().gpu_or_first(self.snapshot)
-        if idx is None or self.snapshot is None:
-            self.notify("No GPU to plot.", severity="warning")
-            return
-        names = {d.index: visible(d.name or "") for d in self.snapshot.devices}
-        self.push_screen(PlotScreen(self.history, [d.index for d in self.snapshot.devices], idx, names,
-                                    lambda: self.snapshot.at if self.snapshot else time.time()))
-
-    # The four flows on processes, GPUs and the guard: tui/flows.py.
-    def action_kill(self) -> None:
-        self.flows.kill()
-
-    def action_reap(self) -> None:
-        self.flows.reap()
-
-    def action_reset(self) -> None:
-        self.flows.reset()
-
-    def action_guard(self) -> None:
-        self.flows.guard()
+        self.update_topbar()

@@ -246,10 +246,10 @@ LINE_CACHE_ROWS = 64  # drawn lines kept (at least the tree's height: Tree grows
 class ProcessTree(Tree[Node]):
     """A Tree of groups, ancestor chains and holders, reconciled by key."""
 
-    # Tree binds space to toggle_node, and a focused widget's keys run before the app's: space tags here,
+    # Tree binds space to toggle_node, and a focused widget's keys run before the screen's: space tags here
     # as in htop and nvitop (enter still toggles a branch). Left and right collapse and expand.
     BINDINGS = [
-        Binding("space", "app.toggle_tag", "Tag"),
+        Binding("space", "toggle_tag", "Tag"),
         Binding("left", "collapse_or_parent", "Collapse", show=False),
         Binding("right", "expand_or_child", "Expand", show=False),
     ]
@@ -584,13 +584,22 @@ class ProcessTree(Tree[Node]):
     class TagsChanged(Message):
         """The set of tagged processes changed (the top bar counts them)."""
 
-    def toggle_tag(self, pid: int) -> None:
-        if pid in self.tagged:
-            self.untag({pid})
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        return self.app.check_action(action, parameters)  # space waits under a dialog, as the main keys do
+
+    def action_toggle_tag(self) -> None:
+        """Tag or untag the selected holder, then move down (as top and nvitop do)."""
+        node = self.selected
+        if node is None or node.holder is None:
+            self.notify("Only GPU holders can be tagged (select a process row).", severity="warning")
+            return
+        if node.pid in self.tagged:
+            self.untag({node.pid})
         else:
-            self.tagged.add(pid)
+            self.tagged.add(node.pid)
             self.relabel()
             self.post_message(self.TagsChanged())
+        self.action_cursor_down()
 
     def untag(self, pids=None) -> None:
         """Untag ``pids`` (every process when None)."""

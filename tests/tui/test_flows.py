@@ -107,7 +107,7 @@ async def test_readonly_makes_no_action_possible(procs, scenario):
         for key in ("k", "r", "R", "g"):
             await pilot.press(key)
             await pilot.pause(0.2)
-            assert type(app.screen).__name__ == "Screen", key
+            assert type(app.screen).__name__ == "MainScreen", key
         for action in ("kill", "reap", "reset", "guard"):
             assert app.check_action(action, ()) is False
         titles = [c.title for c in app.get_system_commands(app.screen)]
@@ -117,9 +117,9 @@ async def test_readonly_makes_no_action_possible(procs, scenario):
         text = screen_text(app)
         assert "READ-ONLY" in text and "Kill" not in text and "Reap" not in text
         # Called directly, the actions still refuse.
-        await app.run_action("kill")
+        await app.run_action("screen.kill")
         await pilot.pause(0.3)
-        assert type(app.screen).__name__ == "Screen"
+        assert type(app.screen).__name__ == "MainScreen"
     assert alive(victim.pid)
     assert audit_records() == []
 
@@ -254,12 +254,12 @@ async def test_reset_needs_the_typed_gpu_index(procs, scenario):
         await pilot.press("0")
         assert button.disabled  # the wrong index does not arm it
         await pilot.press("enter")  # and enter with it cancels
-        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "MainScreen")
         assert audit_records("reset") == []
         await pilot.press("R")
         assert await wait_screen(pilot, "ResetDialog")
         await pilot.press("enter")  # an empty answer cancels too
-        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "MainScreen")
         assert audit_records("reset") == []
         await pilot.press("R")
         assert await wait_screen(pilot, "ResetDialog")
@@ -291,7 +291,7 @@ async def test_reset_dialog_offers_only_what_would_be_done(procs, scenario):
         assert not app.screen.query("#reset") and not app.screen.query("#force")
         assert "would be refused" in screen_text(app) and app.screen.focused.id == "cancel"
         await pilot.press("escape")
-        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "MainScreen")
         assert app.select_key("gpu1")  # held by an ordinary process: kill it first, then reset
         await pilot.press("R")
         assert await wait_screen(pilot, "ResetDialog")
@@ -345,7 +345,7 @@ async def test_help_and_palette_list_every_binding(scenario):
         missing = [k.help for k in KEYS if " ".join(k.help.split()) not in help_text]
         assert not missing
         await pilot.press("escape")
-        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "MainScreen")
 
 
 def test_bad_interval_is_a_usage_error():

@@ -39,7 +39,7 @@ async def screen_is(pilot, name: str) -> bool:
 
 async def close_to_main(pilot):
     await pilot.press("escape")
-    assert await screen_is(pilot, "Screen")
+    assert await screen_is(pilot, "MainScreen")
 
 
 # ---- one checker per action: press ``key`` on the main screen, assert what it did -----------------
@@ -256,7 +256,7 @@ async def test_plot_keys():
                 index, rng = plot.index, plot.range_i
                 await pilot.press(key)
                 if k.action == "close":
-                    assert await screen_is(pilot, "Screen"), key
+                    assert await screen_is(pilot, "MainScreen"), key
                     continue
                 if k.action == "next_gpu":
                     assert plot.index == 1
@@ -269,7 +269,7 @@ async def test_plot_keys():
                     assert plot.range_i == rng
                 checked.add(key)
                 await pilot.press("escape")
-                assert await screen_is(pilot, "Screen")
+                assert await screen_is(pilot, "MainScreen")
         assert {"left", "right", "minus", "plus", "equals_sign"} <= checked
 
 
