@@ -15,7 +15,9 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
+from textual.containers import VerticalScroll
 from textual.widget import Widget
+from textual.widgets import Static
 
 from gputop.backends.base import DeviceSample
 from gputop.util.textsafe import visible
@@ -183,3 +185,35 @@ class DeviceBoard(Widget):
         strip = self._line_styles.strip(line, y, base, self.app.ansi_theme).crop(0, width)
         self._strips[y] = (line, strip)
         return strip
+
+
+class DevicesBox(VerticalScroll):
+    """The #devices scroll box: the DeviceBoard (and, while no GPU is found, a message saying why), sized
+    to the board's lines within about half the screen."""
+
+    def __init__(self, history: DeviceHistory, **kw):
+        super().__init__(**kw)
+        self.board = DeviceBoard(history, id="board")
+        self._no_gpu: Static | None = None  # the "no GPU" message, while it is shown
+
+    def compose(self):
+        yield self.board
+
+    def show(self, devices: tuple, backends: tuple, screen_height: int) -> None:
+        # Two lines per GPU when they fit in about half the screen, else one line each.
+        budget = max(4, (screen_height - 10) // 2)
+        lines = 2 if 2 * len(devices) <= budget else 1
+        self.board.show(devices, lines)
+        if not devices:
+            if self._no_gpu is None:
+                from gputop.backends import no_gpu_message
+
+                self._no_gpu = Static(Text(no_gpu_message(list(backends)), style="yellow"), id="no-gpu")
+                self.mount(self._no_gpu)
+            lines = 5  # the message above wraps over a few lines at 80 columns
+        elif self._no_gpu is not None:  # the GPUs are back
+            self._no_gpu.remove()
+            self._no_gpu = None
+        height = min(max(2, lines * max(1, len(devices))), budget) + 1  # + the border
+        if self.styles.height is None or self.styles.height.value != height:
+            self.styles.height = height

@@ -16,6 +16,7 @@ import os
 import selectors
 import threading
 from codecs import getincrementaldecoder
+from functools import partial
 
 import textual
 from textual._loop import loop_last
@@ -50,6 +51,30 @@ def textual_is(version: str) -> bool:
     (``textual.__version__`` loads importlib.metadata to answer: 2.3 MiB more peak RSS in the TUI.)"""
     site = os.path.dirname(os.path.dirname(os.path.abspath(textual.__file__)))
     return os.path.isdir(os.path.join(site, f"textual-{version}.dist-info"))
+
+
+def _select(selector, wake: int, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+    """select(), without the wake pipe's event (its bytes are read and dropped)."""
+    events = []
+    for key, mask in selector.select(timeout):
+        if key.fd == wake:
+            try:
+                while os.read(wake, 512):
+                    pass
+            except OSError:  # drained (EAGAIN)
+                pass
+        else:
+            events.append((key, mask))
+    return events
+
+
+def _due(parser) -> float | None:
+    """Until the parser's pending timeout (a lone Esc so far), at most Textual's 0.1 s; None when nothing
+    is pending (block until input or a stop)."""
+    at = getattr(parser, "_timeout_time", _UNKNOWN)
+    if at is _UNKNOWN:
+        return 0.1
+    return None if at is None else max(0.0, min(0.1, at - get_time()))
 
 
 class QuietInputDriver(LinuxDriver):
@@ -89,27 +114,8 @@ class QuietInputDriver(LinuxDriver):
         decode = utf8_decoder
         read = os.read
 
-        def wait(timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
-            """select(), without the wake pipe's event (its bytes are read and dropped)."""
-            events = []
-            for key, mask in selector.select(timeout):
-                if key.fd == wake:
-                    try:
-                        while read(wake, 512):
-                            pass
-                    except OSError:  # drained (EAGAIN)
-                        pass
-                else:
-                    events.append((key, mask))
-            return events
-
-        def due() -> float | None:
-            """Until the parser's pending timeout (a lone Esc so far), at most Textual's 0.1 s; None when
-            nothing is pending (block until input or a stop)."""
-            at = getattr(parser, "_timeout_time", _UNKNOWN)
-            if at is _UNKNOWN:
-                return 0.1
-            return None if at is None else max(0.0, min(0.1, at - get_time()))
+        wait = partial(_select, selector, wake)
+        due = partial(_due, parser)
 
         def process_selector_events(
             selector_events: list[tuple[selectors.SelectorKey, int]],

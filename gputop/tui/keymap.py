@@ -83,9 +83,11 @@ def key_display(key: str) -> str | None:
     return None
 
 
-def bindings() -> list[Binding]:
-    """One Binding a key (Textual splits "a,b" alike), each with the name the footer shows."""
-    return [Binding(key, k.action, k.description, show=k.show, tooltip=k.help, key_display=key_display(key))
+def bindings(app_actions: frozenset[str] = frozenset()) -> list[Binding]:
+    """One Binding a key (Textual splits "a,b" alike), each with the name the footer shows. The actions
+    in ``app_actions`` are the app's (``app.quit``), the others those of the screen that binds them."""
+    return [Binding(key, f"app.{k.action}" if k.action in app_actions else k.action, k.description, show=k.show,
+                    tooltip=k.help, key_display=key_display(key))
             for k in KEYS for key in k.key.split(",")]
 
 

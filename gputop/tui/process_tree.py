@@ -14,6 +14,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.geometry import Region
+from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
@@ -229,6 +230,15 @@ def _time_column(layout) -> tuple[int, int, str] | None:
 class ColumnHeader(Static):
     """The header over the tree (kept separate so the tree can scroll under it)."""
 
+    shown: Text | None = None
+
+    def show(self, max_depth: int, compact, sort: str, reverse: bool) -> None:
+        """The header for rows laid out ``max_depth`` deep; redrawn only when its text changed."""
+        text = header_text(max(0, (max_depth - 1) * GUIDE), compact, sort, reverse)
+        if text != self.shown:
+            self.shown = text
+            self.update(text, layout=False)
+
 
 LINE_CACHE_ROWS = 64  # drawn lines kept (at least the tree's height: Tree grows it on resize)
 
@@ -236,10 +246,10 @@ LINE_CACHE_ROWS = 64  # drawn lines kept (at least the tree's height: Tree grows
 class ProcessTree(Tree[Node]):
     """A Tree of groups, ancestor chains and holders, reconciled by key."""
 
-    # Tree binds space to toggle_node, and a focused widget's keys run before the app's: space tags here,
+    # Tree binds space to toggle_node, and a focused widget's keys run before the screen's: space tags here
     # as in htop and nvitop (enter still toggles a branch). Left and right collapse and expand.
     BINDINGS = [
-        Binding("space", "app.toggle_tag", "Tag"),
+        Binding("space", "toggle_tag", "Tag"),
         Binding("left", "collapse_or_parent", "Collapse", show=False),
         Binding("right", "expand_or_child", "Expand", show=False),
     ]
@@ -540,6 +550,66 @@ class ProcessTree(Tree[Node]):
         node = self.cursor_node
         return node.data if node is not None else None
 
+    @property
+    def max_depth(self) -> int:
+        """The deepest level the rows are laid out for (the header is padded to it)."""
+        return self._max_depth
+
+    def select_key(self, key: str) -> bool:
+        """Put the cursor on the row with this key (e.g. "gpu2/2001"); False if there is none."""
+        node = self.nodes_by_key.get(key)
+        if node is None:
+            return False
+        self.move_cursor(node)
+        self.cursor_key = key
+        return True
+
+    def find(self, text: str, after_cursor: bool) -> bool:
+        """Move the cursor to the next row shown (after the cursor, wrapping) that matches ``text``."""
+        from gputop.tui.rows import row_matches
+
+        count = self.last_line + 1
+        if not text or count <= 0:
+            return False
+        start = self.cursor_line + 1 if after_cursor else 0
+        for i in range(count):
+            node = self.get_node_at_line((start + i) % count)
+            if node is not None and node.data is not None and row_matches(node.data, text):
+                self.move_cursor(node)
+                return True
+        return False
+
+    # ---- tags -----------------------------------------------------------------------------------
+
+    class TagsChanged(Message):
+        """The set of tagged processes changed (the top bar counts them)."""
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        return self.app.check_action(action, parameters)  # space waits under a dialog, as the main keys do
+
+    def action_toggle_tag(self) -> None:
+        """Tag or untag the selected holder, then move down (as top and nvitop do)."""
+        node = self.selected
+        if node is None or node.holder is None:
+            self.notify("Only GPU holders can be tagged (select a process row).", severity="warning")
+            return
+        if node.pid in self.tagged:
+            self.untag({node.pid})
+        else:
+            self.tagged.add(node.pid)
+            self.relabel()
+            self.post_message(self.TagsChanged())
+        self.action_cursor_down()
+
+    def untag(self, pids=None) -> None:
+        """Untag ``pids`` (every process when None)."""
+        if pids is None:
+            self.tagged.clear()
+        else:
+            self.tagged -= set(pids)
+        self.relabel()
+        self.post_message(self.TagsChanged())
+
     def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
         if event.node.data is not None:
             self.cursor_key = event.node.data.key
@@ -564,7 +634,7 @@ class ProcessTree(Tree[Node]):
         self._changed, self._structural, self._updated = [], False, []
         self._reconcile_children(self.root, groups, 0)
         structural = self._structural
-        self._tree_lines  # noqa: B018 -- lay the lines out now, so that node.line below is current
+        self.last_line  # noqa: B018 -- lay the lines out now (Tree does on first use), so node.line is current
         self._label_updated()
         self._repaint(structural)
         # Put the cursor back on the same row (by key) if inserts or removals above moved it.
@@ -580,7 +650,7 @@ class ProcessTree(Tree[Node]):
         self._labels.clear()
         self._changed, self._structural = [], False
         self._updated = [(node, self._depth(node)) for node in self.nodes_by_key.values()]
-        self._tree_lines  # noqa: B018
+        self.last_line  # noqa: B018 -- lay the lines out now
         self._label_updated()
         self._repaint(False)
 

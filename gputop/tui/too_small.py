@@ -8,6 +8,23 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Static
 
+from gputop.tui.first_frame import MIN_HEIGHT, MIN_WIDTH  # one limit for both frames
+
+
+def fits(w: int, h: int) -> bool:
+    return w >= MIN_WIDTH and h >= MIN_HEIGHT
+
+
+def cover(app, w: int, h: int) -> None:
+    """Cover everything, dialogs included, with the too-small message; uncover when it fits again."""
+    top = app.screen_stack[-1] if app.screen_stack else None
+    if not fits(w, h) and isinstance(top, TooSmallScreen):
+        top.show(message(w, h, MIN_WIDTH, MIN_HEIGHT))
+    elif not fits(w, h):
+        app.push_screen(TooSmallScreen(message(w, h, MIN_WIDTH, MIN_HEIGHT)))
+    elif isinstance(top, TooSmallScreen):
+        app.pop_screen()
+
 
 def message(w: int, h: int, min_w: int, min_h: int) -> str:
     return (f"Terminal too small: {w}x{h}.\n\ngputop needs at least {min_w}x{min_h} "
@@ -32,8 +49,7 @@ class TooSmallScreen(Screen):
 
     def on_screen_resume(self) -> None:
         # Uncovered again after the dialog above it closed: the terminal may have grown meanwhile.
-        fits = getattr(self.app, "fits", None)
-        if callable(fits) and fits():
+        if fits(*self.app.size):
             self.call_later(self.dismiss)
 
     def action_leave(self) -> None:

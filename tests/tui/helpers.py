@@ -24,7 +24,7 @@ async def wait_until(pilot, cond, timeout: float = 10.0, step: float = 0.05) -> 
 
 # ---- a frozen sampler over constructed snapshots (process data is what changes between runs) ------
 
-from gputop.backends.base import BackendStatus, DeviceSample  # noqa: E402
+from gputop.backends.base import Backend, BackendStatus, DeviceSample  # noqa: E402
 from gputop.core.orphans import NOT_ORPHAN, ORPHAN, PROTECTED, UNKNOWN, Verdict  # noqa: E402
 from gputop.core.ownership import NONE, SESSION, Owner  # noqa: E402
 from gputop.core.procs import ProcInfo  # noqa: E402
@@ -95,6 +95,25 @@ def frozen_snapshot(at: float = AT) -> Snapshot:
                     backends=(BackendStatus("simulated", True, "", 4),))
 
 
+class FrozenBackend(Backend):
+    """The backend behind FakeSampler's GPUs: named "simulated" (it resets as any user, as the simulated
+    backend does), and it reads nothing: the frozen sampler hands out constructed snapshots."""
+
+    name = "simulated"
+
+    def device_count(self) -> int:
+        return 0
+
+    def sample(self, index: int) -> DeviceSample:
+        raise RuntimeError("the frozen backend reads nothing")
+
+    def processes(self, index: int) -> list:
+        raise RuntimeError("the frozen backend reads nothing")
+
+    def reset(self, index: int) -> str:
+        raise RuntimeError("the frozen sampler cannot reset")
+
+
 class FakeSampler:
     """Returns the same constructed snapshot every time (the frozen sampler of the snapshot tests); a test
     may set ``snapshot`` to another one (see switch_snapshot)."""
@@ -104,8 +123,23 @@ class FakeSampler:
         self.config = None
         self.platform = "posix"
 
+    @property
+    def statuses(self) -> list:
+        return list(self.snapshot.backends)
+
     def sample(self) -> Snapshot:
         return self.snapshot
+
+    def sample_devices(self) -> tuple:
+        return self.snapshot.devices
+
+    def locate(self, index: int) -> tuple:
+        """The real Sampler's answer: the GPU's backend and its index there (a frozen backend)."""
+        from gputop.util.errors import NotFoundError
+
+        if self.snapshot.device(index) is None:
+            raise NotFoundError(f"no GPU {index}")
+        return FrozenBackend(), index
 
     def reset(self, index: int) -> str:
         raise RuntimeError("the frozen sampler cannot reset")

@@ -107,7 +107,7 @@ async def test_readonly_makes_no_action_possible(procs, scenario):
         for key in ("k", "r", "R", "g"):
             await pilot.press(key)
             await pilot.pause(0.2)
-            assert type(app.screen).__name__ == "Screen", key
+            assert type(app.screen).__name__ == "MainScreen", key
         for action in ("kill", "reap", "reset", "guard"):
             assert app.check_action(action, ()) is False
         titles = [c.title for c in app.get_system_commands(app.screen)]
@@ -117,9 +117,9 @@ async def test_readonly_makes_no_action_possible(procs, scenario):
         text = screen_text(app)
         assert "READ-ONLY" in text and "Kill" not in text and "Reap" not in text
         # Called directly, the actions still refuse.
-        await app.run_action("kill")
+        await app.run_action("screen.kill")
         await pilot.pause(0.3)
-        assert type(app.screen).__name__ == "Screen"
+        assert type(app.screen).__name__ == "MainScreen"
     assert alive(victim.pid)
     assert audit_records() == []
 
@@ -254,12 +254,12 @@ async def test_reset_needs_the_typed_gpu_index(procs, scenario):
         await pilot.press("0")
         assert button.disabled  # the wrong index does not arm it
         await pilot.press("enter")  # and enter with it cancels
-        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "MainScreen")
         assert audit_records("reset") == []
         await pilot.press("R")
         assert await wait_screen(pilot, "ResetDialog")
         await pilot.press("enter")  # an empty answer cancels too
-        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "MainScreen")
         assert audit_records("reset") == []
         await pilot.press("R")
         assert await wait_screen(pilot, "ResetDialog")
@@ -291,7 +291,7 @@ async def test_reset_dialog_offers_only_what_would_be_done(procs, scenario):
         assert not app.screen.query("#reset") and not app.screen.query("#force")
         assert "would be refused" in screen_text(app) and app.screen.focused.id == "cancel"
         await pilot.press("escape")
-        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "MainScreen")
         assert app.select_key("gpu1")  # held by an ordinary process: kill it first, then reset
         await pilot.press("R")
         assert await wait_screen(pilot, "ResetDialog")
@@ -345,7 +345,7 @@ async def test_help_and_palette_list_every_binding(scenario):
         missing = [k.help for k in KEYS if " ".join(k.help.split()) not in help_text]
         assert not missing
         await pilot.press("escape")
-        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "Screen")
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ == "MainScreen")
 
 
 def test_bad_interval_is_a_usage_error():
@@ -374,7 +374,7 @@ async def test_devices_show_before_the_first_full_sample(procs, scenario):
     worker = procs.sleeper("slowfirst")
     app = open_app(scenario([{"pid": worker.pid, "gpu": 0, "memory": "4GiB"}]))
     gate = threading.Event()
-    inner = app.sampler._s
+    inner = app.sampler.inner
     real = inner.sample
 
     def slow_sample():
@@ -392,3 +392,43 @@ async def test_devices_show_before_the_first_full_sample(procs, scenario):
             assert "reading processes" not in screen_text(app)
     finally:
         gate.set()
+
+
+def _parent_of_two(procs):
+    """A real shell with two real children (sleeps), and its start time once both run."""
+    import time
+
+    from gputop.core.procs import start_time
+
+    sh = procs.spawn("sleep 600 & sleep 600 & wait")
+    deadline = time.monotonic() + 10
+    while len(psutil.Process(sh.pid).children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return sh, start_time(sh.pid)
+
+
+def test_child_count_reads_the_process_the_snapshot_saw(procs):
+    from gputop.tui.flows import child_count
+
+    sh, started = _parent_of_two(procs)
+    assert child_count(sh.pid, started) == 2
+    assert child_count(sh.pid, started - 5) is None  # another process now has this pid: no count
+    assert child_count(sh.pid, None) is None
+    dead = procs.sleeper("gonesoon")
+    dead_start = psutil.Process(dead.pid).create_time()
+    dead.kill()
+    dead.wait()
+    assert child_count(dead.pid, dead_start) is None
+
+
+@run_async
+async def test_the_kill_dialog_counts_the_children_of_a_real_holder(procs, scenario):
+    sh, _ = _parent_of_two(procs)
+    app = open_app(scenario([{"pid": sh.pid, "gpu": 0, "memory": "4GiB"}]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _open_kill_dialog(pilot, 0, sh.pid)
+        assert await wait_until(pilot, lambda: "2 child process(es)" in screen_text(app)), screen_text(app)
+        await pilot.press("escape")  # cancelled: nothing is signalled
+        assert await wait_until(pilot, lambda: type(app.screen).__name__ != "KillDialog")
+    assert alive(sh.pid) and len(psutil.Process(sh.pid).children()) == 2
+    assert audit_records("kill") == []

@@ -39,7 +39,7 @@ async def screen_is(pilot, name: str) -> bool:
 
 async def close_to_main(pilot):
     await pilot.press("escape")
-    assert await screen_is(pilot, "Screen")
+    assert await screen_is(pilot, "MainScreen")
 
 
 # ---- one checker per action: press ``key`` on the main screen, assert what it did -----------------
@@ -147,24 +147,24 @@ async def check_details(pilot, key):
 
 
 async def check_grouping(pilot, key):
-    assert pilot.app.grouping == "gpu"
+    assert pilot.app.view.grouping == "gpu"
     await pilot.press(key)
     tree = pilot.app.query_one(ProcessTree)
-    assert await wait_until(pilot, lambda: pilot.app.grouping == "root" and "root2000" in tree.nodes_by_key)
+    assert await wait_until(pilot, lambda: pilot.app.view.grouping == "root" and "root2000" in tree.nodes_by_key)
     await pilot.press(key)
-    assert await wait_until(pilot, lambda: pilot.app.grouping == "gpu" and "gpu0" in tree.nodes_by_key)
+    assert await wait_until(pilot, lambda: pilot.app.view.grouping == "gpu" and "gpu0" in tree.nodes_by_key)
 
 
 async def check_sort(pilot, key):
-    assert pilot.app.sort_key == "gpu-mem"
+    assert pilot.app.view.sort_key == "gpu-mem"
     await pilot.press(key)
-    assert pilot.app.sort_key == "sm"
+    assert pilot.app.view.sort_key == "sm"
     assert await wait_until(pilot, lambda: "SM%▼" in screen_text(pilot.app))
 
 
 async def check_sort_reverse(pilot, key):
     await pilot.press(key)
-    assert pilot.app.sort_reverse
+    assert pilot.app.view.sort_reverse
     assert await wait_until(pilot, lambda: "GPU-MEM▲" in screen_text(pilot.app))
 
 
@@ -184,7 +184,7 @@ async def check_panel(pilot, key):
 
 
 async def check_refresh(pilot, key):
-    sampler = pilot.app.sampler._s
+    sampler = pilot.app.sampler.inner
     before = sampler.calls
     await pilot.press(key)
     assert await wait_until(pilot, lambda: sampler.calls > before, timeout=5)
@@ -256,7 +256,7 @@ async def test_plot_keys():
                 index, rng = plot.index, plot.range_i
                 await pilot.press(key)
                 if k.action == "close":
-                    assert await screen_is(pilot, "Screen"), key
+                    assert await screen_is(pilot, "MainScreen"), key
                     continue
                 if k.action == "next_gpu":
                     assert plot.index == 1
@@ -269,7 +269,7 @@ async def test_plot_keys():
                     assert plot.range_i == rng
                 checked.add(key)
                 await pilot.press("escape")
-                assert await screen_is(pilot, "Screen")
+                assert await screen_is(pilot, "MainScreen")
         assert {"left", "right", "minus", "plus", "equals_sign"} <= checked
 
 

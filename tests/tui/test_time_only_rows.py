@@ -148,7 +148,7 @@ async def test_cells_worked_out_from_the_last_ones_equal_a_fresh_row_cells():
             for key, tnode in tree.nodes_by_key.items():
                 if id(tnode) in tree._stale:
                     continue
-                want = row_cells(tnode.data, tree._depth(tnode), tree._max_depth, False, tree.compact)
+                want = row_cells(tnode.data, tree._depth(tnode), tree.max_depth, False, tree.compact)
                 assert tree._labels[key] == want, key
         assert fast >= N  # the fast path ran (rows whose TIME alone advanced)
         assert "python other.py" in row_line(app, 20003) and " 99%" in row_line(app, 20005)

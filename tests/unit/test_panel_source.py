@@ -6,7 +6,7 @@ import dataclasses
 
 from gputop.core import rogue
 from gputop.core.config import Config
-from gputop.tui.app import PanelSource
+from gputop.tui.sampling import PanelSource
 from tests.tui.helpers import frozen_snapshot
 
 
@@ -15,7 +15,7 @@ def test_audit_reruns_on_new_holders_and_is_rate_limited_otherwise(monkeypatch):
     real = rogue.audit
     monkeypatch.setattr(rogue, "audit", lambda snap, cfg, **kw: calls.append(snap.at) or real(snap, cfg, **kw))
     clock = [1000.0]
-    monkeypatch.setattr("gputop.tui.app.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("gputop.tui.sampling.time.monotonic", lambda: clock[0])
     source, cfg = PanelSource(), Config()
     snap = frozen_snapshot()
     first = source(snap, cfg)
@@ -39,7 +39,7 @@ def test_guard_files_are_read_again_only_when_they_change(monkeypatch, tmp_path)
 
     monkeypatch.setenv("GPUTOP_STATE_DIR", str(tmp_path))
     clock = [1000.0]
-    monkeypatch.setattr("gputop.tui.app.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("gputop.tui.sampling.time.monotonic", lambda: clock[0])
     reads, daemons = [], []
     real_read, real_daemon = gs.read_state, gs.daemon_status
     monkeypatch.setattr(gs, "read_state", lambda: reads.append(1) or real_read())

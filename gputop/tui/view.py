@@ -1,0 +1,123 @@
+"""What the main screen shows, apart from the widgets: how the tree is grouped, sorted and filtered, what is
+selected, and the top bar's line. Plain data and functions (no widget, no Textual)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rich.text import Text
+
+from gputop.core.model import Snapshot
+from gputop.tui import process_tree
+from gputop.tui.rows import GROUP_GPU, GROUP_JOB, GROUP_ROOT, SORT_ORDER
+from gputop.tui.side_panel import PanelData
+from gputop.util.textsafe import visible
+
+GROUP_NAMES = {GROUP_GPU: "GPU", GROUP_ROOT: "orphan root", GROUP_JOB: "Slurm job"}
+
+
+def has_jobs(snapshot: Snapshot | None) -> bool:
+    """Some holder belongs to a Slurm job (a Slurm node: a JOB column, and grouping per job)."""
+    return snapshot is not None and any(h.job is not None for h in snapshot.holders)
+
+
+@dataclass
+class ViewState:
+    """How the tree is grouped, sorted and filtered, and what the search box holds."""
+
+    grouping: str = GROUP_GPU
+    sort_key: str = "gpu-mem"
+    sort_reverse: bool = False
+    filter_text: str = ""
+    search_text: str = ""
+
+    def next_grouping(self, snapshot: Snapshot | None) -> str:
+        """GPU -> orphan root -> Slurm job (only where a holder is in a job) -> GPU."""
+        nxt = {GROUP_GPU: GROUP_ROOT, GROUP_ROOT: GROUP_JOB if has_jobs(snapshot) else GROUP_GPU,
+               GROUP_JOB: GROUP_GPU}
+        self.grouping = nxt.get(self.grouping, GROUP_GPU)
+        return self.grouping
+
+    def next_sort(self) -> None:
+        self.sort_key = SORT_ORDER[(SORT_ORDER.index(self.sort_key) + 1) % len(SORT_ORDER)]
+
+    def build_args(self) -> dict:
+        """The arguments of rows.build for this view."""
+        return {"grouping": self.grouping, "sort": self.sort_key, "reverse": self.sort_reverse,
+                "filter_text": self.filter_text}
+
+
+@dataclass(frozen=True)
+class Selection:
+    pid: int | None
+    holder: object | None
+    proc: object | None
+    gpu: int | None
+    root: int | None
+
+    @classmethod
+    def of(cls, node, snapshot: Snapshot | None) -> "Selection":
+        """The selection on the tree row ``node`` (a rows.Node, or None), its holder as ``snapshot`` has it."""
+        if node is None:
+            return cls(None, None, None, None, None)
+        holder = node.holder
+        if holder is not None and snapshot is not None:
+            holder = snapshot.holder(holder.pid) or holder
+        return cls(node.pid, holder, node.proc, node.gpu, node.root)
+
+    def gpu_or_first(self, snapshot: Snapshot | None) -> int | None:
+        """The GPU of the selected row: its group's, else the holder's first, else the first GPU."""
+        if self.gpu is not None:
+            return self.gpu
+        if self.holder is not None and self.holder.gpus:
+            return self.holder.gpus[0]
+        if snapshot and snapshot.devices:
+            return snapshot.devices[0].index
+        return None
+
+
+@dataclass(frozen=True)
+class TopBarFacts:
+    """What the top bar says besides the snapshot and the view."""
+
+    readonly: bool = False
+    demo: bool = False
+    devices_only: bool = False  # the device panes are up, the first full sample is not
+    tagged: int = 0
+    panel: PanelData = field(default_factory=PanelData)
+    sample_error: str | None = None
+
+
+def topbar_text(s: Snapshot | None, view: ViewState, facts: TopBarFacts) -> Text:
+    t = Text()
+    t.append(" gputop ", style="bold reverse")
+    if facts.readonly:
+        t.append(" READ-ONLY", style="bold reverse")
+    if facts.demo:
+        t.append(" DEMO", style="bold reverse yellow")
+    if s is None:
+        t.append("  reading processes…" if facts.devices_only else "  waiting for the first sample…")
+    else:
+        t.append(f" {visible(s.host)}  {len(s.devices)} GPU  {len(s.holders)} holder{'s' if len(s.holders) != 1 else ''}  ")
+        if s.roots:
+            t.append(f"{len(s.roots)} orphan tree{'s' if len(s.roots) != 1 else ''}",
+                     style=process_tree.ORPHAN_STYLE)
+        else:
+            t.append("no orphans")
+    # What the user changed comes first: the line is cut at the right on a narrow terminal.
+    if view.filter_text:
+        t.append("  filter ")
+        t.append(Text(repr(view.filter_text), style="bold"))
+    if facts.tagged:
+        t.append(f"  {facts.tagged} tagged", style="bold")
+    if facts.panel.guard_available:
+        mode = facts.panel.guard_mode or "off"
+        t.append("  guard ")
+        t.append(mode, style={"enforce": "bold red", "dry-run": "bold yellow"}.get(mode, ""))
+    t.append(f"  by {GROUP_NAMES[view.grouping]}")
+    if s is not None:
+        t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
+    if facts.sample_error:
+        t.append("  sampling failed", style="bold red")
+    return t
