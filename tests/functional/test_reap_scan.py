@@ -117,7 +117,7 @@ def _wait_handler(pid: int, sig: int, timeout: float = 20.0) -> None:
 
 def _executor(member_pid: int) -> Executor:
     info = read_proc(member_pid)
-    ctx = SimpleNamespace(config=load_config(), platform="posix")
+    ctx = SimpleNamespace(config=load_config(), platform="posix", sampler=None)  # as Ctx: no sampler given
     run = SimpleNamespace(info=info, details={}, signals=[], root_pid=member_pid)
     plan = ReapPlan(member_pid, info, (info,), (), ())
     return Executor(ctx, run, plan, SimpleNamespace(holders=[]))
