@@ -45,6 +45,24 @@ def pytest_configure(config):
             pass
 
 
+def wait_comm(pid: int, name: str, timeout: float = 15.0, proc=None) -> bool:
+    """Wait until the kernel calls ``pid`` ``name`` (comm: its first 15 bytes). False when ``proc`` (its
+    Popen) exited first; TimeoutError when the name never came."""
+    want = name.encode()[:15]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                if f.read().strip() == want:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise TimeoutError(f"pid {pid} never took the name {name!r}")
+
+
 def _default_sighup():
     # A test runner started under nohup would pass "SIGHUP ignored" on to every child, and gputop would
     # then (correctly) call them "detached with nohup". Tests want plain processes.
@@ -122,16 +140,7 @@ class Procs:
         code = (f"import ctypes,time;ctypes.CDLL(None).prctl(15,{name!r}.encode(),0,0,0);"
                 f"time.sleep({seconds})")
         p = self.spawn([sys.executable, "-c", code])
-        want = name.encode()[:15]
-        deadline = time.time() + 20
-        while time.time() < deadline and p.poll() is None:
-            try:
-                with open(f"/proc/{p.pid}/comm", "rb") as f:
-                    if f.read().strip() == want:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.01)
+        wait_comm(p.pid, name, 20, proc=p)
         return p
 
     def threaded(self) -> tuple[subprocess.Popen, int]:

@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.conftest import wait_comm
+
 _DIR: Path | None = None
 
 
@@ -36,17 +38,25 @@ def program(name: str) -> str:
 def spawn_named(procs, name: str, *args: str, timeout: float = 20.0):
     """Start ``program(name)`` (with ``args``) through ``procs``; return once the kernel calls it ``name``."""
     p = procs.spawn([program(name), *args])
-    want = name.encode()[:15]
-    deadline = time.time() + timeout
-    while time.time() < deadline and p.poll() is None:
-        try:
-            with open(f"/proc/{p.pid}/comm", "rb") as f:
-                if f.read().strip() == want:
-                    break
-        except OSError:
-            pass
-        time.sleep(0.02)
+    wait_comm(p.pid, name, timeout, proc=p)
     return p
+
+
+def orphan_named(spawn, procs, shell: str, name: str, timeout: float = 15.0) -> int:
+    """Start ``shell`` as a real orphan (``spawn(argv)`` starts ``setsid sh -c '<shell> & exit 0'``: its
+    session leader exits at once); the PID of the process named ``name`` it leaves."""
+    import psutil
+
+    before = {p.pid for p in psutil.process_iter()}
+    spawn(["setsid", "sh", "-c", f"{shell} & exit 0"]).wait(timeout)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for p in psutil.process_iter(["pid", "name", "ppid"]):
+            if p.pid not in before and p.info["name"] == name[:15] and p.info["ppid"] == 1:
+                procs.pids.append(p.pid)
+                return p.pid
+        time.sleep(0.05)
+    raise TimeoutError(f"orphan {name!r} did not start")
 
 
 def binary(name: str, source: str = "sleep") -> str:

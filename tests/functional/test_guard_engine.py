@@ -19,23 +19,10 @@ from gputop.guard import state
 from gputop.guard.engine import Engine, explain, render_explanation
 from gputop.guard.policy import load_policy, parse_policy
 from gputop.core.rogue import audit
-from tests.conftest import ROOT, wait_gone
+from tests.conftest import ROOT, wait_comm, wait_gone  # noqa: F401 - wait_comm: other tests import it from here
 from tests.functional.guard_helpers import Clock, SmtpSink, Webhook, sampler_for
 
 BRIEF = ROOT / "examples" / "policy.yaml"
-
-
-def wait_comm(pid: int, name: str, timeout: float = 10.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == name:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.02)
-    raise TimeoutError(f"pid {pid} never took the name {name!r}")
 
 
 def named(procs, name: str, *args: str):

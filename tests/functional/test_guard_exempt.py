@@ -28,9 +28,10 @@ from gputop.core import auditlog
 from gputop.core.config import Config
 from gputop.guard.engine import Engine, explain
 from gputop.guard.policy import parse_policy
-from tests.conftest import wait_gone
+from tests.conftest import wait_comm, wait_gone
 from tests.functional.actions_helpers import OtherUser, _unprivileged
 from tests.functional.guard_helpers import Clock, sampler_for
+from tests.functional.names_helpers import orphan_named
 
 BLOCK_MINERS = parse_policy(textwrap.dedent("""\
     rules:
@@ -88,18 +89,6 @@ class Second:
 @pytest.fixture
 def second(request):
     return Second(request)
-
-
-def wait_comm(pid: int, name: str, timeout: float = 15.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == name[:15]:
-                return
-        except OSError:
-            pass
-        time.sleep(0.02)
-    raise TimeoutError(f"pid {pid} never took the name {name!r}")
 
 
 def descendant(root: int, name: str, timeout: float = 30.0) -> int:
@@ -375,26 +364,13 @@ REAP_MINERS = parse_policy(textwrap.dedent("""\
 """))
 
 
-def orphan_of(second, procs, shell: str, name: str, timeout: float = 15.0) -> int:
-    """A real orphan of the second user: ``shell`` started in a session whose leader exits at once."""
-    before = {p.pid for p in psutil.process_iter()}
-    second.spawn(procs, ["setsid", "sh", "-c", f"{shell} & exit 0"]).wait(timeout)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for p in psutil.process_iter(["pid", "name", "ppid"]):
-            if p.pid not in before and p.info["name"] == name[:15] and p.info["ppid"] == 1:
-                procs.pids.append(p.pid)
-                return p.pid
-        time.sleep(0.05)
-    raise TimeoutError(f"orphan {name!r} did not start")
-
-
 def test_a_guard_reap_rule_reaps_an_abandoned_miner_honours_nohup_and_the_admins_exemption(second, procs,
                                                                                            scenario):
     xmrig = second.binary("xmrig")
-    plain = orphan_of(second, procs, f"{xmrig} 600", "xmrig")
+    as_second = lambda argv: second.spawn(procs, argv)  # noqa: E731
+    plain = orphan_named(as_second, procs, f"{xmrig} 600", "xmrig")
     hup = second.binary("xmrig-hup")
-    detached = orphan_of(second, procs, f"sh -c \"trap '' HUP; exec {hup} 600\"", "xmrig-hup")
+    detached = orphan_named(as_second, procs, f"sh -c \"trap '' HUP; exec {hup} 600\"", "xmrig-hup")
     clock = Clock()
     path = scenario(holders=[{"pid": p, "gpu": 0, "memory": "1GiB", "sm": 99} for p in (plain, detached)])
     sampler = sampler_for(path, clock)

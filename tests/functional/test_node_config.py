@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import shutil
-import time
 
 from gputop.util.errors import EXIT_REFUSED, EXIT_USAGE
-from tests.conftest import run_gputop
+from tests.conftest import run_gputop, wait_comm
 from tests.functional.actions_helpers import alive
 
 
@@ -19,7 +18,7 @@ def test_the_nodes_protect_list_holds_against_a_users_config(procs, scenario, tm
     shutil.copy2(shutil.which("sleep"), tmp_path / "gt15-nodejob")
     job = procs.spawn([str(tmp_path / "gt15-nodejob"), "600"])
     other = procs.sleeper("gt15-plainjob")
-    _wait_comm(job.pid, "gt15-nodejob")
+    wait_comm(job.pid, "gt15-nodejob")
     scenario(holders=[{"pid": job.pid, "gpu": 0, "memory": "1GiB"}, {"pid": other.pid, "gpu": 0, "memory": "1GiB"}])
     env = {"GPUTOP_SYSTEM_CONFIG": str(node)}
     r = run_gputop("--config", str(user), "kill", "--pid", str(job.pid), "--force", env=env)
@@ -38,15 +37,3 @@ def test_a_typo_in_the_node_file_is_exit_2_with_file_and_line(scenario, tmp_path
     r = run_gputop("status", env={"GPUTOP_SYSTEM_CONFIG": str(node)})
     assert r.returncode == EXIT_USAGE
     assert f"config file {node} line 2: unknown key 'kill_timout': did you mean 'kill_timeout'?" in r.stderr
-
-
-def _wait_comm(pid: int, name: str, timeout: float = 10.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == name:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.02)

@@ -19,21 +19,7 @@ from gputop import actions
 from gputop.core.config import Config
 from tests.conftest import wait_gone
 from tests.functional.guard_helpers import Clock, sampler_for
-
-
-def orphan(procs, shell: str, name: str, timeout: float = 15.0) -> int:
-    """Start ``shell`` as a real orphan (its session leader exits at once); the PID of the process named
-    ``name`` it leaves."""
-    before = {p.pid for p in psutil.process_iter()}
-    procs.spawn(["setsid", "sh", "-c", f"{shell} & exit 0"]).wait(timeout)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for p in psutil.process_iter(["pid", "name", "ppid"]):
-            if p.pid not in before and p.info["name"] == name[:15] and p.info["ppid"] == 1:
-                procs.pids.append(p.pid)
-                return p.pid
-        time.sleep(0.05)
-    raise TimeoutError(f"orphan {name!r} did not start")
+from tests.functional.names_helpers import orphan_named
 
 
 @pytest.fixture
@@ -53,10 +39,10 @@ def test_disguised_and_substring_names_are_not_protected_a_genuine_one_is(procs,
     from gputop.core.orphans import DEFAULT_PROTECT
 
     write_config(bins.parent / "c.yaml", monkeypatch, protect=list(DEFAULT_PROTECT))
-    genuine = orphan(procs, f"{bins}/tmux 600", "tmux")
-    via_link = orphan(procs, f"{bins}/lnk/tmux 600", "tmux")
-    argv0 = orphan(procs, f"bash -c 'exec -a jupyter-lab {bins}/xmrig 600'", "xmrig")
-    substring = orphan(procs, f"{bins}/xmrig-tmux 600", "xmrig-tmux")
+    genuine = orphan_named(procs.spawn, procs, f"{bins}/tmux 600", "tmux")
+    via_link = orphan_named(procs.spawn, procs, f"{bins}/lnk/tmux 600", "tmux")
+    argv0 = orphan_named(procs.spawn, procs, f"bash -c 'exec -a jupyter-lab {bins}/xmrig 600'", "xmrig")
+    substring = orphan_named(procs.spawn, procs, f"{bins}/xmrig-tmux 600", "xmrig-tmux")
     assert os.readlink(f"/proc/{via_link}/exe").endswith("/xmrig")
     assert open(f"/proc/{argv0}/cmdline").read().split("\0")[0] == "jupyter-lab"
     path = scenario(holders=[{"pid": p, "gpu": 0, "memory": "1GiB"} for p in (genuine, via_link, argv0, substring)])
@@ -85,7 +71,7 @@ def test_the_rogue_audit_and_the_protect_rules_share_one_disguise_test(procs, sc
     """The rogue audit flags the process the protect rules refuse to protect, with the same reason text."""
     from gputop.core.rogue import audit
 
-    via_link = orphan(procs, f"{bins}/lnk/tmux 600", "tmux")
+    via_link = orphan_named(procs.spawn, procs, f"{bins}/lnk/tmux 600", "tmux")
     path = scenario(holders=[{"pid": via_link, "gpu": 0, "memory": "1GiB", "sm": 5}])
     findings = [f for f in audit(sampler_for(path, Clock(), Config()).sample(), Config())
                 if f.pid == via_link and f.rule == "disguised-name"]
