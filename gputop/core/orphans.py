@@ -330,64 +330,67 @@ def _classify_posix(
     holder = chain[0]
     if holder.pid == 1 or holder.kthread:
         return Verdict(NOT_ORPHAN, "init or a kernel thread")
-
-    orphan_reason: str | None = None
-    root = reaper = None
-    protect_members: Sequence[ProcInfo] = chain
     if holder.sid is None:
         return Verdict(UNKNOWN, "session id is unknown")
+    found, top_i = _session_state(chain, holder, table)
+    if found.kind == UNKNOWN:
+        return found
+    # An orphan's members up to its tree root are checked for protection (PID 1 and the subreaper never
+    # are); any other holder's whole chain but PID 1.
+    members = chain[: top_i + 1] if found.kind == ORPHAN else [m for m in chain if m.pid != 1]
+    hit = protect.hit(members)
+    if hit:
+        return Verdict(PROTECTED, hit, root=found.root, reaper=found.reaper, orphan_reason=found.orphan_reason)
+    return found
+
+
+def _session_state(chain: list[ProcInfo], holder: ProcInfo, table: Table) -> tuple[Verdict, int]:
+    """What the holder's session says, before protection: NOT_ORPHAN, UNKNOWN, or ORPHAN with the index
+    in ``chain`` of the tree root (the topmost member of the holder's session)."""
     top_of_chain = chain[-1]
     if top_of_chain.ppid == 0 and top_of_chain.pid != 1:
         # Its parent lives outside this PID namespace (docker exec, a container runtime). An orphan is
         # reparented to the namespace's init, so a parent PID of 0 means that parent is still alive.
-        kind, reason = NOT_ORPHAN, (f"pid {top_of_chain.pid} ({_n(top_of_chain)}) was started from outside "
-                                    "this PID namespace, and that parent is alive")
-    elif holder.sid == 0 and _init_in_hidden_session(table):
+        return Verdict(NOT_ORPHAN, f"pid {top_of_chain.pid} ({_n(top_of_chain)}) was started from outside "
+                                   "this PID namespace, and that parent is alive"), 0
+    if holder.sid == 0 and _init_in_hidden_session(table):
         # A container started without a tty (docker run, a Kubernetes pod, a CI runner): its init did not
         # call setsid, so the whole container runs in one session whose leader is outside the namespace.
         # That session lasts as long as the container; no login session ended under this process.
-        kind, reason = NOT_ORPHAN, ("it runs in the container's own session, which PID 1 shares (its leader is "
-                                    "outside this PID namespace), so no login session ended under it")
-    elif holder.sid == 0:
+        return Verdict(NOT_ORPHAN, "it runs in the container's own session, which PID 1 shares (its leader "
+                                   "is outside this PID namespace), so no login session ended under it"), 0
+    if holder.sid == 0:
         return Verdict(UNKNOWN, "its session leader is outside this PID namespace: gputop cannot tell "
-                                "whether it is alive")
-    elif holder.sid == holder.pid:
-        kind, reason = NOT_ORPHAN, "session leader itself (started deliberately with setsid, a daemon or a service)"
-    else:
-        alive, lost = _session_leader(table, holder)
-        if alive is not None:
-            kind, reason = NOT_ORPHAN, alive
-        elif lost is None:
-            return Verdict(UNKNOWN, f"its session leader pid {holder.sid} exists but cannot be seen here "
-                                    "(/proc hidepid, or another user's process): gputop cannot tell whether "
-                                    "its session is alive")
-        else:
-            # The topmost member of the holder's session was reparented: its parent is init, or
-            # a process outside the session, which can only be a subreaper that adopted it.
-            top, top_i = chain[0], 0
-            for i, member in enumerate(chain[1:], 1):
-                if member.sid != holder.sid:
-                    break
-                top, top_i = member, i
-            root = top.pid
-            reaper = top.ppid
-            reaper_info = table.get(reaper) if reaper > 0 else None
-            reaper_name = _n(reaper_info) if reaper_info else "init"
-            doubt = _not_a_known_subreaper(reaper, reaper_info, top)
-            if doubt:
-                return Verdict(UNKNOWN, f"{lost}; but {doubt}")
-            kind = ORPHAN
-            via = "init" if reaper <= 1 else f"subreaper pid {reaper} ({reaper_name})"
-            reason = f"{lost}; tree root pid {root} ({_n(top)}) was reparented to {via}"
-            orphan_reason = reason
-            # PID 1 and the subreaper are never checked for protection.
-            protect_members = chain[: top_i + 1]
-    if kind != ORPHAN:
-        protect_members = [m for m in chain if m.pid != 1]
-    hit = protect.hit(protect_members)
-    if hit:
-        return Verdict(PROTECTED, hit, root=root, reaper=reaper, orphan_reason=orphan_reason)
-    return Verdict(kind, reason, root=root, reaper=reaper, orphan_reason=orphan_reason)
+                                "whether it is alive"), 0
+    if holder.sid == holder.pid:
+        return Verdict(NOT_ORPHAN, "session leader itself (started deliberately with setsid, a daemon or a "
+                                   "service)"), 0
+    alive, lost = _session_leader(table, holder)
+    if alive is not None:
+        return Verdict(NOT_ORPHAN, alive), 0
+    if lost is None:
+        return Verdict(UNKNOWN, f"its session leader pid {holder.sid} exists but cannot be seen here "
+                                "(/proc hidepid, or another user's process): gputop cannot tell whether "
+                                "its session is alive"), 0
+    return _orphaned_tree(chain, holder, table, lost)
+
+
+def _orphaned_tree(chain: list[ProcInfo], holder: ProcInfo, table: Table, lost: str) -> tuple[Verdict, int]:
+    """The holder's session leader is gone. The topmost member of its session was reparented: its parent
+    is init, or a process outside the session, which can only be a subreaper that adopted it."""
+    top, top_i = chain[0], 0
+    for i, member in enumerate(chain[1:], 1):
+        if member.sid != holder.sid:
+            break
+        top, top_i = member, i
+    root, reaper = top.pid, top.ppid
+    reaper_info = table.get(reaper) if reaper > 0 else None
+    doubt = _not_a_known_subreaper(reaper, reaper_info, top)
+    if doubt:
+        return Verdict(UNKNOWN, f"{lost}; but {doubt}"), top_i
+    via = "init" if reaper <= 1 else f"subreaper pid {reaper} ({_n(reaper_info) if reaper_info else 'init'})"
+    reason = f"{lost}; tree root pid {root} ({_n(top)}) was reparented to {via}"
+    return Verdict(ORPHAN, reason, root=root, reaper=reaper, orphan_reason=reason), top_i
 
 
 def _session_leader(table: Table, holder: ProcInfo) -> tuple[str | None, str | None]:
