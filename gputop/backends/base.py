@@ -113,6 +113,10 @@ class Backend(ABC):
     vendor: str = "unknown"
     # True where utilisation comes from counter deltas (DRM fdinfo): a one-shot reader must sample twice.
     needs_two_samples: bool = False
+    # How a backend that must tell whether a PID still runs (the simulated one, as a driver knows which
+    # processes hold a context) reads a live process's start time (None: gone or a zombie). The sampler
+    # sets it to core.procs.start_time, so that no backend imports core (the layers contract).
+    host_start_time = None
 
     @abstractmethod
     def device_count(self) -> int: ...

@@ -43,7 +43,6 @@ from gputop.backends.base import (
     CONTEXT_TYPES, Backend, BackendUnavailable, DeviceSample, GpuProcess, ResetError,
 )
 from gputop.util.errors import UsageError
-from gputop.core.procs import is_alive
 from gputop.util.units import parse_memory
 
 ENV_SCENARIO = "GPUTOP_SCENARIO"
@@ -221,19 +220,20 @@ class SimulatedBackend(Backend):
             if not h.visible:
                 out.append(h)
                 continue
-            if not is_alive(h.pid, h.start_time):
+            st = self._start_of(h.pid)
+            if st is None or (h.start_time is not None and st != h.start_time):
                 continue
             if reset_at is not None and not self._started_after(h, reset_at):
                 continue
             out.append(h)
         return out
 
-    @staticmethod
-    def _started_after(h: _Holder, t: float) -> bool:
-        from gputop.core.procs import start_time
-
-        st = start_time(h.pid)
+    def _started_after(self, h: _Holder, t: float) -> bool:
+        st = self._start_of(h.pid)
         return st is not None and st > t
+
+    def _start_of(self, pid: int) -> float | None:
+        return (self.host_start_time or _start_time)(pid)
 
     def sample(self, index: int) -> DeviceSample:
         self._reload()
@@ -289,3 +289,20 @@ class SimulatedBackend(Backend):
             raise ResetError(f"simulated: cannot record the reset in {self._resets_log}: {e.strerror}") from None
         self._resets[index] = record["at"]
         return f"simulated GPU {index} reset: contexts cleared, recorded in {self._resets_log}"
+
+
+def _start_time(pid: int) -> float | None:
+    """The start time of a live process (None: gone, or a zombie), where no sampler has set
+    ``host_start_time`` (a backend used on its own). psutil's create_time is /proc/stat's btime plus the
+    start ticks, the same figure as core.procs.start_time (rounded alike, so a scenario's pinned start_time
+    compares equal), at twice its cost. psutil is imported here: it imports subprocess, which a one-shot
+    status run does without (tests/unit/test_cli_lazy.py)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return round(p.create_time(), 2)
+    except (psutil.Error, OSError):
+        return None

@@ -98,7 +98,7 @@ class AuditConfig:
     miner_names: tuple[str, ...] = MINER_NAMES
     pool_ports: frozenset[int] = frozenset(POOL_PORTS)
     allowed_users: tuple[str, ...] | None = None  # None: not configured (no default allow-list)
-    allowed_hours: object = None  # a guard.policy.TimeWindow, or None
+    allowed_hours: object = None  # a util.timewindow.TimeWindow, or None
     hashing_min_util: float = 90.0
     hashing_max_memory: int = 1024**3
     hashing_sustain: float = 60.0
@@ -126,7 +126,7 @@ class AuditConfig:
             if raw.get("allowed_users") is not None:
                 kw["allowed_users"] = tuple(str(x) for x in _list(raw, "allowed_users"))
             if raw.get("allowed_hours") is not None:
-                from gputop.guard.policy import parse_window
+                from gputop.util.timewindow import parse_window
 
                 kw["allowed_hours"] = parse_window(raw["allowed_hours"], "audit.allowed_hours")
             h = raw.get("hashing") or {}

@@ -19,6 +19,7 @@ from gputop.core.config import Config
 from gputop.core.model import PLATFORM, GpuUse, Holder, OrphanRoot, Snapshot
 from gputop.core.orphans import ORPHAN, UNKNOWN, Verdict
 from gputop.core.ownership import Owner, OwnerCache
+from gputop.core import procs
 from gputop.core.procs import IS_LINUX, ProcInfo, ProcTable, StaticCache, hidepid_note, start_time, tgid_of
 from gputop.core.slurm_jobs import JobRef, JobState, JobStates, process_job
 from gputop.core.verdicts import Lookups, VerdictCache
@@ -53,6 +54,8 @@ class Sampler:
         memo: bool = True,
     ):
         self.backends = backends
+        for b in backends:
+            b.host_start_time = procs.start_time  # the simulated backend's liveness (backends import no core)
         self.statuses = list(statuses or [BackendStatus(b.name, True) for b in backends])
         self.config = config or Config()
         self.proc_root = proc_root

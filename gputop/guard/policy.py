@@ -10,7 +10,6 @@ tree (``yaml.compose``), so they point at the offending key or value.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import os
 import re
@@ -20,7 +19,8 @@ from pathlib import Path
 import yaml
 
 from gputop.util import safeyaml, saferegex
-from gputop.util.errors import UsageError
+from gputop.util.errors import UsageError, type_name as _type_name
+from gputop.util.timewindow import TimeWindow, parse_window  # noqa: F401 (part of this module's interface)
 from gputop.util.units import parse_duration, parse_memory
 
 NUMERIC_OPS = (">", ">=", "<", "<=", "==", "!=")
@@ -52,8 +52,6 @@ TOP_KEYS = ("rules", "description", "version")
 RULE_KEYS = ("name", "description", "conditions", "match", "action", "force", "timeout", "notify",
              "grace_period", "scope", "select", "repeat", "enabled")
 CONDITION_KEYS = ("type", "operator", "value", "duration", "scope")
-WINDOW_KEYS = ("hours", "weekdays")
-WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 DEFAULT_REPEAT = 300.0  # while a rule keeps holding for a target, act again at most this often
 
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -61,30 +59,6 @@ _URL_RE = re.compile(r"^https?://[^\s/]+", re.IGNORECASE)
 
 
 # ---- the model -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TimeWindow:
-    """Hours ``[start, end)`` (wrapping midnight when end <= start) on the given weekdays (0 = Monday)."""
-
-    start_min: int | None = None  # minutes after midnight; None: any hour
-    end_min: int | None = None
-    weekdays: tuple[int, ...] | None = None  # None: any day
-    text: str = ""
-
-    def contains(self, when: _dt.datetime) -> bool:
-        minute = when.hour * 60 + when.minute
-        day = when.weekday()
-        if self.start_min is not None and self.end_min is not None:
-            if self.start_min < self.end_min:
-                in_hours = self.start_min <= minute < self.end_min
-            else:  # wraps midnight: the window belongs to the day it started on
-                in_hours = minute >= self.start_min or minute < self.end_min
-                if minute < self.end_min and self.start_min != self.end_min:
-                    day = (day - 1) % 7
-        else:
-            in_hours = True
-        return in_hours and (self.weekdays is None or day in self.weekdays)
-
 
 @dataclass(frozen=True)
 class Condition:
@@ -247,22 +221,6 @@ def _fmt_secs(s: float) -> str:
     return f"{s:g}s"
 
 
-def _type_name(v: object) -> str:
-    if v is None:
-        return "nothing"
-    if isinstance(v, bool):
-        return f"a boolean ({str(v).lower()})"
-    if isinstance(v, (int, float)):
-        return f"a number ({v})"
-    if isinstance(v, str):
-        return f"a string ({v!r})"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "a mapping"
-    return type(v).__name__
-
-
 class _Ctx:
     """Collects issues for one rule, with the rule's name."""
 
@@ -278,80 +236,6 @@ class _Ctx:
 
 def _line(m, key: str, default: int = 0) -> int:
     return getattr(m, "key_lines", {}).get(key, getattr(m, "line", default))
-
-
-def _parse_hhmm(v: object) -> int:
-    if isinstance(v, bool):
-        raise ValueError
-    if isinstance(v, int) and 0 <= v <= 24:
-        return v * 60
-    if isinstance(v, str):
-        m = re.fullmatch(r"\s*(\d{1,2})(?::(\d{2}))?\s*", v)
-        if m:
-            h, mi = int(m.group(1)), int(m.group(2) or 0)
-            if 0 <= h <= 24 and 0 <= mi < 60 and h * 60 + mi <= 24 * 60:
-                return h * 60 + mi
-    raise ValueError
-
-
-def parse_window(value: object, what: str = "time_window") -> TimeWindow:
-    """``{hours: "22:00-06:00", weekdays: [mon, tue] | "mon-fri"}``; either key may be left out."""
-    if not isinstance(value, dict):
-        raise ValueError(f"{what} value must be a mapping with 'hours' and/or 'weekdays', "
-                         f"e.g. {{hours: '08:00-18:00', weekdays: mon-fri}}; got {_type_name(value)}")
-    unknown = [k for k in value if k not in WINDOW_KEYS]
-    if unknown:
-        raise ValueError(f"unknown key '{unknown[0]}' in {what}: use hours, weekdays")
-    if not value:
-        raise ValueError(f"{what} needs 'hours' and/or 'weekdays'")
-    start = end = None
-    hours = value.get("hours")
-    if hours is not None:
-        parts = None
-        if isinstance(hours, str) and "-" in hours:
-            parts = hours.split("-", 1)
-        elif isinstance(hours, list) and len(hours) == 2:
-            parts = hours
-        try:
-            if parts is None:
-                raise ValueError
-            start, end = _parse_hhmm(parts[0]), _parse_hhmm(parts[1])
-        except ValueError:
-            raise ValueError(f"bad hours {hours!r} in {what}: use 'HH:MM-HH:MM' (e.g. '22:00-06:00') "
-                             "or [start, end]") from None
-        if start == end:
-            raise ValueError(f"bad hours {hours!r} in {what}: start and end are the same")
-    days = None
-    wd = value.get("weekdays")
-    if wd is not None:
-        items = wd if isinstance(wd, list) else [wd]
-        out: list[int] = []
-        for item in items:
-            text = str(item).strip().lower()
-            rng = text.split("-") if "-" in text else [text, text]
-            try:
-                a, b = (_day(x) for x in rng)
-            except ValueError:
-                raise ValueError(f"bad weekday {item!r} in {what}: use mon..sun or a range like mon-fri") from None
-            i = a
-            while True:
-                out.append(i)
-                if i == b:
-                    break
-                i = (i + 1) % 7
-        days = tuple(sorted(set(out)))
-    return TimeWindow(start, end, days, text=str({k: value[k] for k in value}))
-
-
-_DAY_NAMES = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-
-
-def _day(text: str) -> int:
-    text = text.strip()
-    for i, full in enumerate(_DAY_NAMES):
-        if len(text) >= 3 and full.startswith(text):
-            return i
-    raise ValueError(text)
 
 
 def _finite(value: object, what: str) -> object:

@@ -41,3 +41,20 @@ class RefusedError(GputopError):
 
 class UnavailableError(GputopError):
     exit_code = EXIT_UNAVAILABLE
+
+
+def type_name(v: object) -> str:
+    """A YAML value described for an error message: a string ('x'), a mapping, nothing..."""
+    if v is None:
+        return "nothing"
+    if isinstance(v, bool):
+        return f"a boolean ({str(v).lower()})"
+    if isinstance(v, (int, float)):
+        return f"a number ({v})"
+    if isinstance(v, str):
+        return f"a string ({v!r})"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "a mapping"
+    return type(v).__name__
