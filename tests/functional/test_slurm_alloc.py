@@ -197,3 +197,50 @@ def test_a_slurmctld_that_does_not_answer_makes_the_allocation_unknown_not_empty
     assert {h["pid"]: h["standing"]["kind"] for h in doc["holders"]}[pid] == "unknown"
     assert took < 12, took  # the timeouts bound it (2 s each), nothing hangs
     n.go("d")
+
+
+def test_the_guard_kills_a_squatter_after_its_duration_and_notes_an_idle_allocation(node, monkeypatch, tmp_path):
+    from gputop.core.sampler import Sampler
+    from gputop.guard.engine import Engine
+    from gputop.guard.policy import parse_policy
+
+    n = node
+    job = n.submit(escapees(n, "e", ("setsid",)), gres="gpu:1")
+    idle_job = n.submit(escapees(n, "f", ("setsid",)), gres="gpu:1")
+    running(n, job), running(n, idle_job)
+    mine = wait_marked(n, "e", ("setsid",))["setsid"]
+    g = gpu_of_idx(n.job_idx(job)[0])
+    g_idle = gpu_of_idx(n.job_idx(idle_job)[0])
+    free = ({0, 1, 2, 3} - {g, g_idle}).pop()
+    squat = outsider(n, "sq2")
+    loner = outsider(n, "ln")  # no job, on a GPU no job has: unallocated, left alone
+    n.scenario([{"pid": mine, "gpu": g, "memory": "1GiB"}, {"pid": squat, "gpu": g, "memory": "1GiB"},
+                {"pid": loner, "gpu": free, "memory": "1GiB"}])
+    for k, v in {"SLURM_CONF": str(n.dir / "slurm.conf"), "GPUTOP_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
+                 "GPUTOP_STATE_DIR": str(tmp_path / "state")}.items():
+        monkeypatch.setenv(k, v)
+    policy = parse_policy(yaml.safe_dump({"rules": [
+        {"name": "kill squatters", "conditions": [{"type": "standing", "operator": "==", "value": "squatter",
+                                                   "duration": "1s"}], "action": "kill", "force": True},
+        {"name": "idle allocations", "conditions": [{"type": "allocation_idle", "operator": ">=", "value": 0}],
+         "action": "log"}]}))
+    hits: list[dict] = []
+    sampler = Sampler.open("simulated", str(n.dir / "scenario.yaml"))
+    try:
+        eng = Engine(policy, sampler=sampler, record=hits.append)
+        eng.evaluate(sampler.sample(), "enforce")
+        assert not [h for h in hits if h["rule"] == "kill squatters"]  # not yet: 1 s to hold
+        time.sleep(1.2)
+        eng.evaluate(sampler.sample(), "enforce")
+    finally:
+        sampler.close()
+    kills = [h for h in hits if h["rule"] == "kill squatters"]
+    assert [h["pid"] for h in kills] == [squat] and kills[0]["ok"], kills
+    _wait(lambda: not alive(squat), 10, "the squatter to be gone")
+    assert alive(mine) and alive(loner)  # the job's own process and an unallocated holder survive
+    idle = [h for h in hits if h["rule"] == "idle allocations"]
+    assert idle and {h["gpus"][0] for h in idle} == {g_idle}, idle
+    assert f"allocated to job {idle_job}" in idle[0]["target"]
+    audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert any(r["action"] == "kill" and r["target"]["pid"] == squat and r["ok"] for r in audit)
+    n.go("e"), n.go("f")
