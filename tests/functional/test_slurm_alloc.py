@@ -153,6 +153,13 @@ def test_each_gpu_names_its_job_and_each_holder_its_standing(node):
     assert f"{a} (root)" in gpu_line
     assert f"pid {squat}: squatter" in text and f"pid {pa['nohup']}: outside" in text
     assert f"pid {pa['setsid']}: inside" not in text  # only the flagged standings get a line
+    # gputop slurm check reports the squatters and the process outside its allocation (and does not fail:
+    # it drains the node only for strays of ended jobs).
+    chk = n.gputop("slurm", "check", "--json")
+    assert chk.returncode == 0, chk.stderr
+    rep = json.loads(chk.stdout)
+    assert sorted(rep["squatters"]) == sorted([squat, forged]) and rep["outside"] == [pa["nohup"]]
+    assert f"squatter: pid {squat} " in chk.stderr and f"outside: pid {pa['nohup']} " in chk.stderr
     n.go("a"), n.go("b")
 
 
