@@ -270,9 +270,16 @@ def node_names() -> set[str]:
     return {n, n.split(".", 1)[0]}
 
 
+def slurm_conf_paths() -> list[str]:
+    """Where scontrol finds slurm.conf: $SLURM_CONF, /etc/slurm, or the configless cache of slurmd."""
+    if os.environ.get("SLURM_CONF"):
+        return [os.environ["SLURM_CONF"]]
+    return ["/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf", "/var/spool/slurmd/conf-cache/slurm.conf"]
+
+
 def gres_conf_path() -> str:
     """gres.conf sits beside slurm.conf ($SLURM_CONF, else /etc/slurm/slurm.conf)."""
-    conf = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    conf = next((p for p in slurm_conf_paths() if os.path.exists(p)), slurm_conf_paths()[0])
     return os.path.join(os.path.dirname(conf), "gres.conf")
 
 
@@ -298,11 +305,15 @@ class SlurmAllocations:
         self._run = runner or self._scontrol
         self._cache: tuple[float, SlurmRead] | None = None
         self._lock = threading.Lock()
+        self._available: bool | None = None  # looked at once per sampler
 
     @property
     def available(self) -> bool:
-        """Whether this node has a Slurm client to ask (else no allocation is read at all)."""
-        return bool(self.states.scontrol)
+        """Whether this is a Slurm node: a Slurm client to ask and a slurm.conf it reads (else no allocation
+        is read at all, and nothing is said about it)."""
+        if self._available is None:
+            self._available = bool(self.states.scontrol) and any(os.path.exists(p) for p in slurm_conf_paths())
+        return self._available
 
     def _scontrol(self) -> tuple[int, str, str]:
         import subprocess

@@ -251,3 +251,38 @@ def test_the_guard_kills_a_squatter_after_its_duration_and_notes_an_idle_allocat
     audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert any(r["action"] == "kill" and r["target"]["pid"] == squat and r["ok"] for r in audit)
     n.go("e"), n.go("f")
+
+
+def test_metrics_carry_each_gpus_allocation_and_each_processs_standing(node):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.functional.servehelp import Served
+
+    n = node
+    job = n.submit(escapees(n, "m", ("setsid",)), gres="gpu:1")
+    running(n, job)
+    mine = wait_marked(n, "m", ("setsid",))["setsid"]
+    g = gpu_of_idx(n.job_idx(job)[0])
+    squat = outsider(n, "msq")
+    n.scenario([{"pid": mine, "gpu": g, "memory": "1GiB"}, {"pid": squat, "gpu": g, "memory": "1GiB"}])
+    s = Served("--interval", "0.3", "--metrics-only", env={
+        "GPUTOP_SCENARIO": str(n.dir / "scenario.yaml"), "SLURM_CONF": str(n.dir / "slurm.conf"),
+        "GPUTOP_STATE_DIR": str(n.dir / "mstate"), "GPUTOP_AUDIT_LOG": str(n.dir / "maudit.jsonl"),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        def fams():
+            text = httpx.get(s.url + "/metrics").text
+            got = {f.name: f for f in text_string_to_metric_families(text)}
+            return got if got.get("gputop_process_standing_info") and got["gputop_process_standing_info"].samples \
+                else None
+
+        got = _wait(fams, 20, "the standing series")
+    finally:
+        s.stop()
+    alloc = [x.labels for x in got["gputop_gpu_allocation_info"].samples]
+    assert {"gpu": str(g), "job": str(job), "user": "root", "source": "slurm"}.items() <= alloc[0].items()
+    standing = {x.labels["pid"]: x.labels["standing"] for x in got["gputop_process_standing_info"].samples}
+    assert standing == {str(mine): "inside", str(squat): "squatter"}
+    n.go("m")
+    kill_tree(squat)
