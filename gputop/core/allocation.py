@@ -53,11 +53,15 @@ class Allocation:
     since: float | None  # the job's start (epoch seconds), when known
     source: str = "slurm"  # "slurm" or "kubernetes"
     detail: str = ""  # how the GPU was matched (gres.conf file, minor, UUID)
-    pod_uid: str | None = None  # Kubernetes: the pod's UID, to compare with a holder's cgroup
+    members: tuple[str, ...] = ()  # every job or pod a shared GPU is allocated to (empty: just ``job``)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.members or (self.job,)
 
     def to_dict(self) -> dict:
         return {"job": self.job, "job_id": self.job_id, "user": self.user, "uid": self.uid,
-                "since": self.since, "source": self.source, "detail": self.detail}
+                "since": self.since, "source": self.source, "detail": self.detail, "members": list(self.labels)}
 
 
 @dataclass(frozen=True)
@@ -395,33 +399,44 @@ def trusted_job(holder, jobs: dict[int, JobAlloc]) -> tuple[int | None, str | No
     return ref.job_id, None
 
 
-def gpu_standing(gpu: int, alloc: Allocation | None, job: int | None, job_known: bool, refused: str | None,
-                 allocation_known: bool) -> tuple[str, str]:
-    """The standing of one holder on one GPU. Pure."""
+def gpu_standing(gpu: int, alloc: Allocation | None, job: str | None, job_known: bool, refused: str | None,
+                 allocation_known: bool, word: str = "job") -> tuple[str, str]:
+    """The standing of one holder on one GPU; ``job``: the label of the holder's (trusted) job or pod,
+    ``word``: "job" or "pod". Pure."""
     if not allocation_known:
         return UNKNOWN, f"GPU {gpu}: its allocation is unknown"
     if alloc is not None:
-        if job is not None and alloc.job_id == job:
-            return INSIDE, f"GPU {gpu} is allocated to its job {job}"
+        if job is not None and job in alloc.labels:
+            return INSIDE, f"GPU {gpu} is allocated to its {word} {job}"
         if not job_known:
-            return UNKNOWN, f"GPU {gpu} is allocated to job {alloc.job}; this process's job cannot be read"
-        who = f"job {job}'s process" if job is not None else ("a process of no job" + (f" ({refused})" if refused else ""))
-        return SQUATTER, f"{who} on GPU {gpu}, allocated to job {alloc.job} of {alloc.user or alloc.uid}"
+            return UNKNOWN, f"GPU {gpu} is allocated to {word} {alloc.job}; this process's {word} cannot be read"
+        who = f"{word} {job}'s process" if job is not None else \
+            (f"a process of no {word}" + (f" ({refused})" if refused else ""))
+        owner = f" of {alloc.user or alloc.uid}" if alloc.user or alloc.uid is not None else ""
+        return SQUATTER, f"{who} on GPU {gpu}, allocated to {word} {', '.join(alloc.labels)}{owner}"
     if job is not None:
-        return OUTSIDE, f"job {job}'s process on GPU {gpu}, which no job was given (not in its allocation)"
-    return UNALLOCATED, f"GPU {gpu} is allocated to no job"
+        return OUTSIDE, f"{word} {job}'s process on GPU {gpu}, which no {word} was given (not in its allocation)"
+    if not job_known:
+        return UNKNOWN, f"GPU {gpu} is allocated to no {word}; this process's {word} cannot be read"
+    return UNALLOCATED, f"GPU {gpu} is allocated to no {word}"
+
+
+def worst(per: list[tuple[str, str]], job: str | None) -> Standing:
+    """A holder's standing over its GPUs: the worst one (squatter, outside, unknown, unallocated, inside)."""
+    kind, reason = max(per, key=lambda kr: _WORST[kr[0]]) if per else (UNKNOWN, "it holds no GPU")
+    return Standing(kind, reason, job)
 
 
 def standing(holder, by_gpu: dict, jobs: dict[int, JobAlloc], allocation_known: bool,
              can_read: Callable[[object], bool]) -> Standing:
-    """A holder's standing over every GPU it holds: the worst of them (see the module's docstring)."""
+    """A holder's standing against Slurm's allocation of every GPU it holds (see the module's docstring)."""
     if holder.proc is None:
         return Standing(UNKNOWN, "the process is not visible here")
     job, refused = trusted_job(holder, jobs)
+    label = str(job) if job is not None else None
     job_known = job is not None or holder.job is not None or can_read(holder)
-    per = [gpu_standing(g, by_gpu.get(g), job, job_known, refused, allocation_known) for g in holder.gpus]
-    kind, reason = max(per, key=lambda kr: _WORST[kr[0]]) if per else (UNKNOWN, "it holds no GPU")
-    return Standing(kind, reason, str(job) if job is not None else None)
+    return worst([gpu_standing(g, by_gpu.get(g), label, job_known, refused, allocation_known) for g in holder.gpus],
+                 label)
 
 
 def environ_readable(holder) -> bool:

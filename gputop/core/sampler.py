@@ -79,6 +79,7 @@ class Sampler:
         # Whom the scheduler gave each GPU to, and each holder's standing (gputop.core.allocation).
         self.allocations = AllocationSource(self.job_states, ttl=max(0.5, self.config.interval * 0.9))
         self._minors: dict[int, int | None] = {}
+        self._pods = None  # the kubelet's allocation (gputop.core.pod_allocation), made on first use
         self._hidepid: tuple[str | None] | None = None  # (the hidepid warning or None), once read
         # The holders' verdicts, kept while every input of each is unchanged (gputop.core.verdicts).
         # memo=False: a one-shot sampler (one 'gputop status'), which would only pay to record the inputs.
@@ -286,7 +287,7 @@ class Sampler:
             self._static.prune()
         if self._owners is not None:
             self._owners.prune()
-        allocation = self.allocations.view(devices, holders, self.minor_of, now)
+        allocation = self._allocation(devices, holders, now)
         if allocation is not None and allocation.error:
             warnings.append(f"GPU allocation unknown: {allocation.error}")
         return Snapshot(
@@ -294,6 +295,18 @@ class Sampler:
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
             warnings=tuple(warnings), platform=self.platform, allocation=allocation,
         )
+
+    def _allocation(self, devices, holders, now: float):
+        """Whom the scheduler gave each GPU to: Slurm's allocation on a Slurm node, else the kubelet's
+        where its pod-resources socket is (gputop.core.pod_allocation); None on a node with neither."""
+        view = self.allocations.view(devices, holders, self.minor_of, now)
+        if view is not None:
+            return view
+        if self._pods is None:
+            from gputop.core.pod_allocation import PodAllocations
+
+            self._pods = PodAllocations(ttl=self.allocations.slurm.ttl)
+        return self._pods.view(devices, holders, now) if self._pods.available else None
 
     def minor_of(self, gpu: int) -> int | None:
         """A GPU's (global index) minor number, from its backend, read once; None when unknown."""

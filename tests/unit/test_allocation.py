@@ -89,7 +89,7 @@ def test_standings():
 
 
 def test_gpu_standing_is_pure_and_explains():
-    kind, why = gpu_standing(3, None, 5, True, None, True)
+    kind, why = gpu_standing(3, None, "5", True, None, True)
     assert kind == "outside" and "GPU 3" in why and "job 5" in why
 
 
