@@ -111,3 +111,17 @@ def test_a_failing_or_slow_scontrol_is_an_error_never_an_empty_allocation():
     src = al.SlurmAllocations(States(), runner=lambda: (-1, "", "scontrol did not answer within 2s"))
     got = src.read()
     assert got.error and "did not answer" in got.error and got.by_minor == {}
+
+
+@pytest.mark.parametrize("conds,action,why", [
+    ('{type: allocation_idle, operator: ">", value: 1h}', "kill", "can only log or notify"),
+    ('{type: standing, operator: ==, value: unknown}', "log", "needs one of inside, outside, squatter"),
+    ('{type: standing, operator: in, value: squatter}', "log", "needs a list of"),
+    ('{type: allocation_idle, operator: ">", value: 1h}, {type: gpu_memory, operator: ">", value: 1GiB}', "log",
+     "not gpu_memory"),
+])
+def test_policy_refuses_allocation_rules_that_cannot_work(conds, action, why):
+    from gputop.guard.policy import PolicyError, parse_policy
+
+    with pytest.raises(PolicyError, match=why):
+        parse_policy(f"rules: [{{name: r, conditions: [{conds}], action: {action}}}]")
