@@ -297,6 +297,10 @@ class SlurmRead:
     jobs: tuple[JobAlloc, ...] = ()  # every job holding GPUs on this node
 
 
+class GresConfError(Exception):
+    """gres.conf is there but cannot be used (refused as root, unreadable): the allocation is unknown."""
+
+
 class SlurmAllocations:
     """The node's GPU allocation from ``scontrol show job -d -o``: one call per refresh (``ttl``), with a
     timeout, sharing the scontrol and timeout of the sampler's JobStates. ``runner`` replaces the call
@@ -349,7 +353,10 @@ class SlurmAllocations:
             return SlurmRead({}, f"scontrol show job -d failed: {msg}")
         names = node_names()
         jobs = parse_jobs(out, names)
-        files, how = self._files(names)
+        try:
+            files, how = self._files(names)
+        except GresConfError as e:  # a wrong IDX -> GPU map would call the wrong process a squatter
+            return SlurmRead({}, str(e), (), tuple(jobs))
         by_minor: dict[int, tuple[JobAlloc, str]] = {}
         unmapped = []
         for j in jobs:
@@ -364,14 +371,18 @@ class SlurmAllocations:
 
     @staticmethod
     def _files(names: set[str]) -> tuple[list[tuple[str, int | None]] | None, str]:
-        """gres.conf's GPU files with their minors, in IDX order; None (with why) when it names none."""
+        """gres.conf's GPU files with their minors, in IDX order; None (with why) when there is none or it
+        names none (slurmd's minor order). Raises GresConfError when it is there but cannot be used."""
+        from gputop.util import trustfile
+        from gputop.util.errors import GputopError
+
         path = gres_conf_path()
         try:
-            from gputop.util import trustfile
-
             text = trustfile.read_text(path, "gres.conf", 1 << 20)
-        except (OSError, ValueError) as e:  # UntrustedFile is a ValueError (UsageError)
-            return None, f"gres.conf not read: {str(e)[:120]}; assuming slurmd's minor order"
+        except FileNotFoundError:
+            return None, "no gres.conf: slurmd's minor order"
+        except (OSError, ValueError, GputopError) as e:  # UntrustedFile (as root: not only root's to write)
+            raise GresConfError(f"{path} cannot be used: {str(e)[:200]}") from None
         files = gres_files(text, names)
         if not files:
             return None, "gres.conf names no GPU file (AutoDetect): slurmd's minor order"

@@ -125,3 +125,32 @@ def test_policy_refuses_allocation_rules_that_cannot_work(conds, action, why):
 
     with pytest.raises(PolicyError, match=why):
         parse_policy(f"rules: [{{name: r, conditions: [{conds}], action: {action}}}]")
+
+
+def test_a_gres_conf_root_may_not_trust_makes_the_allocation_unknown(tmp_path, monkeypatch):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the trust rule applies to root")
+    conf = tmp_path / "etc"
+    conf.mkdir(mode=0o755)
+    tmp_path.chmod(0o755)
+    (conf / "slurm.conf").write_text("ClusterName=x\n")
+    gres = conf / "gres.conf"
+    gres.write_text("Name=gpu File=/dev/nvidia[0-1]\n")
+    gres.chmod(0o666)  # anyone could write it
+    monkeypatch.setenv("SLURM_CONF", str(conf / "slurm.conf"))
+    monkeypatch.setenv("GPUTOP_SLURM_NODE", "n01")
+    line = LINE.format(id=7, user="alice(1000)", state="RUNNING", nodes="n01", g1="n01", i1="1", g2="n02", i2="0")
+
+    class States:
+        scontrol, timeout = "/bin/false", 2.0
+
+    got = al.SlurmAllocations(States(), runner=lambda: (0, line, "")).read()
+    assert got.by_minor == {} and "gres.conf" in got.error and "cannot be used" in got.error
+    gres.chmod(0o644)  # root's alone: IDX 1 is /dev/nvidia1 (minor 1 by its name; no such device here)
+    got = al.SlurmAllocations(States(), runner=lambda: (0, line, "")).read()
+    assert got.error is None and got.by_minor[1][0].job_id == 7 and "IDX 1 = /dev/nvidia1" in got.by_minor[1][1]
+    gres.unlink()  # AutoDetect: slurmd's minor order
+    got = al.SlurmAllocations(States(), runner=lambda: (0, line, "")).read()
+    assert got.error is None and "minor order" in got.by_minor[1][1]
