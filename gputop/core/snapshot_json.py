@@ -110,7 +110,7 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "platform": s.platform,
         "version": __version__,
         "gpu": {"gpus": [_with_allocation(device_to_dict(d), s) for d in s.devices], "holders": gpu_holders},
-        "holders": [holder_to_dict(h, entries, _standing(s, h.pid)) for h in s.holders],
+        "holders": [holder_to_dict(h, entries, standing_to_dict(s, h.pid)) for h in s.holders],
         "roots": [
             {**proc_to_dict(r.proc), "holders": list(r.holders), "gpus": list(r.gpus),
              "gpu_memory": r.gpu_memory, "reason": r.reason, "reaper": r.reaper,
@@ -136,7 +136,8 @@ def _with_allocation(d: dict, s: Snapshot) -> dict:
     return d
 
 
-def _standing(s: Snapshot, pid: int) -> dict | None:
+def standing_to_dict(s: Snapshot, pid: int) -> dict | None:
+    """A holder's standing against its GPUs' allocation (gputop.core.allocation); None: none read."""
     st = s.allocation.standing(pid) if s.allocation is not None else None
     return st.to_dict() if st is not None else None
 

@@ -154,3 +154,22 @@ def test_a_gres_conf_root_may_not_trust_makes_the_allocation_unknown(tmp_path, m
     gres.unlink()  # AutoDetect: slurmd's minor order
     got = al.SlurmAllocations(States(), runner=lambda: (0, line, "")).read()
     assert got.error is None and "minor order" in got.by_minor[1][1]
+
+
+def test_pod_log_directories_count_only_when_root_alone_can_write_them(tmp_path):
+    import os
+
+    from gputop.core.pod_allocation import pod_names
+
+    logs = tmp_path / "pods"
+    logs.mkdir(mode=0o755)
+    (logs / "ml_train-a_0b1c2d3e-0000-4000-8000-000000000001").mkdir()
+    (logs / "not-a-pod-dir").mkdir()
+    assert pod_names(str(logs)) == {"0b1c2d3e-0000-4000-8000-000000000001": ("ml", "train-a")}
+    if os.geteuid() != 0:
+        return
+    logs.chmod(0o777)  # anyone could make a "namespace_pod_uid" entry
+    assert pod_names(str(logs)) == {}
+    logs.chmod(0o755)
+    os.chown(logs, 65534, 65534)  # nobody's: that user could
+    assert pod_names(str(logs)) == {}
