@@ -61,3 +61,13 @@ async def test_the_device_panes_name_the_job_and_o_groups_by_allocation():
         for _ in range(2):  # GPU -> orphan root -> allocation (no holder is in a Slurm job here)
             await pilot.press("o")
         assert await wait_until(pilot, lambda: "job 43 (bob) · GPU 5" in screen_text(app))
+
+
+def test_the_details_of_a_squatter_say_its_standing_and_why():
+    from gputop.tui.details import details_text
+
+    snap = alloc_snapshot()
+    h = snap.holders[1]
+    text = details_text(h, h.proc, None, standing=snap.allocation.standing(h.pid)).plain
+    assert "standing: squatter (a process of no job on GPU 1)" in text
+    assert "standing" not in details_text(h, h.proc, None).plain  # no scheduler read: no line
