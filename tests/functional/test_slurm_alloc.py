@@ -250,6 +250,15 @@ def test_the_guard_kills_a_squatter_after_its_duration_and_notes_an_idle_allocat
     assert f"allocated to job {idle_job}" in idle[0]["target"]
     audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert any(r["action"] == "kill" and r["target"]["pid"] == squat and r["ok"] for r in audit)
+    # --test-policies explains the idle-allocation rule per allocated GPU, and changes nothing.
+    (n.dir / "policy.yaml").write_text(yaml.safe_dump({"rules": [
+        {"name": "idle", "conditions": [{"type": "allocation_idle", "operator": ">=", "value": 0}],
+         "action": "log"}]}))
+    p = n.gputop("guard", "--test-policies", "--policy-file", str(n.dir / "policy.yaml"))
+    assert p.returncode == 0, p.stderr
+    assert f"GPU {g_idle} (allocated to job {idle_job}, user root): would log" in p.stdout, p.stdout
+    assert f"GPU {g} (allocated to job {job}, user root): no action" in p.stdout
+    assert alive(mine)
     n.go("e"), n.go("f")
 
 
