@@ -38,6 +38,7 @@ NVIDIA_MAJOR = 195
 MAX_JOBS_TEXT = 16 << 20  # scontrol's output read at most (a node's view of a big cluster's queue)
 MAX_HOSTLIST = 4096  # names one hostlist expression may expand to
 # Job states in which a job holds its allocation (slurmctld keeps the GRES of a suspended job).
+RETRY_AFTER = 10.0  # seconds an unanswered scontrol is not asked again
 HOLDING_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "STOPPED"})
 
 
@@ -338,7 +339,10 @@ class SlurmAllocations:
     def read(self) -> SlurmRead:
         now = self.clock()
         with self._lock:
-            if self._cache is not None and now - self._cache[0] < self.ttl:
+            # After a failure (slurmctld slow or down) the error is kept for RETRY_AFTER: a refresh does not
+            # wait for the timeout again every second.
+            if self._cache is not None and now - self._cache[0] < (
+                    self.ttl if self._cache[1].error is None else max(self.ttl, RETRY_AFTER)):
                 return self._cache[1]
             got = self._read()
             self._cache = (now, got)

@@ -173,3 +173,20 @@ def test_pod_log_directories_count_only_when_root_alone_can_write_them(tmp_path)
     logs.chmod(0o755)
     os.chown(logs, 65534, 65534)  # nobody's: that user could
     assert pod_names(str(logs)) == {}
+
+
+def test_after_a_failure_scontrol_is_not_asked_again_at_every_refresh():
+    class States:
+        scontrol, timeout = "/bin/false", 2.0
+
+    calls, now = [], [100.0]
+
+    def runner():
+        calls.append(now[0])
+        return -1, "", "scontrol did not answer within 2s"
+
+    src = al.SlurmAllocations(States(), ttl=1.0, clock=lambda: now[0], runner=runner)
+    for t in (100.0, 101.5, 105.0, 109.9, 110.1):
+        now[0] = t
+        assert src.read().error
+    assert calls == [100.0, 110.1]
