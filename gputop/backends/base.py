@@ -133,6 +133,11 @@ class Backend(ABC):
         """Reset the device; return a one-line description of what was done, or raise ResetError."""
         raise ResetError(f"{self.name}: reset is not supported by this backend", kind="unsupported")
 
+    def minor_number(self, index: int) -> int | None:
+        """The device's minor number (/dev/nvidiaN: N), which Slurm's gres.conf ``File=`` names; None when
+        the backend does not know it."""
+        return None
+
     def warnings(self) -> list[str]:
         """Conditions worth showing the user (e.g. processes whose data could not be read)."""
         return []

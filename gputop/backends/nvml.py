@@ -693,6 +693,19 @@ class NvmlBackend(Backend):
             out, self._warnings = self._warnings, []
         return out
 
+    def minor_number(self, index: int) -> int | None:
+        """``nvmlDeviceGetMinorNumber`` (/dev/nvidiaN), read once per device; None when NVML cannot say."""
+        minors = self.__dict__.setdefault("_minors", {})
+        if index not in minors:
+            try:
+                with self._lock:
+                    n = ctypes.c_uint()
+                    _check(self._fn("nvmlDeviceGetMinorNumber")(self._handle(index), ctypes.byref(n)))
+                minors[index] = int(n.value)
+            except (NvmlError, _Lost):
+                return None  # not cached: a lost GPU may come back
+        return minors[index]
+
     # ---- reset ----
     def reset(self, index: int) -> str:
         """Refuse (ResetError) without root, on a GPU driving a display, on a GPU in use, or without

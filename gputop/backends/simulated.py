@@ -18,6 +18,7 @@ Scenario format::
         clock_sm: 1980
         clock_mem: 2619
         lost: false                   # true: the device fell off the bus
+        minor: 0                      # optional: its minor number (/dev/nvidiaN); default: its position
     holders:
       - pid: 12345
         gpu: 0
@@ -72,6 +73,13 @@ def _num(d: dict, key: str, where: str) -> float | None:
     return v
 
 
+def _minor(g: dict, i: int, where: str) -> int:
+    v = g.get("minor", i)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 20:
+        raise ScenarioError(f"{where}: 'minor' must be a device minor number, got {v!r}")
+    return v
+
+
 def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], list[_Holder]]:
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: expected a mapping with 'gpus' and 'holders'")
@@ -100,6 +108,7 @@ def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], 
             "fan": _num(g, "fan", where),
             "clock_sm": _num(g, "clock_sm", where), "clock_mem": _num(g, "clock_mem", where),
             "lost": bool(g.get("lost", False)),
+            "minor": _minor(g, i, where),
         })
     holders = data.get("holders") or []
     if not isinstance(holders, list):
@@ -276,6 +285,10 @@ class SimulatedBackend(Backend):
                 merged[h.pid] = GpuProcess(pid=h.pid, index=index, ctx=merge_ctx(prev.ctx, h.ctx),
                                            used_memory=mem, sm_util=prev.sm_util, visible=prev.visible)
         return list(merged.values())
+
+    def minor_number(self, index: int) -> int | None:
+        self._reload()
+        return self._gpus[index]["minor"] if 0 <= index < len(self._gpus) else None
 
     def reset(self, index: int) -> str:
         self._reload()

@@ -328,11 +328,13 @@ def _prolog_report(args, config, job, gpus, source, others, results, apply) -> i
     return EXIT_OK if ok else EXIT_FAILURE
 
 
-def _hdict(h) -> dict:
+def _hdict(h, snap=None) -> dict:
     from gputop.core.snapshot_json import slurm_to_dict
 
+    st = snap.allocation.standing(h.pid) if snap is not None and snap.allocation is not None else None
     return {"pid": h.pid, "name": h.name, "user": h.user, "gpus": list(h.gpus), "slurm": slurm_to_dict(h),
-            "verdict": {"kind": h.verdict.kind, "reason": h.verdict.reason, "root": h.verdict.root}}
+            "verdict": {"kind": h.verdict.kind, "reason": h.verdict.reason, "root": h.verdict.root},
+            "standing": st.to_dict() if st is not None else None}
 
 
 def _reap_stray(sampler, config, snap, root: int, job: int):
@@ -357,6 +359,28 @@ def _node_check(args) -> int:
     lines += [f"  {_holder_line(h)}" for h in snap.holders if h.job is not None]
     errors = [f"stray: {_holder_line(h)}" for h in strays]
     errors += [f"warning: {_holder_line(h)}" for h in unknown]
-    _emit(args, {"ok": not strays, "holders": [_hdict(h) for h in snap.holders], "strays": [h.pid for h in strays]},
-          lines, errors)
+    result = {"ok": not strays, "holders": [_hdict(h, snap) for h in snap.holders], "strays": [h.pid for h in strays]}
+    standing_report(snap, result, lines, errors)
+    _emit(args, result, lines, errors)
     return EXIT_OK if not strays else EXIT_FAILURE
+
+
+def standing_report(snap, result: dict, lines: list[str], errors: list[str]) -> None:
+    """Squatters and processes outside their job's allocation (gputop.core.allocation): reported in the
+    lines, on stderr and in the JSON (``squatters``, ``outside``, ``allocation``); they do not fail the
+    check, which drains the node only for strays of ended jobs (docs/allocation.md)."""
+    alloc = snap.allocation
+    result["allocation"] = alloc.to_dict() if alloc is not None else None
+    result["squatters"], result["outside"] = [], []
+    if alloc is None:
+        return
+    lines.append("  allocation: " + (", ".join(f"GPU {g} job {visible(a.job)} ({visible(a.user or str(a.uid))})"
+                                               for g, a in sorted(alloc.by_gpu.items())) or "no GPU is allocated"))
+    for h in snap.holders:
+        st = alloc.standing(h.pid)
+        if st is not None and st.kind in ("squatter", "outside"):
+            result["squatters" if st.kind == "squatter" else "outside"].append(h.pid)
+            errors.append(f"{st.kind}: pid {h.pid} ({visible(h.name)}, user {visible(h.user)}) on GPU "
+                          f"{','.join(map(str, h.gpus))}: {visible(st.reason)}")
+    if alloc.error:
+        errors.append(f"warning: the GPU allocation is unknown: {visible(alloc.error)}")

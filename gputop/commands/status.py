@@ -66,6 +66,7 @@ def run(args) -> int:
 
 
 OWNER_WIDTH = 28
+FLAGGED = ("squatter", "outside", "unknown")  # standings that get a line under the holder table
 
 
 def owner_cell(owner: Owner | None) -> str:
@@ -90,6 +91,21 @@ def job_cell(h) -> str:
     return f"{h.job.label()} {st.state if st is not None and st.state else 'state?'}"
 
 
+def alloc_cell(snap: Snapshot, gpu: int) -> str:
+    """The GPU table's JOB cell: the job the scheduler gave the GPU to and its user, and how long it has
+    been idle (no holder) if it is; ``-``: allocated to no job."""
+    a = snap.allocation.of(gpu) if snap.allocation is not None else None
+    if a is None:
+        return "-" if snap.allocation is not None and not snap.allocation.error else "?"
+    idle = snap.allocation.idle_for(gpu, snap.at)
+    return f"{visible(a.job)} ({visible(a.user or str(a.uid))})" + (f" idle {fmt_duration(idle)}" if idle is not None else "")
+
+
+def standing_cell(snap: Snapshot, pid: int) -> str:
+    st = snap.allocation.standing(pid) if snap.allocation is not None else None
+    return st.kind if st is not None else "?"
+
+
 def render(snap: Snapshot, chains: bool = False) -> str:
     out: list[str] = [f"{snap.host}  {len(snap.devices)} GPU(s)  {len(snap.holders)} holder(s)  "
                       f"{len(snap.roots)} orphan tree(s)"]
@@ -106,8 +122,12 @@ def render(snap: Snapshot, chains: bool = False) -> str:
                      f"{fmt_opt(d.power_w, '{:.0f}W')}/{fmt_opt(d.power_limit_w, '{:.0f}W')}")
             rows.append([str(d.index), d.name or "N/A", _pct(d.util_gpu), mem,
                          fmt_opt(d.temperature, "{:.0f}C"), power, _pct(d.fan_pct), d.backend])
-        out.append(table(rows, ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "FAN", "BACKEND"],
-                         right={0, 2, 4, 6}))
+        alloc = snap.allocation is not None  # a scheduler's node: whom each GPU is allocated to
+        if alloc:
+            for r, d in zip(rows, snap.devices):
+                r.append(alloc_cell(snap, d.index))
+        out.append(table(rows, ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "FAN", "BACKEND",
+                                *(["JOB"] if alloc else [])], right={0, 2, 4, 6}))
     if snap.holders:
         out.append("")
         owners = any(h.owner is not None for h in snap.holders)  # not read off Linux: no column
@@ -117,16 +137,21 @@ def render(snap: Snapshot, chains: bool = False) -> str:
             rows.append([
                 str(h.pid), h.user or "?", *([job_cell(h)] if jobs else []), h.ctx, ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
                 _pct(h.sm_util), fmt_opt(h.cpu_percent, "{:.0f}%"), fmt_duration(h.runtime),
-                h.verdict.kind, *([owner_cell(h.owner)] if owners else []), h.cmd,
+                h.verdict.kind, *([standing_cell(snap, h.pid)] if snap.allocation is not None else []),
+                *([owner_cell(h.owner)] if owners else []), h.cmd,
             ])
         headers = ["PID", "USER", *(["JOB"] if jobs else []), "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME",
-                   "VERDICT", *(["OWNER"] if owners else []), "COMMAND"]
+                   "VERDICT", *(["STANDING"] if snap.allocation is not None else []),
+                   *(["OWNER"] if owners else []), "COMMAND"]
         shift = 1 if jobs else 0
         out.append(table(fit_last(rows, headers), headers, right={0, 4 + shift, 5 + shift, 6 + shift, 7 + shift}))
         for h in snap.holders:
             # Not-orphan with an orphan test on record: an ownership rule (systemd unit, live login) overruled it.
             if h.verdict.kind != "not-orphan" or h.verdict.orphan_reason:
                 out.append(f"  pid {h.pid}: {h.verdict.kind}: {visible(h.verdict.reason)}")
+            st = snap.allocation.standing(h.pid) if snap.allocation is not None else None
+            if st is not None and st.kind in FLAGGED:
+                out.append(f"  pid {h.pid}: {st.kind}: {visible(st.reason)}")
             if chains and h.chain:
                 owned = h.chain_owners or (None,) * len(h.chain)
                 out.append(f"  pid {h.pid} chain: " + " <- ".join(

@@ -17,6 +17,7 @@ from gputop.util import saferegex
 from gputop.util.errors import UsageError
 
 if TYPE_CHECKING:
+    from gputop.core.allocation import AllocationView
     from gputop.core.orphans import Verdict
     from gputop.core.ownership import Owner
     from gputop.core.procs import ProcInfo
@@ -169,6 +170,7 @@ class Snapshot:
     backends: tuple[BackendStatus, ...]
     warnings: tuple[str, ...] = ()
     platform: str = PLATFORM
+    allocation: AllocationView | None = None  # whom the scheduler gave each GPU to (None: no scheduler)
 
     def holder(self, pid: int) -> Holder | None:
         for h in self.holders:

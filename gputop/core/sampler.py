@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from gputop.backends import close_backends, device_map, probe, read_device, read_devices
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, GpuProcess, ProbeResult
+from gputop.core.allocation import AllocationSource
 from gputop.core.config import Config
 from gputop.core.model import PLATFORM, GpuUse, Holder, OrphanRoot, Snapshot
 from gputop.core.orphans import ORPHAN, UNKNOWN, Verdict
@@ -78,6 +79,10 @@ class Sampler:
         self._leaders_seen: set[tuple[int, float]] = set()
         self.job_states = JobStates(ttl=max(0.5, self.config.interval * 0.9))
         self._job_refs: dict[tuple[int, float], JobRef | None] = {}
+        # Whom the scheduler gave each GPU to, and each holder's standing (gputop.core.allocation).
+        self.allocations = AllocationSource(self.job_states, ttl=max(0.5, self.config.interval * 0.9))
+        self._minors: dict[int, int | None] = {}
+        self._pods = None  # the kubelet's allocation (gputop.core.pod_allocation), made on first use
         self._hidepid: tuple[str | None] | None = None  # (the hidepid warning or None), once read
         # The holders' verdicts, kept while every input of each is unchanged (gputop.core.verdicts).
         # memo=False: a one-shot sampler (one 'gputop status'), which would only pay to record the inputs.
@@ -285,11 +290,36 @@ class Sampler:
             self._static.prune()
         if self._owners is not None:
             self._owners.prune()
+        allocation = self._allocation(devices, holders, now)
+        if allocation is not None and allocation.error:
+            warnings.append(f"GPU allocation unknown: {allocation.error}")
         return Snapshot(
             at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
-            warnings=tuple(warnings), platform=self.platform,
+            warnings=tuple(warnings), platform=self.platform, allocation=allocation,
         )
+
+    def _allocation(self, devices, holders, now: float):
+        """Whom the scheduler gave each GPU to: Slurm's allocation on a Slurm node, else the kubelet's
+        where its pod-resources socket is (gputop.core.pod_allocation); None on a node with neither."""
+        view = self.allocations.view(devices, holders, self.minor_of, now)
+        if view is not None:
+            return view
+        if self._pods is None:
+            from gputop.core.pod_allocation import PodAllocations
+
+            self._pods = PodAllocations(ttl=self.allocations.slurm.ttl)
+        return self._pods.view(devices, holders, now) if self._pods.available else None
+
+    def minor_of(self, gpu: int) -> int | None:
+        """A GPU's (global index) minor number, from its backend, read once; None when unknown."""
+        if gpu not in self._minors:
+            try:
+                backend, local = self.locate(gpu)
+                self._minors[gpu] = backend.minor_number(local)
+            except Exception:
+                return None
+        return self._minors[gpu]
 
     def _holders(self, table: ProcTable, uses: dict[int, list[GpuUse]], visible: dict[int, bool], now: float,
                  warnings: list[str]) -> list[Holder]:

@@ -55,7 +55,7 @@ def use_to_dict(u: GpuUse) -> dict:
     return {"gpu": u.gpu, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util}
 
 
-def holder_to_dict(h: Holder, _entries: dict | None = None) -> dict:
+def holder_to_dict(h: Holder, _entries: dict | None = None, standing: dict | None = None) -> dict:
     """``_entries``: chain entries already made in this document, by (process, owner) object; the
     holders of one tree share their ancestors, so a node's JSON makes each one once."""
     p = h.proc
@@ -71,6 +71,7 @@ def holder_to_dict(h: Holder, _entries: dict | None = None) -> dict:
         "verdict": verdict_to_dict(h.verdict),
         "owner": owner_to_dict(h.owner),
         "slurm": slurm_to_dict(h),
+        "standing": standing,
         "chain": [_chain_entry(c, o, _entries) for c, o in zip(h.chain, owners)],
     }
 
@@ -108,8 +109,8 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "host": s.host,
         "platform": s.platform,
         "version": __version__,
-        "gpu": {"gpus": [device_to_dict(d) for d in s.devices], "holders": gpu_holders},
-        "holders": [holder_to_dict(h, entries) for h in s.holders],
+        "gpu": {"gpus": [_with_allocation(device_to_dict(d), s) for d in s.devices], "holders": gpu_holders},
+        "holders": [holder_to_dict(h, entries, standing_to_dict(s, h.pid)) for h in s.holders],
         "roots": [
             {**proc_to_dict(r.proc), "holders": list(r.holders), "gpus": list(r.gpus),
              "gpu_memory": r.gpu_memory, "reason": r.reason, "reaper": r.reaper,
@@ -118,7 +119,27 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         ],
         "warnings": list(s.warnings),
         "backends": [dataclasses.asdict(b) for b in s.backends],
+        "allocation": s.allocation.to_dict() if s.allocation is not None else None,
     }
+
+
+def _with_allocation(d: dict, s: Snapshot) -> dict:
+    """A GPU's entry with its allocation (job, user, since) and idle time; null where no scheduler is read."""
+    a = s.allocation
+    if a is None:
+        d["allocation"] = None
+        return d
+    got = a.of(d["index"])
+    d["allocation"] = got.to_dict() if got is not None else None
+    if got is not None:
+        d["allocation"]["idle_for"] = a.idle_for(d["index"], s.at)
+    return d
+
+
+def standing_to_dict(s: Snapshot, pid: int) -> dict | None:
+    """A holder's standing against its GPUs' allocation (gputop.core.allocation); None: none read."""
+    st = s.allocation.standing(pid) if s.allocation is not None else None
+    return st.to_dict() if st is not None else None
 
 
 _COMPACT = None  # a json.JSONEncoder, made on first use (json.dumps makes one a call with these options)

@@ -60,6 +60,8 @@ class Target:
 
     @property
     def label(self) -> str:
+        if self.kind == "allocation":
+            return f"GPU {self.key[1]} (allocated to job {visible(self.key[2])}, user {visible(self.user or '?')})"
         if self.holder is not None:
             return f"pid {self.holder.pid} ({visible(self.holder.name)}, user {self.user or '?'})"
         return f"user {self.user}"
@@ -75,6 +77,11 @@ class Target:
     @classmethod
     def for_user(cls, user: str) -> "Target":
         return cls("user", ("user", user), user, None)
+
+    @classmethod
+    def for_allocation(cls, gpu: int, job: str, user: str | None) -> "Target":
+        """An allocated GPU (rules with allocation_idle): key (allocation, gpu, job)."""
+        return cls("allocation", ("allocation", gpu, job), user, None)
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,8 @@ def measure(cond: Condition, target: Target, snap: Snapshot, facts: Facts) -> Me
     if t == "time_window":
         when = _dt.datetime.fromtimestamp(snap.at)
         return Measured(when, when.strftime("%a %H:%M (local time)"))
+    if t in ("standing", "allocation_idle"):
+        return measure_allocation(t, target, snap)
     if h is None:
         return Measured(None, "n/a for a per-user target")
     if t == "process_name":
@@ -139,6 +148,26 @@ def measure(cond: Condition, target: Target, snap: Snapshot, facts: Facts) -> Me
     if t == "gpu":
         return Measured(h.gpus, f"GPU {','.join(map(str, h.gpus)) or 'none'}")
     raise ValueError(f"unknown condition type {t}")  # pragma: no cover - validated at load
+
+
+def measure_allocation(t: str, target: Target, snap: Snapshot) -> Measured:
+    """standing (a process's, against its GPUs' allocation) and allocation_idle (an allocated GPU's time
+    without a holder). Unknown (no scheduler read, or its answer unknown) never satisfies a condition."""
+    alloc = snap.allocation
+    if alloc is None:
+        return Measured(None, "unknown (no scheduler allocation is read on this node)")
+    if t == "allocation_idle":
+        if target.kind != "allocation":
+            return Measured(None, "n/a: allocation_idle is measured on an allocated GPU")
+        idle = alloc.idle_for(target.key[1], snap.at)
+        if idle is None:  # a process holds it: not idle at all (never true, whatever the operator)
+            return Measured(None, "n/a (a process holds the GPU now)")
+        return Measured(idle, f"{fmt_duration(idle)} without a holder")
+    h = target.holder
+    st = alloc.standing(h.pid) if h is not None else None
+    if st is None or st.kind == "unknown":
+        return Measured(None, f"unknown ({visible(st.reason) if st is not None else 'no standing for this target'})")
+    return Measured(st.kind, f"{st.kind} ({visible(st.reason)})")
 
 
 def compare(cond: Condition, actual: object) -> bool:

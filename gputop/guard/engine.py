@@ -260,6 +260,8 @@ class Engine:
         seen = seen if seen is not None else set()
         now = snap.at
         out: list[Assessment] = []
+        if rule.per_allocation:
+            return self._assess_allocations(rule, snap, facts, seen)
         if not rule.per_user:
             for h in snap.holders:
                 if h.proc is None:
@@ -289,6 +291,18 @@ class Engine:
             holds_now = _combine(rule.match, [s.ok_now for s in states]) and any(
                 all(s.ok_now for s in cstates[h.pid]) for h in facts.user_holders[user] if h.pid in cstates)
             out.append(Assessment(rule, t, states, holds, holds_now, tuple(cands), cstates))
+        return out
+
+    def _assess_allocations(self, rule: Rule, snap: Snapshot, facts: Facts, seen: set) -> list[Assessment]:
+        """A rule on idle allocations: one target per allocated GPU (gputop.core.allocation)."""
+        out: list[Assessment] = []
+        by_gpu = snap.allocation.by_gpu if snap.allocation is not None else {}
+        for gpu, alloc in sorted(by_gpu.items()):
+            t = Target.for_allocation(gpu, alloc.job, alloc.user)
+            states = tuple(self._cond_state(rule, i, c, t, snap, facts, snap.at, seen)
+                           for i, c in enumerate(rule.conditions))
+            out.append(Assessment(rule, t, states, _combine(rule.match, [s.satisfied for s in states]),
+                                  _combine(rule.match, [s.ok_now for s in states]), ()))
         return out
 
     def order(self, rule: Rule, candidates) -> list[Holder]:
@@ -546,10 +560,11 @@ class Engine:
         h = holder or target.holder
         hit = {
             "time": now, "rule": rule.name, "pid": h.pid if h else None,
-            "target": h.name if h else f"user {target.user}", "user": target.user if h is None else h.user,
+            "target": h.name if h else (target.label if target.kind == "allocation" else f"user {target.user}"),
+            "user": target.user if h is None else h.user,
             "dry_run": mode != "enforce", "action": action, "outcome": outcome, "message": message,
             "ok": ok, "mode": mode, "scope": rule.scope, "start_time": h.start_time if h else None,
-            "gpus": list(h.gpus) if h else [], "reason": reason,
+            "gpus": list(h.gpus) if h else ([target.key[1]] if target.kind == "allocation" else []), "reason": reason,
         }
         if result is not None:
             hit["details"] = {"exit_code": result.exit_code, "memory_released": result.memory_released}

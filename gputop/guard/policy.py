@@ -43,10 +43,16 @@ CONDITION_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "orphan": ("bool", ("==", "!=")),
     "gpu": ("gpu", ("==", "!=", "in", "not_in")),
     "time_window": ("window", ("in", "not_in")),
+    "standing": ("standing", ("==", "!=", "in", "not_in")),
+    "allocation_idle": ("duration", NUMERIC_OPS),
 }
 # Conditions measured on a user rather than on one process: they make sense for scope: per_user.
 USER_LEVEL = ("user_memory", "process_count", "user", "time_window")
 LIMIT_TYPES = ("user_memory", "process_count")  # what "back under the limit" is measured by
+# A rule with allocation_idle is evaluated on each allocated GPU, not on a process (docs/allocation.md):
+# only these conditions apply to such a target, and it can only be logged or notified.
+ALLOCATION_LEVEL = ("allocation_idle", "user", "time_window")
+STANDING_VALUES = ("inside", "outside", "squatter", "unallocated")  # unknown never matches: not a value
 
 TOP_KEYS = ("rules", "description", "version")
 RULE_KEYS = ("name", "description", "conditions", "match", "action", "force", "timeout", "notify",
@@ -98,6 +104,11 @@ class Rule:
     @property
     def per_user(self) -> bool:
         return self.scope == "per_user"
+
+    @property
+    def per_allocation(self) -> bool:
+        """Evaluated on each allocated GPU (an allocation_idle condition), not on a process."""
+        return any(c.type == "allocation_idle" for c in self.conditions)
 
 
 @dataclass(frozen=True)
@@ -302,7 +313,19 @@ def _parse_value(kind: str, op: str, value: object, ctype: str):
         return value
     if kind == "window":
         return parse_window(value)
+    if kind == "standing":
+        return _parse_standing(op, value)
     raise ValueError(f"internal: unknown kind {kind}")  # pragma: no cover
+
+
+def _parse_standing(op: str, value: object) -> object:
+    """standing == squatter, or standing in [squatter, outside]."""
+    values = value if op in ("in", "not_in") else [value]
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) and v in STANDING_VALUES
+                                                              for v in values):
+        what = "a list of" if op in ("in", "not_in") else "one of"
+        raise ValueError(f"standing {op} needs {what} {', '.join(STANDING_VALUES)}; got {_type_name(value)}")
+    return tuple(values) if op in ("in", "not_in") else value
 
 
 def _condition(c: object, idx: int, line: int, ctx: _Ctx) -> Condition | None:
@@ -394,6 +417,7 @@ def _rule(r: object, idx: int, line: int, issues: list[Issue], names: set[str]) 
     notify = _rule_notify(r, choice["action"], rline, ctx)
     choice.update(_rule_choices(r, rline, ctx, ("scope", "select")))
     scope = _rule_scope(conds, choice["scope"], rline, ctx)
+    _rule_allocation(conds, choice["action"], scope, rline, ctx)
     if ctx.count:
         return None
     return Rule(
@@ -488,6 +512,21 @@ def _rule_scope(conds: list[Condition], scope, rline: int, ctx: _Ctx):
         ctx.err(rline, "scope per_user needs a user_memory or process_count condition (the limit to get "
                        "the user back under)")
     return scope
+
+
+def _rule_allocation(conds: list[Condition], action, scope, rline: int, ctx: _Ctx) -> None:
+    """A rule on idle allocations is about a GPU, not a process: it only logs or notifies."""
+    if not any(c.type == "allocation_idle" for c in conds):
+        return
+    other = sorted({c.type for c in conds if c.type not in ALLOCATION_LEVEL})
+    if other:
+        ctx.err(rline, f"allocation_idle is measured on an allocated GPU, not on a process: it combines only "
+                       f"with {', '.join(ALLOCATION_LEVEL)}, not {', '.join(other)}")
+    if action not in (None, "log", "notify"):
+        ctx.err(rline, f"allocation_idle rules can only log or notify (an idle allocation has no process to "
+                       f"{action}); use action: notify")
+    if scope == "per_user":
+        ctx.err(rline, "allocation_idle rules are evaluated per allocated GPU: drop scope per_user")
 
 
 def parse_policy(text: str, source: str = "policy") -> Policy:

@@ -17,7 +17,7 @@ from gputop.util.errors import (
 )
 from gputop.core.model import Holder, Snapshot, select_holders
 from gputop.core.sampler import LockedSampler, Sampler
-from gputop.core.snapshot_json import holder_to_dict
+from gputop.core.snapshot_json import holder_to_dict, standing_to_dict
 from gputop.util.units import parse_memory
 
 # ActionResult.exit_code -> HTTP status.
@@ -176,7 +176,8 @@ def filter_holders(snap: Snapshot, *, name: str | None = None, user: str | None 
 
 def processes_payload(snap: Snapshot, **filters) -> dict:
     hs = filter_holders(snap, **filters)
-    return {"at": snap.at, "host": snap.host, "count": len(hs), "processes": [holder_to_dict(h) for h in hs]}
+    return {"at": snap.at, "host": snap.host, "count": len(hs),
+            "processes": [holder_to_dict(h, standing=standing_to_dict(snap, h.pid)) for h in hs]}
 
 
 # ---- writing ---------------------------------------------------------------------------------

@@ -170,6 +170,36 @@ def _process_families(snap, host: str):
     yield from (pmem, psm, pinfo, pstart, powner)
 
 
+def _allocation_families(snap, host: str):
+    """Issue 29: whom the scheduler gave each GPU to (info, and its idle seconds) and each holder's standing
+    against it. Nothing where no scheduler is read (snap.allocation None)."""
+    alloc = getattr(snap, "allocation", None)
+    if alloc is None:
+        return
+    ainfo = GaugeMetricFamily("gputop_gpu_allocation_info", "The job a GPU is allocated to (value 1)",
+                              labels=DEVICE_LABELS + ["job", "user", "source"])
+    aidle = GaugeMetricFamily("gputop_gpu_allocation_idle_seconds",
+                              "How long an allocated GPU has had no process (absent while one holds it)",
+                              labels=DEVICE_LABELS + ["job"])
+    for d in snap.devices:
+        a = alloc.of(d.index)
+        if a is None:
+            continue
+        labels = _device_labels(d, host)
+        ainfo.add_metric(labels + [a.job, a.user or "", a.source], 1)
+        idle = alloc.idle_for(d.index, snap.at)
+        if idle is not None:
+            aidle.add_metric(labels + [a.job], idle)
+    pst = GaugeMetricFamily("gputop_process_standing_info",
+                            "A GPU-holding process's standing against its GPUs' allocation (value 1)",
+                            labels=["pid", "Hostname", "name", "user", "standing"])
+    for h in snap.holders:
+        st = alloc.standing(h.pid)
+        if st is not None:
+            pst.add_metric([str(h.pid), host, h.name, h.user or "", st.kind], 1)
+    yield from (ainfo, aidle, pst)
+
+
 class SnapshotCollector:
     """Renders every metric from the latest snapshot, so an exited process's series simply disappear."""
 
@@ -189,6 +219,7 @@ class SnapshotCollector:
                                 value=snap.at)
         yield from _device_families(snap, host)
         yield from _process_families(snap, host)
+        yield from _allocation_families(snap, host)
         yield GaugeMetricFamily("gputop_holders", "Processes holding a GPU", value=len(snap.holders))
         yield GaugeMetricFamily("gputop_orphan_trees", "Orphan trees holding a GPU", value=len(snap.roots))
         yield from self._findings()

@@ -24,7 +24,7 @@ from gputop.core.config import Config
 from gputop.core.model import Snapshot
 from gputop.tui import keymap
 from gputop.tui.bar import TextBar
-from gputop.tui.device_pane import DevicesBox
+from gputop.tui.device_pane import DevicesBox, allocation_texts
 from gputop.tui.find_box import FindBox
 from gputop.tui.flows import ActionFlows, tui_wording  # noqa: F401 - tui_wording was defined here
 from gputop.tui.history import DeviceHistory
@@ -253,7 +253,8 @@ class GputopApp(App):
         self.panel = message.panel
         self._sample_error = None
         self.history.add(snap)
-        self._devices.show(snap.devices, snap.backends, self.size.height)
+        self._devices.show(snap.devices, snap.backends, self.size.height,
+                           allocation_texts(snap.allocation, snap.holders, snap.at))
         self.refresh_tree()
         if message.panel != self.panel_shown:  # its height can change: lay out only when it does
             self.panel_shown = message.panel

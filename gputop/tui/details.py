@@ -51,8 +51,9 @@ def _proc_line(p: ProcInfo, mark: str = "", owner: Owner | None = None) -> Text:
 
 
 def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None,
-                 owner: Owner | None = None) -> Text:
-    """``owner``: for a process that is not a holder (a holder's owner is its own)."""
+                 owner: Owner | None = None, standing=None) -> Text:
+    """``owner``: for a process that is not a holder (a holder's owner is its own). ``standing``: the
+    holder's standing against its GPUs' allocation (gputop.core.allocation), where one is read."""
     out = Text()
     if holder is not None:
         v = holder.verdict
@@ -79,6 +80,10 @@ def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None,
             out.append(Text(visible(v.orphan_reason)))
         if v.root is not None:
             out.append(f"\norphan root: pid {v.root}" + (f", reparented to pid {v.reaper}" if v.reaper else ""))
+        if standing is not None:
+            out.append("\nstanding: ", style="bold")
+            out.append(standing.kind, style="bold red" if standing.kind in ("squatter", "outside") else "bold")
+            out.append(Text(f" ({visible(standing.reason)})"))
         chain = holder.chain
         me = holder.proc
     else:
@@ -110,16 +115,17 @@ class DetailsScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,d", "close", "Close")]
 
     def __init__(self, holder: Holder | None, proc: ProcInfo | None, root: int | None,
-                 owner: Owner | None = None):
+                 owner: Owner | None = None, standing=None):
         super().__init__()
         self.holder, self.proc, self.root, self.owner = holder, proc, root, owner
+        self.standing = standing
 
     def compose(self) -> ComposeResult:
         pid = self.holder.pid if self.holder else (self.proc.pid if self.proc else "?")
         with Vertical(classes="dialog details"):
             yield Static(f"Process {pid}", classes="dialog-title")
             with VerticalScroll(classes="dialog-body"):
-                yield Static(details_text(self.holder, self.proc, self.root, self.owner))
+                yield Static(details_text(self.holder, self.proc, self.root, self.owner, self.standing))
             yield Button("Close", id="cancel", variant="primary", compact=True)
 
     def action_close(self) -> None:

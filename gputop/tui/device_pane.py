@@ -107,6 +107,39 @@ def pane_pieces(d: DeviceSample, history: DeviceHistory, width: int) -> tuple[Li
     return line1, line2
 
 
+def job_piece(jobs: dict | None, index: int) -> Line:
+    """The job a GPU is allocated to, as pieces for the end of its first line (``jobs``: GPU -> text, from
+    ``allocation_texts``); none where no scheduler is read."""
+    text = jobs.get(index) if jobs else None
+    if not text:
+        return ()
+    return ((f"  {text}", "bold red" if "squatter" in text else "bold cyan"),)
+
+
+def allocation_texts(allocation, holders=(), at: float = 0.0) -> dict[int, str]:
+    """GPU -> "job 42 alice", "job 42 alice idle 5:00", "job 42 alice · 1 squatter", "no job" (issue 29)."""
+    from gputop.util.units import fmt_duration
+
+    if allocation is None:
+        return {}
+    squat: dict[int, int] = {}
+    for h in holders:
+        st = allocation.standing(h.pid)
+        if st is not None and st.kind == "squatter":
+            for g in h.gpus:
+                squat[g] = squat.get(g, 0) + 1
+    out = {}
+    for g, a in allocation.by_gpu.items():
+        text = f"job {visible(a.job)} {visible(a.user or str(a.uid))}"
+        idle = allocation.idle_for(g, at)
+        if idle is not None:
+            text += f" idle {fmt_duration(idle)}"
+        if squat.get(g):
+            text += f" · {squat[g]} squatter{'s' if squat[g] > 1 else ''}"
+        out[g] = text
+    return out
+
+
 def line_text(pieces: Line) -> Text:
     """A line as Rich Text (what Textual's pipeline would be given): each styled piece one span."""
     return Text.assemble(*[(t, s) if s else t for t, s in pieces])
@@ -133,6 +166,7 @@ class DeviceBoard(Widget):
         self._strips: dict[int, tuple[Line, Strip]] = {}  # y -> the line and its Strip
         self._strips_key: tuple | None = None  # the width and styles the strips were made with
         self._line_styles = LineStyles()  # piece style -> the style Textual draws it with
+        self.jobs: dict[int, str] = {}  # GPU -> the job it is allocated to (allocation_texts); {}: none read
 
     def show(self, devices, lines: int) -> None:
         """Take a new sample; repaint only the lines that would look different."""
@@ -153,11 +187,14 @@ class DeviceBoard(Widget):
     def _build(self) -> None:
         width = self.size.width
         out: list[Line] = []
-        if self.lines == 1:
-            out = [line_pieces(d, self.history, width) for d in self.devices]
-        else:
-            for d in self.devices:
-                out.extend(pane_pieces(d, self.history, width))
+        for d in self.devices:
+            job = job_piece(self.jobs, d.index)  # at the end of its first line, which leaves room for it
+            room = max(0, width - cell_len(job[0][0])) if job and width else width
+            if self.lines == 1:
+                out.append(line_pieces(d, self.history, room) + job)
+            else:
+                first, second = pane_pieces(d, self.history, room)
+                out.extend((first + job, second if room == width else pane_pieces(d, self.history, width)[1]))
         self._lines, self._built_for = out, (width, self.lines)
 
     def get_content_height(self, container, viewport, width: int) -> int:
@@ -199,7 +236,10 @@ class DevicesBox(VerticalScroll):
     def compose(self):
         yield self.board
 
-    def show(self, devices: tuple, backends: tuple, screen_height: int) -> None:
+    def show(self, devices: tuple, backends: tuple, screen_height: int, jobs: dict | None = None) -> None:
+        """``jobs``: GPU -> the job it is allocated to (``allocation_texts``); None keeps the last ones."""
+        if jobs is not None:
+            self.board.jobs = jobs
         # Two lines per GPU when they fit in about half the screen, else one line each.
         budget = max(4, (screen_height - 10) // 2)
         lines = 2 if 2 * len(devices) <= budget else 1

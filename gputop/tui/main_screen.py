@@ -77,8 +77,10 @@ class MainScreen(Screen):
         if sel.pid is None:
             app.notify("Select a process first.", severity="warning")
             return
-        owner = app.snapshot.owner(sel.pid) if app.snapshot is not None else None
-        app.push_screen(DetailsScreen(sel.holder, sel.proc, sel.root, owner))
+        snap = app.snapshot
+        owner = snap.owner(sel.pid) if snap is not None else None
+        standing = snap.allocation.standing(sel.pid) if snap is not None and snap.allocation is not None else None
+        app.push_screen(DetailsScreen(sel.holder, sel.proc, sel.root, owner, standing=standing))
 
     def action_plot(self) -> None:
         from gputop.tui.plot_screen import PlotScreen

@@ -17,7 +17,8 @@ from gputop.util.textsafe import visible
 GROUP_GPU = "gpu"
 GROUP_ROOT = "root"
 GROUP_JOB = "job"
-GROUPINGS = (GROUP_GPU, GROUP_ROOT, GROUP_JOB)
+GROUP_ALLOC = "alloc"  # by allocation: each job's GPUs with whoever holds them (issue 29)
+GROUPINGS = (GROUP_GPU, GROUP_ROOT, GROUP_JOB, GROUP_ALLOC)
 
 # name -> (title, key function over a holder, descending by default)
 SORTS: dict[str, tuple[str, bool]] = {
@@ -62,6 +63,7 @@ class Node:
     title: str = ""  # group title
     children: list["Node"] = field(default_factory=list)
     _rank: object = None  # sort key of the best holder below
+    standing: str | None = None  # a holder row's standing against its GPUs' allocation (None: not read)
 
 
 def matches(h: Holder, text: str) -> bool:
@@ -185,6 +187,62 @@ def _job_groups(holders: list[Holder]) -> list[Node]:
     return groups + [rest]
 
 
+STANDING_MARKS = {"squatter": "squatter", "outside": "outside its allocation", "unknown": "standing unknown"}
+
+
+def standing_mark(node: Node) -> str:
+    """The flag a holder row carries for its standing: '' for inside and unallocated (nothing to flag)."""
+    return STANDING_MARKS.get(node.standing or "", "")
+
+
+def _alloc_groups(snapshot: Snapshot, holders: list[Holder]) -> list[Node]:
+    """One group per allocated job (its GPUs, whoever holds them: its own processes and squatters), then
+    the GPUs no job has (outside and unallocated holders)."""
+    alloc = snapshot.allocation
+    by_job: dict[str, list[int]] = {}
+    users: dict[str, str] = {}
+    for g, a in sorted(alloc.by_gpu.items()) if alloc is not None else ():
+        by_job.setdefault(a.job, []).append(g)
+        users[a.job] = visible(a.user or str(a.uid))
+    free = [d.index for d in snapshot.devices if alloc is None or alloc.of(d.index) is None]
+    groups = []
+    for key, head, gpus in [(f"alloc{job}", f"job {visible(job)} ({users[job]})", gs) for job, gs in by_job.items()] \
+            + [("alloc-none", "allocated to no job" if alloc is not None and not alloc.error
+                else "allocation unknown", free)]:
+        on = [h for h in holders if set(h.gpus) & set(gpus)]
+        g = Node(key, "group", gpu=gpus[0] if gpus else None)
+        index: dict = {}
+        for h in on:
+            _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
+        flagged = [h for h in on if alloc is not None and (st := alloc.standing(h.pid)) is not None
+                   and st.kind in ("squatter", "outside")]
+        note = f" · {len(flagged)} flagged" if flagged else ""
+        g.title = _group_title(f"{head} · GPU {','.join(map(str, gpus)) or '-'}", on) + note
+        groups.append(g)
+    return groups
+
+
+def _gpu_alloc_note(snapshot: Snapshot, gpu: int, on: list[Holder]) -> str:
+    """A GPU group's allocation: `` · job 42 (alice)`` and how many of its holders are flagged."""
+    alloc = snapshot.allocation
+    if alloc is None:
+        return ""
+    a = alloc.of(gpu)
+    text = f" · job {visible(a.job)} ({visible(a.user or str(a.uid))})" if a is not None else " · no job"
+    flagged = [h for h in on if (st := alloc.standing(h.pid)) is not None and st.kind in ("squatter", "outside")]
+    return text + (f" · {len(flagged)} flagged" if flagged else "")
+
+
+def _mark_standings(snapshot: Snapshot, groups: list[Node]) -> None:
+    alloc = snapshot.allocation
+    if alloc is None:
+        return
+    for n in walk(groups):
+        if n.holder is not None:
+            st = alloc.standing(n.holder.pid)
+            n.standing = st.kind if st is not None else None
+
+
 def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem", reverse: bool = False,
           filter_text: str = "") -> list[Node]:
     """The groups of the tree, each with its chains and holders, sorted and filtered."""
@@ -202,10 +260,12 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
             for h in on:
                 _insert(g, g.key, h, d.index, index)
             title = f"GPU {d.index} {visible(d.name or '')}".rstrip()
-            g.title = _group_title(title + (" (lost)" if d.lost else ""), on)
+            g.title = _group_title(title + (" (lost)" if d.lost else ""), on) + _gpu_alloc_note(snapshot, d.index, on)
             groups.append(g)
     elif grouping == GROUP_JOB:
         groups = _job_groups(holders)
+    elif grouping == GROUP_ALLOC:
+        groups = _alloc_groups(snapshot, holders)
     else:
         by_root = {r.pid: r for r in snapshot.roots}
         for r in snapshot.roots:
@@ -236,6 +296,7 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
         desc = SORTS[sort][1] != reverse
         g.children.sort(key=lambda c: c._rank if c._rank is not None else 0, reverse=desc)
         g.children.sort(key=lambda c: c._rank is None)
+    _mark_standings(snapshot, groups)
     return groups
 
 

@@ -10,11 +10,11 @@ from rich.text import Text
 
 from gputop.core.model import Snapshot
 from gputop.tui import process_tree
-from gputop.tui.rows import GROUP_GPU, GROUP_JOB, GROUP_ROOT, SORT_ORDER
+from gputop.tui.rows import GROUP_ALLOC, GROUP_GPU, GROUP_JOB, GROUP_ROOT, SORT_ORDER
 from gputop.tui.side_panel import PanelData
 from gputop.util.textsafe import visible
 
-GROUP_NAMES = {GROUP_GPU: "GPU", GROUP_ROOT: "orphan root", GROUP_JOB: "Slurm job"}
+GROUP_NAMES = {GROUP_GPU: "GPU", GROUP_ROOT: "orphan root", GROUP_JOB: "Slurm job", GROUP_ALLOC: "allocation"}
 
 
 def has_jobs(snapshot: Snapshot | None) -> bool:
@@ -33,9 +33,11 @@ class ViewState:
     search_text: str = ""
 
     def next_grouping(self, snapshot: Snapshot | None) -> str:
-        """GPU -> orphan root -> Slurm job (only where a holder is in a job) -> GPU."""
-        nxt = {GROUP_GPU: GROUP_ROOT, GROUP_ROOT: GROUP_JOB if has_jobs(snapshot) else GROUP_GPU,
-               GROUP_JOB: GROUP_GPU}
+        """GPU -> orphan root -> Slurm job (only where a holder is in a job) -> allocation (only where a
+        scheduler's allocation is read) -> GPU."""
+        alloc = GROUP_ALLOC if snapshot is not None and snapshot.allocation is not None else GROUP_GPU
+        nxt = {GROUP_GPU: GROUP_ROOT, GROUP_ROOT: GROUP_JOB if has_jobs(snapshot) else alloc,
+               GROUP_JOB: alloc, GROUP_ALLOC: GROUP_GPU}
         self.grouping = nxt.get(self.grouping, GROUP_GPU)
         return self.grouping
 

@@ -12,6 +12,7 @@ from gputop.guard.policy import parse_policy
 from gputop.core.orphans import NOT_ORPHAN, ORPHAN, Verdict
 from gputop.core.procs import ProcInfo
 from gputop.core.model import GpuUse, Holder, Snapshot
+from gputop.core.allocation import Allocation, AllocationView, Standing
 
 GIB = 1024**3
 # Monday 2026-11-30 14:30 local time
@@ -27,9 +28,9 @@ def holder(pid, name="python", cmd=("python", "train.py"), user="alice", gpu=0, 
     return Holder(pid, tuple(GpuUse(g, "C", mem, sm) for g in gpus), proc, (), v, runtime=runtime)
 
 
-def snap(*holders, util=(70.0, 10.0)):
+def snap(*holders, util=(70.0, 10.0), allocation=None):
     devs = tuple(DeviceSample(index=i, util_gpu=u) for i, u in enumerate(util))
-    return Snapshot(at=AT, host="node", devices=devs, holders=holders, roots=(), backends=())
+    return Snapshot(at=AT, host="node", devices=devs, holders=holders, roots=(), backends=(), allocation=allocation)
 
 
 def cond(ctype, op, value, **extra):
@@ -48,7 +49,11 @@ A = holder(101, name="xmrig", cmd=("./xmrig", "-o", "stratum+tcp://pool:3333"), 
            mem=300 * 1024**2, runtime=7200.0, orphan=True, gpu=1)
 B = holder(102, user="alice", mem=5 * GIB, sm=None, gpu=0)  # SM% unknown: device util (70%) is used
 C = holder(103, user="alice", mem=2 * GIB, sm=20.0, gpu=(0, 1))  # 2 GiB on each of 2 GPUs
-S = snap(A, B, C)
+# GPU 0 is allocated to alice's job 7: B is inside it, A squats on GPU 1... (standings as the sampler makes them)
+ALLOC = AllocationView("slurm", {0: Allocation(0, "7", 7, "alice", 1000, AT - 3600)},
+                       {101: Standing("squatter", "no job"), 102: Standing("inside", "its job"),
+                        103: Standing("outside", "GPU 1")}, {0: AT - 600})
+S = snap(A, B, C, allocation=ALLOC)
 
 CASES = [
     # process_name: every string operator
@@ -89,6 +94,12 @@ CASES = [
     ("time_window", "in", {"hours": "22:00-06:00"}, A, False),
     ("time_window", "not_in", {"weekdays": ["sat", "sun"]}, A, True),
     ("time_window", "not_in", {"hours": [9, 17]}, A, False),
+    # standing (issue 29): the holder's, against its GPUs' allocation
+    ("standing", "==", "squatter", A, True), ("standing", "==", "squatter", B, False),
+    ("standing", "!=", "inside", C, True), ("standing", "in", ["outside", "squatter"], C, True),
+    ("standing", "not_in", ["inside"], B, False),
+    # allocation_idle is measured on an allocated GPU, never on a process (tests/unit/test_allocation_guard.py)
+    ("allocation_idle", ">", "5m", B, False),
 ]
 
 
