@@ -66,6 +66,46 @@ class DeviceSample:
             clock_mem_mhz=clock_mem_mhz, lost=lost, errors=errors, backend=backend, backend_index=backend_index)
 
 
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG device: compute instance ``compute_instance_id`` of GPU instance ``gpu_instance_id`` on GPU
+    ``gpu`` (the backend's index; the sampler renumbers it to the global index). Unknown is None."""
+
+    gpu: int
+    mig_index: int  # its place in NVML's nvmlDeviceGetMigDeviceHandleByIndex order
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    profile: str | None = None  # "1g.18gb", as DCGM's GPU_I_PROFILE
+    uuid: str | None = None  # "MIG-..."
+    name: str | None = None
+    memory_total: int | None = None  # bytes
+    memory_used: int | None = None  # bytes
+    util_gpu: float | None = None  # NVML answers NOT_SUPPORTED on a MIG device: None (N/A), never 0
+    util_source: str | None = None  # where util_gpu came from, when it is known
+    errors: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[int, int | None, int | None]:
+        """(parent GPU, GPU instance id, compute instance id): how a holder's use finds its instance."""
+        return (self.gpu, self.gpu_instance_id, self.compute_instance_id)
+
+    @property
+    def label(self) -> str:
+        """'GI 1/CI 0 1g.18gb' (the ids, then the profile when known)."""
+        gi = "?" if self.gpu_instance_id is None else self.gpu_instance_id
+        ci = "?" if self.compute_instance_id is None else self.compute_instance_id
+        return f"GI {gi}/CI {ci}" + (f" {self.profile}" if self.profile else "")
+
+
+def mig_profile(name: str | None) -> str | None:
+    """The profile in a MIG device's name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> "1g.10gb"), as the driver
+    names it; None when the name has none."""
+    if not name or " MIG " not in name:
+        return None
+    tail = name.rsplit(" MIG ", 1)[1].strip()
+    return tail or None
+
+
 @dataclass(frozen=True, init=False)
 class GpuProcess:
     """A process holding a context on one device, as the vendor library reports it."""
@@ -76,12 +116,16 @@ class GpuProcess:
     used_memory: int | None = None  # bytes; None under WDDM, on MIG, or when unknown
     sm_util: float | None = None  # percent; None when there are no samples
     visible: bool = True  # False when the vendor names a PID this namespace cannot see
+    gpu_instance_id: int | None = None  # MIG: the instance it runs on (None: not MIG)
+    compute_instance_id: int | None = None
 
     def __init__(self, pid: int, index: int, ctx: str = CTX_COMPUTE, used_memory: int | None = None,
-                 sm_util: float | None = None, visible: bool = True):
+                 sm_util: float | None = None, visible: bool = True, gpu_instance_id: int | None = None,
+                 compute_instance_id: int | None = None):
         # One update, not the frozen dataclass's object.__setattr__ a field: one a holder a refresh.
         self.__dict__.update(pid=pid, index=index, ctx=ctx, used_memory=used_memory, sm_util=sm_util,
-                             visible=visible)
+                             visible=visible, gpu_instance_id=gpu_instance_id,
+                             compute_instance_id=compute_instance_id)
 
 
 @dataclass(frozen=True)
@@ -128,6 +172,10 @@ class Backend(ABC):
     def reset(self, index: int) -> str:
         """Reset the device; return a one-line description of what was done, or raise ResetError."""
         raise ResetError(f"{self.name}: reset is not supported by this backend", kind="unsupported")
+
+    def mig_instances(self, index: int) -> list[MigInstance]:
+        """The MIG devices of this device, when MIG is on (none otherwise). Must not raise."""
+        return []
 
     def warnings(self) -> list[str]:
         """Conditions worth showing the user (e.g. processes whose data could not be read)."""

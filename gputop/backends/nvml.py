@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 from gputop.backends.base import (
     CTX_BOTH, CTX_COMPUTE, CTX_GRAPHICS, Backend, BackendUnavailable, DeviceSample, GpuProcess,
-    ResetError,
+    MigInstance, ResetError,
 )
+from gputop.backends.nvml_mig import MigLost, MigReader
 
 # NVML return codes (nvml.h).
 ERR_UNINITIALIZED = 1
@@ -320,6 +321,7 @@ class NvmlBackend(Backend):
         self._read_calls: tuple | None = None  # _read_fns()
         self._warnings: list[str] = []
         self._initialised = False
+        self._mig = MigReader(self._ret, error_name)  # MIG devices and their holders (nvml_mig)
         self._init()
         try:
             self._count = self._device_count()
@@ -336,6 +338,7 @@ class NvmlBackend(Backend):
             raise BackendUnavailable(unavailable_reason(e.value, str(e))) from None
         self._initialised = True
         self._handles.clear()
+        self._mig.clear()
 
     def close(self) -> None:
         with self._lock:
@@ -412,15 +415,6 @@ class NvmlBackend(Backend):
         except NvmlError as e:
             return e.value
 
-    def _c(self, errors: list[str], label: str, name: str, *args) -> bool:
-        """``_ret``, with _field's outcomes: True on success; GPU_IS_LOST raises _Lost; any other error
-        is noted in ``errors`` and the field is unknown."""
-        ret = self._ret(name, *args)
-        if ret == NVML_SUCCESS:
-            return True
-        self._failed(errors, label, ret)
-        return False
-
     def _call(self, name: str, *args) -> int:
         """``_ret`` for a refresh's calls: the kept C function straight away once it has been found (each
         field is read many times a second; the function lookup and its error handling run once)."""
@@ -471,14 +465,8 @@ class NvmlBackend(Backend):
                 errors.append(f"temperature: {error_name(ret)}")
                 return None
             self._temp_v = False
-        return self._uint_field(errors, "temperature", "nvmlDeviceGetTemperature", h, TEMPERATURE_GPU)
-
-    def _uint_field(self, errors: list[str], label: str, name: str, h, *args) -> int | None:
-        """A call whose result is one unsigned int, after the handle and ``args``; None when unknown."""
-        ret = self._call(name, h, *args, self._uint_ref)
-        if ret == NVML_SUCCESS:
-            return self._uint.value
-        return self._failed(errors, label, ret)
+        ret = self._call("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU, self._uint_ref)
+        return self._uint.value if ret == NVML_SUCCESS else self._failed(errors, "temperature", ret)
 
     def sample(self, index: int) -> DeviceSample:
         with self._lock:
@@ -487,8 +475,9 @@ class NvmlBackend(Backend):
             try:
                 h = self._handle(index)
                 info = self._static_info(index, h, errors)
+                self._mig.refresh(index, h)  # MIG can be turned on or off, instances made or destroyed
                 return self._read(index, h, info, errors)
-            except _Lost as e:
+            except (_Lost, MigLost) as e:
                 return DeviceSample(index=index, lost=True, errors=(f"{e}: GPU is lost",), **info)
             except NvmlError as e:  # the handle itself
                 self._handles.pop(index, None)
@@ -659,13 +648,16 @@ class NvmlBackend(Backend):
         with self._lock:
             try:
                 h = self._handle(index)
+                if self._mig.enabled(index, h):  # holders placed on their MIG devices
+                    return self._mig.processes(index, h, lambda mh, key: merge_process_lists(
+                        self._list_or_none("Compute", mh, key), self._list_or_none("Graphics", mh, key)))
                 compute, graphics = self._list_or_none("Compute", h, index), \
                     self._list_or_none("Graphics", h, index)
                 # The usual list: compute contexts only, one entry a process (no merging to do).
                 plain = not graphics and len(dict(compute)) == len(compute)
                 merged = {} if plain else merge_process_lists(compute, graphics)
                 sm = self._sm_utils(index, h) if compute or merged else {}
-            except (_Lost, NvmlError):
+            except (_Lost, MigLost, NvmlError):
                 return []
         # Whether this PID namespace can see the PID is decided by the sampler, which reads every
         # holder's /proc entry anyway (NVML reports host PIDs, even inside a container).
@@ -687,6 +679,13 @@ class NvmlBackend(Backend):
             append(p)
         self._last_procs[index] = {p.pid: p for p in out}
         return out
+
+    def mig_instances(self, index: int) -> list[MigInstance]:
+        with self._lock:
+            try:
+                return self._mig.instances(index, self._handle(index))
+            except (_Lost, MigLost, NvmlError):
+                return []
 
     def warnings(self) -> list[str]:
         with self._lock:
@@ -711,12 +710,14 @@ class NvmlBackend(Backend):
                 note = f" (its NVML handle failed: {e})"
             if h is not None:
                 note = ""
-                self._check_display(index, h)
+                _check_display(self._ret, index, h)
                 holders = [p.pid for p in self.processes(index)]
                 if holders:
                     raise ResetError(f"nvml: GPU {index} is in use by pid(s) {', '.join(map(str, holders))}",
                                      kind="busy")
-                target = self._reset_target(index, h)
+                # nvidia-smi's -i numbering can differ from NVML's: name the device by PCI bus id, else UUID.
+                info = self._static_info(index, h, [])
+                target = info.get("pci_bus_id") or info.get("uuid") or str(index)
             import shutil
             import subprocess  # only a reset runs it (start-up of every other command)
 
@@ -742,26 +743,22 @@ class NvmlBackend(Backend):
                              kind=reset_error_kind(out))
         return f"GPU {index} ({target}) reset with nvidia-smi: {out or 'done'}"
 
-    def _check_display(self, index: int, h) -> None:
-        for what, name in (("active", "nvmlDeviceGetDisplayActive"), ("mode", "nvmlDeviceGetDisplayMode")):
-            state = ctypes.c_int()  # nvmlEnableState_t
-            if self._ret(name, h, ctypes.byref(state)) != NVML_SUCCESS:
-                continue  # unknown: nvidia-smi will refuse if it must
-            if state.value == FEATURE_ENABLED:
-                raise ResetError(f"nvml: GPU {index} drives a display (display {what})", kind="display")
-
-    def _reset_target(self, index: int, h) -> str:
-        # nvidia-smi's -i numbering can differ from NVML's (CUDA_VISIBLE_DEVICES does not apply, but
-        # enumeration order can): name the device by PCI bus id, else by UUID.
-        info = self._static_info(index, h, [])
-        return info.get("pci_bus_id") or info.get("uuid") or str(index)
-
     def _reinit(self) -> None:
         try:
             self._init()
             self._count = self._device_count()
         except (BackendUnavailable, NvmlError) as e:
             self._warnings.append(f"nvml: could not re-initialise NVML after the reset: {e}")
+
+
+def _check_display(call, index: int, h) -> None:
+    """ResetError when GPU ``index`` drives a display; ``call(name, *args)`` is the backend's C call."""
+    for what, name in (("active", "nvmlDeviceGetDisplayActive"), ("mode", "nvmlDeviceGetDisplayMode")):
+        state = ctypes.c_int()  # nvmlEnableState_t
+        if call(name, h, ctypes.byref(state)) != NVML_SUCCESS:
+            continue  # unknown: nvidia-smi will refuse if it must
+        if state.value == FEATURE_ENABLED:
+            raise ResetError(f"nvml: GPU {index} drives a display (display {what})", kind="display")
 
 
 def _text(v) -> str:
