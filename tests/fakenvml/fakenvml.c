@@ -731,7 +731,9 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) 
 
 static nvmlReturn_t bar1(nvmlDevice_t h, nvmlBAR1Memory_t *m) {
     struct gpu *g;
-    nvmlReturn_t r = dev(h, -1, &g);
+    struct mig *mi;
+    nvmlReturn_t r = mig_dev(h, &mi, &g); /* a MIG device has its own BAR1 share, as nvidia-smi shows */
+    if (r == NOT_A_MIG) r = dev(h, -1, &g);
     if (r) return r;
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
     m->total = 256ULL << 20;
