@@ -253,7 +253,7 @@ class GputopApp(App):
         self.panel = message.panel
         self._sample_error = None
         self.history.add(snap)
-        self._devices.show(snap.devices, snap.backends, self.size.height)
+        self._devices.show(snap.devices, snap.backends, self.size.height, snap.instances)
         self.refresh_tree()
         if message.panel != self.panel_shown:  # its height can change: lay out only when it does
             self.panel_shown = message.panel

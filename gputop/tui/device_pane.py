@@ -23,6 +23,7 @@ from gputop.backends.base import DeviceSample
 from gputop.util.textsafe import visible
 from gputop.tui.bar import LineStyles
 from gputop.tui.history import DeviceHistory
+from gputop.tui.mig_lines import by_gpu, instance_pieces
 from gputop.util.units import fmt_bytes, fmt_opt
 
 Line = tuple  # of (text, style) pieces
@@ -133,11 +134,13 @@ class DeviceBoard(Widget):
         self._strips: dict[int, tuple[Line, Strip]] = {}  # y -> the line and its Strip
         self._strips_key: tuple | None = None  # the width and styles the strips were made with
         self._line_styles = LineStyles()  # piece style -> the style Textual draws it with
+        self.instances: tuple = ()  # MIG devices: one line each, under its GPU (gputop.tui.mig_lines)
 
-    def show(self, devices, lines: int) -> None:
+    def show(self, devices, lines: int, instances=()) -> None:
         """Take a new sample; repaint only the lines that would look different."""
         self.devices = tuple(devices)
-        if lines != self.lines or len(self._lines) != lines * len(self.devices):
+        self.instances = tuple(instances)
+        if lines != self.lines or len(self._lines) != lines * len(self.devices) + len(self.instances):
             self.lines = lines
             self._build()
             self.styles.height = len(self._lines)
@@ -153,15 +156,17 @@ class DeviceBoard(Widget):
     def _build(self) -> None:
         width = self.size.width
         out: list[Line] = []
-        if self.lines == 1:
-            out = [line_pieces(d, self.history, width) for d in self.devices]
-        else:
-            for d in self.devices:
+        mig = by_gpu(self.instances) if self.instances else {}
+        for d in self.devices:
+            if self.lines == 1:
+                out.append(line_pieces(d, self.history, width))
+            else:
                 out.extend(pane_pieces(d, self.history, width))
+            out.extend(instance_pieces(m, width) for m in mig.get(d.index, ()))
         self._lines, self._built_for = out, (width, self.lines)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return self.lines * len(self.devices)
+        return self.lines * len(self.devices) + len(self.instances)
 
     def render(self) -> Text:
         if self._built_for != (self.size.width, self.lines):
@@ -199,11 +204,11 @@ class DevicesBox(VerticalScroll):
     def compose(self):
         yield self.board
 
-    def show(self, devices: tuple, backends: tuple, screen_height: int) -> None:
-        # Two lines per GPU when they fit in about half the screen, else one line each.
+    def show(self, devices: tuple, backends: tuple, screen_height: int, instances: tuple = ()) -> None:
+        # Two lines per GPU when they fit in about half the screen, else one line each (+ a line per MIG device).
         budget = max(4, (screen_height - 10) // 2)
-        lines = 2 if 2 * len(devices) <= budget else 1
-        self.board.show(devices, lines)
+        lines = 2 if 2 * len(devices) + len(instances) <= budget else 1
+        self.board.show(devices, lines, instances)
         if not devices:
             if self._no_gpu is None:
                 from gputop.backends import no_gpu_message
@@ -214,6 +219,6 @@ class DevicesBox(VerticalScroll):
         elif self._no_gpu is not None:  # the GPUs are back
             self._no_gpu.remove()
             self._no_gpu = None
-        height = min(max(2, lines * max(1, len(devices))), budget) + 1  # + the border
+        height = min(max(2, lines * max(1, len(devices)) + len(instances)), budget) + 1  # + the border
         if self.styles.height is None or self.styles.height.value != height:
             self.styles.height = height
