@@ -183,3 +183,26 @@ def test_guard_gpu_condition_refuses_what_is_not_a_place(bad):
     with pytest.raises((UsageError, ValueError)) as e:
         parse_policy(text)
     assert "GPU ind" in str(e.value)
+
+
+def test_hardware_check_reports_mig_and_never_changes_it(tmp_path):
+    """scripts/hardware-check.sh says whether MIG is on (from nvidia-smi) and never asks nvidia-smi to change
+    it; here it stops right after, at the missing torch (exit 2)."""
+    from tests.conftest import ROOT
+
+    log = tmp_path / "smi.args"
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {log}\ncase "$*" in\n'
+                   '  *mig.mode.current*) echo Enabled ;;\n'
+                   '  -L) echo "GPU 0: NVIDIA H200 (UUID: GPU-x)"; echo "  MIG 1g.18gb Device 0: (UUID: MIG-a)";'
+                   ' echo "  MIG 3g.71gb Device 1: (UUID: MIG-b)" ;;\nesac\nexit 0\n')
+    smi.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "PYTHON": "/bin/false"}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "hardware-check.sh")], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "INFO MIG is enabled on GPU 0: 2 MIG device(s)" in r.stdout, r.stdout
+    calls = log.read_text().splitlines()
+    assert calls and not [c for c in calls if "-mig" in c.split() or c.split()[:1] == ["mig"]
+                          or "--multi-instance-gpu" in c], calls
