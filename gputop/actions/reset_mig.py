@@ -19,7 +19,7 @@ def mig_refusal(snap, index: int, holders) -> tuple[str, list[dict]] | None:
         details.append({"gpu_instance_id": m.gpu_instance_id, "compute_instance_id": m.compute_instance_id,
                         "profile": m.profile, "uuid": m.uuid, "holders": [h.pid for h in on]})
         if on:
-            parts.append(f"{m.label}: " + ", ".join(_who(h) for h in on))
+            parts.append(f"{visible(m.label)}: " + ", ".join(_who(h) for h in on))
     rest = [h for h in holders if h.pid not in placed]
     if rest:  # a holder NVML did not place on an instance: named too, never left out
         parts.append("no instance known: " + ", ".join(_who(h) for h in rest))
