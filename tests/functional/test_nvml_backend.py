@@ -394,7 +394,7 @@ def test_size_query_protocol_and_struct_layouts(nvml, procs):
         mode = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMigMode")
         res["mig"] = [mode(h0, ctypes.byref(cur), ctypes.byref(pend)), list(pynvml.nvmlDeviceGetMigMode(h1)),
                       pynvml.nvmlDeviceGetMaxMigDeviceCount(h0), pynvml.nvmlDeviceGetMaxMigDeviceCount(h1),
-                      getattr(pynvml.nvmlDeviceIsMigDeviceHandle(h0), "value", 0), getattr(pynvml.nvmlDeviceIsMigDeviceHandle(h1), "value", 0)]
+                      *(getattr(v, "value", v) for v in map(pynvml.nvmlDeviceIsMigDeviceHandle, (h0, h1)))]
         print(json.dumps(res))
     """, env)
     NVML_ERROR_INSUFFICIENT_SIZE = 7
