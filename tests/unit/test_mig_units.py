@@ -42,3 +42,25 @@ def test_nvml_backend_has_at_most_30_methods():
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NvmlBackend"]
     methods = [n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     assert len(methods) <= 30, methods
+
+
+def test_instance_text_never_reaches_a_terminal_raw():
+    """A MIG device's profile is shown through textsafe.visible on the status table, the TUI's board line and
+    tree group, and the reset refusal."""
+    from gputop.actions.reset_mig import mig_refusal
+    from gputop.backends.base import DeviceSample
+    from gputop.commands.status import instance_rows
+    from gputop.tui.mig_lines import instance_pieces
+    from gputop.tui.rows import build
+
+    bad = MigInstance(0, 0, 1, 0, "1g\x1b[2J.18gb\x07", "MIG-x", None, 18 << 30, 1 << 30)
+    use = GpuUse(0, "C", 1 << 30, None, 1, 0)
+    h = Holder(10, (use,), None, (), Verdict("unknown", "test"))
+    snap = Snapshot(0.0, "h", (DeviceSample(0, "GPU"),), (h,), (), (), instances=(bad,))
+    texts = [" ".join(instance_rows(snap, snap.devices[0])[0]),
+             "".join(t for t, _ in instance_pieces(bad, 80)),
+             mig_refusal(snap, 0, [h])[0],
+             build(snap)[0].children[0].title]
+    for t in texts:
+        assert "\x1b" not in t and "\x07" not in t, repr(t)
+        assert "18gb" in t, t
