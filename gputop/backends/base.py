@@ -50,20 +50,23 @@ class DeviceSample:
     errors: tuple[str, ...] = ()  # per-field degradations, e.g. "power: NotSupported"
     backend: str = ""  # filled in by the sampler, which also renumbers ``index`` across backends
     backend_index: int | None = None
+    mig_enabled: bool | None = None  # MIG mode on (True), off (False), or the GPU cannot do MIG / unknown (None)
 
     def __init__(self, index: int, name: str | None = None, uuid: str | None = None,
                  pci_bus_id: str | None = None, memory_total: int | None = None, memory_used: int | None = None,
                  util_gpu: float | None = None, util_mem: float | None = None, temperature: float | None = None,
                  power_w: float | None = None, power_limit_w: float | None = None, fan_pct: float | None = None,
                  clock_sm_mhz: int | None = None, clock_mem_mhz: int | None = None, lost: bool = False,
-                 errors: tuple[str, ...] = (), backend: str = "", backend_index: int | None = None):
+                 errors: tuple[str, ...] = (), backend: str = "", backend_index: int | None = None,
+                 mig_enabled: bool | None = None):
         # As GpuProcess: the fields in one update, not the frozen dataclass's object.__setattr__ each
         # (2.3 us a device a refresh, against 0.6). Still frozen after this.
         self.__dict__.update(
             index=index, name=name, uuid=uuid, pci_bus_id=pci_bus_id, memory_total=memory_total,
             memory_used=memory_used, util_gpu=util_gpu, util_mem=util_mem, temperature=temperature,
             power_w=power_w, power_limit_w=power_limit_w, fan_pct=fan_pct, clock_sm_mhz=clock_sm_mhz,
-            clock_mem_mhz=clock_mem_mhz, lost=lost, errors=errors, backend=backend, backend_index=backend_index)
+            clock_mem_mhz=clock_mem_mhz, lost=lost, errors=errors, backend=backend, backend_index=backend_index,
+            mig_enabled=mig_enabled)
 
 
 @dataclass(frozen=True)

@@ -526,7 +526,7 @@ class NvmlBackend(Backend):
         return DeviceSample(
             index, info.get("name"), info.get("uuid"), info.get("pci_bus_id"), total, used, util_gpu, util_mem,
             float(temp) if temp is not None else None, power, limit, fan, sm, mem_clock, False,
-            tuple(errors) if errors else (), self.name, index)
+            tuple(errors) if errors else (), self.name, index, self._mig.mode(index))
 
     # ---- processes ----
     def _fn(self, name: str):

@@ -45,11 +45,13 @@ class MigReader:
     def __init__(self, call: Callable[..., int], error_name: Callable[[int], str]):
         self._call, self._error_name = call, error_name
         self._enabled: dict[int, bool] = {}
+        self._capable: dict[int, bool] = {}  # GetMigMode answered (the GPU can do MIG)
         self._handles: dict[int, list[tuple[int, Any, int | None, int | None]]] = {}
 
     def clear(self) -> None:
         """Forget every handle (NVML was shut down or opened again)."""
         self._enabled.clear()
+        self._capable.clear()
         self._handles.clear()
 
     def refresh(self, index: int, h) -> bool:
@@ -60,8 +62,13 @@ class MigReader:
             raise MigLost("mig mode")
         on = ret == SUCCESS and cur.value == MIG_ENABLED
         self._enabled[index] = on
+        self._capable[index] = ret == SUCCESS
         self._handles.pop(index, None)
         return on
+
+    def mode(self, index: int) -> bool | None:
+        """The MIG mode last read: True on, False off, None when the GPU cannot do MIG (or not read yet)."""
+        return self._enabled.get(index) if self._capable.get(index) else None
 
     def enabled(self, index: int, h) -> bool:
         on = self._enabled.get(index)

@@ -301,7 +301,7 @@ class SimulatedBackend(Backend):
             power_limit_w=g["power_limit"], fan_pct=g["fan"],
             clock_sm_mhz=int(g["clock_sm"]) if g["clock_sm"] is not None else None,
             clock_mem_mhz=int(g["clock_mem"]) if g["clock_mem"] is not None else None,
-            backend=self.name, backend_index=index,
+            backend=self.name, backend_index=index, mig_enabled=True if g["mig"] is not None else None,
         )
 
     def processes(self, index: int) -> list[GpuProcess]:

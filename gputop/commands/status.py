@@ -155,6 +155,8 @@ def instance_rows(snap: Snapshot, d) -> list[list[str]]:
     """A row per MIG device of GPU ``d``, under it: "0:1" (GPU:MIG index), its ids and profile, memory;
     utilisation N/A where NVML does not give it (never 0), else with its source."""
     rows = []
+    if getattr(d, "mig_enabled", None) and not snap.instances_on(d.index):  # MIG on, nothing carved out
+        rows.append([f"{d.index}:-", "- MIG on, no MIG devices", "", "", "", "", "", d.backend])
     for m in snap.instances_on(d.index) if getattr(snap, "instances", ()) else ():
         util = "N/A" if m.util_gpu is None else f"{m.util_gpu:.0f}%" + (f" ({m.util_source})" if m.util_source else "")
         rows.append([f"{d.index}:{m.mig_index}", f"- MIG {visible(m.label)}", util,

@@ -37,7 +37,7 @@ def device_to_dict(d: DeviceSample) -> dict:
         "utilization_gpu": d.util_gpu, "utilization_memory": d.util_mem,
         "temperature_c": d.temperature, "power_w": d.power_w, "power_limit_w": d.power_limit_w,
         "fan_percent": d.fan_pct, "clock_sm_mhz": d.clock_sm_mhz, "clock_mem_mhz": d.clock_mem_mhz,
-        "errors": list(d.errors),
+        "errors": list(d.errors), "mig_enabled": getattr(d, "mig_enabled", None),
     }
 
 

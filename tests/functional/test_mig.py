@@ -175,6 +175,7 @@ def test_status_json_and_table_put_each_instance_under_its_gpu(nvml, procs):
     assert inst[2]["memory_total"] == 18 * GiB and inst[2]["memory_used"] == 3 * GiB
     assert all(m["utilization_gpu"] is None for m in inst)
     assert doc["gpu"]["gpus"][0]["utilization_gpu"] is None
+    assert [g["mig_enabled"] for g in doc["gpu"]["gpus"]] == [True, None]  # the H100 here cannot do MIG
     by_pid = {h["pid"]: h for h in doc["holders"]}
     assert by_pid[b.pid]["uses"][0]["gpu_instance_id"] == 6 and by_pid[b.pid]["sm_util"] is None
     assert by_pid[c.pid]["uses"][0]["gpu_instance_id"] is None and by_pid[c.pid]["sm_util"] == 10.0
@@ -202,7 +203,7 @@ def test_mig_off_shows_no_instances(nvml, procs):
     for h in holders:
         h.pop("gi", None)
     doc = json.loads(run_gputop("status", "--json", env=_env(nvml(gpus, holders))).stdout)
-    assert doc["gpu"]["instances"] == []
+    assert doc["gpu"]["instances"] == [] and doc["gpu"]["gpus"][0]["mig_enabled"] is False
     assert all(u["gpu_instance_id"] is None for h in doc["holders"] for u in h["uses"])
     assert doc["gpu"]["gpus"][0]["utilization_gpu"] == 100.0  # 60 + 40, capped: MIG off, utilisation is there
 
@@ -222,3 +223,13 @@ def test_nvitop_lists_the_instances_of_the_same_fake(nvml, procs):
     rows = [l.split() for l in out.splitlines() if l.startswith("│ ")]
     placed = {r[2]: r[1] for r in rows if len(r) > 3 and r[2] in (str(a.pid), str(b.pid))}
     assert placed == {str(a.pid): "0:0", str(b.pid): "0:2"}, out
+
+
+def test_mig_on_without_instances_says_so(nvml, procs):
+    """MIG on, nothing carved out yet: the GPU says MIG is on (why its utilisation is N/A), no instance rows."""
+    gpus = [{**h200(), "mig_devices": []}, {}]
+    env = _env(nvml(gpus, []))
+    doc = json.loads(run_gputop("status", "--json", env=env).stdout)
+    assert doc["gpu"]["instances"] == [] and doc["gpu"]["gpus"][0]["mig_enabled"] is True
+    out = run_gputop("status", env=env).stdout
+    assert "0:-  - MIG on, no MIG devices" in out, out
