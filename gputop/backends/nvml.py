@@ -650,7 +650,7 @@ class NvmlBackend(Backend):
                 h = self._handle(index)
                 if self._mig.enabled(index, h):  # holders placed on their MIG devices
                     return self._mig.processes(index, h, lambda mh, key: merge_process_lists(
-                        self._list_or_none("Compute", mh, key), self._list_or_none("Graphics", mh, key)))
+                        self._list("Compute", mh, key), self._list_or_none("Graphics", mh, key)))
                 compute, graphics = self._list_or_none("Compute", h, index), \
                     self._list_or_none("Graphics", h, index)
                 # The usual list: compute contexts only, one entry a process (no merging to do).
@@ -689,7 +689,8 @@ class NvmlBackend(Backend):
 
     def warnings(self) -> list[str]:
         with self._lock:
-            out, self._warnings = self._warnings, []
+            out, self._warnings = self._warnings + self._mig.warnings, []
+            self._mig.warnings = []
         return out
 
     # ---- reset ----

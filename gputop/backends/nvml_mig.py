@@ -47,6 +47,7 @@ class MigReader:
         self._enabled: dict[int, bool] = {}
         self._capable: dict[int, bool] = {}  # GetMigMode answered (the GPU can do MIG)
         self._handles: dict[int, list[tuple[int, Any, int | None, int | None]]] = {}
+        self.warnings: list[str] = []  # the backend hands them on with its own (NvmlBackend.warnings)
 
     def clear(self) -> None:
         """Forget every handle (NVML was shut down or opened again)."""
@@ -132,12 +133,35 @@ class MigReader:
 
     def processes(self, index: int, h, read_lists: Callable[[Any, str], dict]) -> list[GpuProcess]:
         """The holders of GPU ``index``, one GpuProcess per (process, MIG device), placed by the MIG handle
-        whose list names them. ``read_lists(mig_handle, key)`` reads a handle's compute and graphics lists
-        merged, {pid: (ctx, memory or None)}. Per-process utilisation is NOT_SUPPORTED on MIG: None."""
-        out = []
+        whose list names them. ``read_lists(handle, key)`` reads a handle's compute and graphics lists
+        merged, {pid: (ctx, memory or None)}, and raises when the compute list cannot be read.
+        Per-process utilisation is NOT_SUPPORTED on MIG: None.
+
+        A MIG device whose list cannot be read (NVML: not supported in vGPU host mode) must not make its
+        holders disappear ("cannot see" is never "gone"): then the GPU's own (aggregate) list is read too,
+        and a holder only it names is kept, on no known instance, with a warning."""
+        out, failed = [], []
         for i, mh, gi, ci in self.handles(index, h):
-            for pid, (ctx, mem) in read_lists(mh, f"{index} MIG {i}").items():
-                out.append(GpuProcess(pid, index, ctx, mem, None, True, gi, ci))
+            try:
+                lists = read_lists(mh, f"{index} MIG {i}")
+            except Exception as e:
+                if isinstance(e, MigLost) or getattr(e, "value", None) == GPU_IS_LOST:
+                    raise MigLost("mig process list") from None
+                failed.append(f"MIG {i}: {e}")
+                continue
+            out.extend(GpuProcess(pid, index, ctx, mem, None, True, gi, ci) for pid, (ctx, mem) in lists.items())
+        if failed:
+            seen = {p.pid for p in out}
+            try:
+                whole = read_lists(h, str(index))
+                note = "its holders are read from the GPU's own list, on no known instance"
+            except Exception as e:
+                if isinstance(e, MigLost) or getattr(e, "value", None) == GPU_IS_LOST:
+                    raise MigLost("process list") from None
+                whole, note = {}, f"nor can the GPU's own list ({e}): its holders cannot be seen"
+            out.extend(GpuProcess(pid, index, ctx, mem) for pid, (ctx, mem) in whole.items() if pid not in seen)
+            self.warnings.append(f"nvml: GPU {index}: the process lists of {', '.join(failed)} cannot be read; "
+                                 + note)
         return out
 
 

@@ -131,6 +131,8 @@ def _gpu_line(i: int, g: dict) -> str:
             fields.append(f"mig_pending={1 if g['mig_pending'] else 0}")
         if g.get("mig_denied"):
             fields.append("mig_denied=1")
+        if g.get("mig_procs_error"):
+            fields.append(f"mig_procs_error={g['mig_procs_error']}")
     return "gpu\t" + "\t".join(fields)
 
 
@@ -173,6 +175,7 @@ def write_fake_nvml_config(path: str | os.PathLike, gpus: list[dict], holders: l
     errors ({field: NVML error name or code}, e.g. {"temp": "UNKNOWN"}). A key given as None makes that
     field NOT_SUPPORTED; a missing key takes a default. MIG: mig (True/False: MIG-capable, mode on/off;
     absent: not capable), mig_pending, mig_denied (True: the parent's process lists answer NO_PERMISSION),
+    mig_procs_error (an NVML error name: the MIG handles' process lists answer it),
     mig_devices ([{gi, ci, profile ("1g.10gb"), uuid, memory_total, memory_used ("auto": its holders')}],
     in MigDeviceHandleByIndex order).
     ``holders``: {pid, gpu=0, memory (bytes, "4GiB", or None = NVML_VALUE_NOT_AVAILABLE), type C|G|C+G,

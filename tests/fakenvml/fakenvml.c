@@ -14,6 +14,7 @@
  *         display=0|1  errors=FIELD:CODE,FIELD:CODE (force an NVML error code for one field)
  *         mig=0|1 (MIG-capable, mode disabled|enabled; absent: not capable)  mig_pending=0|1
  *         mig_denied=1 (MIG on: the parent's process lists answer NO_PERMISSION, as to an unprivileged user)
+ *         mig_procs_error=CODE (MIG handles' process lists answer CODE, as in vGPU host mode: NOT_SUPPORTED)
  *   mig   gpu=N  gi=ID  ci=ID  profile=1g.18gb  uuid=MIG-..  mem_total=BYTES  mem_used=BYTES|auto
  *         (one MIG device, a compute instance of a GPU instance, in MigDeviceHandleByIndex order)
  *   proc  gpu=N  pid=PID  mem=BYTES|na  type=C|G|C+G  sm=PCT|none  ghost=0|1  gi=ID  ci=ID
@@ -116,7 +117,7 @@ struct gpu {
     int has[NUMERIC_FIELDS];
     int err[NFIELDS];
     int lost, display;
-    int mig_capable, mig_mode, mig_pending, mig_denied;
+    int mig_capable, mig_mode, mig_pending, mig_denied, mig_procs_err;
 };
 
 /* One MIG device: compute instance ``ci`` of GPU instance ``gi`` on GPU ``gpu``. */
@@ -209,6 +210,7 @@ static void parse_gpu(struct config *c, char *rest) {
         else if (strcmp(k, "mig") == 0) { g->mig_capable = 1; g->mig_mode = atoi(v); g->mig_pending = g->mig_mode; }
         else if (strcmp(k, "mig_pending") == 0) g->mig_pending = atoi(v);
         else if (strcmp(k, "mig_denied") == 0) g->mig_denied = atoi(v);
+        else if (strcmp(k, "mig_procs_error") == 0) g->mig_procs_err = parse_error_code(v);
         else if (strcmp(k, "errors") == 0) {
             char buf[512];
             copy_str(buf, sizeof buf, v);
@@ -1000,6 +1002,7 @@ static nvmlReturn_t running(nvmlDevice_t h, int ctx, unsigned int *count, void *
         gi = (int)(h - slots);
     } else {
         if (r) return r;
+        if (g->mig_procs_err) return g->mig_procs_err;
         gi = m->gpu;
     }
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;

@@ -233,3 +233,26 @@ def test_mig_on_without_instances_says_so(nvml, procs):
     assert doc["gpu"]["instances"] == [] and doc["gpu"]["gpus"][0]["mig_enabled"] is True
     out = run_gputop("status", env=env).stdout
     assert "0:-  - MIG on, no MIG devices" in out, out
+
+
+def test_a_mig_list_that_cannot_be_read_does_not_hide_its_holders(nvml, procs):
+    """NVML does not support MIG handles' process lists in vGPU host mode: the holders are then read from the
+    GPU's own (aggregate) list, kept on no known instance, with a warning; a reset still refuses, naming them.
+    When the GPU's own list is refused too (unprivileged), the warning says the holders cannot be seen."""
+    (a, b, c), gpus, holders = layout(procs, mig_procs_error="NOT_SUPPORTED")
+    env = _env(nvml(gpus, holders))
+    out = run_py(READ, env)
+    on0 = {p["pid"]: p for p in out["procs"][0]}
+    assert set(on0) == {a.pid, b.pid} and all(p["gpu_instance_id"] is None for p in on0.values())
+    assert on0[a.pid]["used_memory"] == 20 * GiB
+    (w,) = out["warnings"]
+    assert "MIG 0: NotSupported" in w and "on no known instance" in w, w
+    r = run_gputop("reset", "--gpu", "0", "--dry-run", env=env)
+    assert r.returncode == 5 and f"no instance known: {a.pid}" in r.stderr, r.stdout + r.stderr
+    assert a.poll() is None and b.poll() is None
+
+    (a, b, c), gpus, holders = layout(procs, mig_procs_error="NOT_SUPPORTED", mig_denied=True)
+    out = run_py(READ, nvml(gpus, holders))
+    assert out["procs"][0] == []
+    (w,) = out["warnings"]
+    assert "its holders cannot be seen" in w and "NoPermission" in w, w
