@@ -713,6 +713,9 @@ class NvmlBackend(Backend):
                 note = ""
                 _check_display(self._ret, index, h)
                 holders = [p.pid for p in self.processes(index)]
+                if index in self._mig.unseen:  # "cannot see" is never "gone"
+                    raise ResetError(f"nvml: GPU {index} has MIG on and its holders cannot be read (no process "
+                                     "list answers); not resetting what may be in use", kind="busy")
                 if holders:
                     raise ResetError(f"nvml: GPU {index} is in use by pid(s) {', '.join(map(str, holders))}",
                                      kind="busy")

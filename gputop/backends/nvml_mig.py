@@ -48,6 +48,7 @@ class MigReader:
         self._capable: dict[int, bool] = {}  # GetMigMode answered (the GPU can do MIG)
         self._handles: dict[int, list[tuple[int, Any, int | None, int | None]]] = {}
         self.warnings: list[str] = []  # the backend hands them on with its own (NvmlBackend.warnings)
+        self.unseen: set[int] = set()  # GPUs whose holders could not be read at all (last processes())
 
     def clear(self) -> None:
         """Forget every handle (NVML was shut down or opened again)."""
@@ -141,6 +142,7 @@ class MigReader:
         holders disappear ("cannot see" is never "gone"): then the GPU's own (aggregate) list is read too,
         and a holder only it names is kept, on no known instance, with a warning."""
         out, failed = [], []
+        self.unseen.discard(index)
         for i, mh, gi, ci in self.handles(index, h):
             try:
                 lists = read_lists(mh, f"{index} MIG {i}")
@@ -159,6 +161,7 @@ class MigReader:
                 if isinstance(e, MigLost) or getattr(e, "value", None) == GPU_IS_LOST:
                     raise MigLost("process list") from None
                 whole, note = {}, f"nor can the GPU's own list ({e}): its holders cannot be seen"
+                self.unseen.add(index)
             out.extend(GpuProcess(pid, index, ctx, mem) for pid, (ctx, mem) in whole.items() if pid not in seen)
             self.warnings.append(f"nvml: GPU {index}: the process lists of {', '.join(failed)} cannot be read; "
                                  + note)

@@ -5,6 +5,7 @@ holders placed on it and utilisation N/A (never 0)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -256,3 +257,7 @@ def test_a_mig_list_that_cannot_be_read_does_not_hide_its_holders(nvml, procs):
     assert out["procs"][0] == []
     (w,) = out["warnings"]
     assert "its holders cannot be seen" in w and "NoPermission" in w, w
+    if os.geteuid() == 0:  # a real reset (the backend's own check, after the root check): refused, not run
+        r = run_gputop("reset", "--gpu", "0", env=_env(nvml(gpus, holders)))
+        assert r.returncode == 5 and "holders cannot be read" in r.stderr, r.stdout + r.stderr
+        assert a.poll() is None and b.poll() is None
