@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 from gputop.backends.base import GpuProcess, MigInstance, mig_profile
 
-SUCCESS, NOT_FOUND, GPU_IS_LOST = 0, 6, 15
+SUCCESS, NOT_SUPPORTED, NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST = 0, 3, 6, 13, 15
 MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 NO_ID = 0xFFFFFFFF
 NAME_SIZE = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE
@@ -45,7 +45,7 @@ class MigReader:
     def __init__(self, call: Callable[..., int], error_name: Callable[[int], str]):
         self._call, self._error_name = call, error_name
         self._enabled: dict[int, bool] = {}
-        self._capable: dict[int, bool] = {}  # GetMigMode answered (the GPU can do MIG)
+        self._capable: dict[int, bool | None] = {}  # GetMigMode answered (the GPU can do MIG)
         self._handles: dict[int, list[tuple[int, Any, int | None, int | None]]] = {}
         self.warnings: list[str] = []  # the backend hands them on with its own (NvmlBackend.warnings)
         self.unseen: set[int] = set()  # GPUs whose holders could not be read at all (last processes())
@@ -57,14 +57,18 @@ class MigReader:
         self._handles.clear()
 
     def refresh(self, index: int, h) -> bool:
-        """Read the current MIG mode of GPU ``index`` again; True when MIG is on."""
+        """Read the current MIG mode of GPU ``index`` again; True when MIG is on. A GPU that answered
+        NOT_SUPPORTED cannot do MIG: it is not asked again (until NVML is opened again: ``clear``)."""
+        if self._capable.get(index) is False:
+            return False
         cur, pend = ctypes.c_uint(), ctypes.c_uint()
         ret = self._call("nvmlDeviceGetMigMode", h, ctypes.byref(cur), ctypes.byref(pend))
         if ret == GPU_IS_LOST:
             raise MigLost("mig mode")
         on = ret == SUCCESS and cur.value == MIG_ENABLED
         self._enabled[index] = on
-        self._capable[index] = ret == SUCCESS
+        # True: MIG-capable; False for good (NOT_SUPPORTED, or a library without the call); None: ask again
+        self._capable[index] = True if ret == SUCCESS else False if ret in (NOT_SUPPORTED, FUNCTION_NOT_FOUND) else None
         self._handles.pop(index, None)
         return on
 
