@@ -206,3 +206,18 @@ def test_hardware_check_reports_mig_and_never_changes_it(tmp_path):
     calls = log.read_text().splitlines()
     assert calls and not [c for c in calls if "-mig" in c.split() or c.split()[:1] == ["mig"]
                           or "--multi-instance-gpu" in c], calls
+
+
+@pytest.mark.parametrize("holder,gpu_mig,want", [
+    ({"gi": 9}, [{"gi": 1}], "'gi: 9, ci: 0' is not a MIG device of its GPU"),
+    ({"gi": 1}, None, "'gi: 1, ci: 0' is not a MIG device of its GPU"),
+    ({}, [{"gi": "x"}], "needs an integer 'gi'"),
+    ({}, {"gi": 1}, "'mig' must be a list of MIG devices"),
+])
+def test_a_scenario_naming_no_such_instance_is_refused(procs, scenario, holder, gpu_mig, want):
+    p = procs.sleeper("mig-bad")
+    gpu = {"name": "Simulated H200", "memory_total": "141GiB", **({"mig": gpu_mig} if gpu_mig is not None else {})}
+    path = scenario(holders=[{"pid": p.pid, "gpu": 0, "memory": "1GiB", **holder}], gpus=[gpu])
+    r = run_gputop("status", "--scenario", str(path))
+    assert r.returncode == 2 and want in r.stderr, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1  # one line that says what is wrong
