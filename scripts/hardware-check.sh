@@ -104,6 +104,14 @@ PYEOF
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     echo "SKIP hardware check: nvidia-smi not found (this check needs an NVIDIA GPU)"; exit 2
 fi
+# MIG: reported, never changed (no 'nvidia-smi -mig' and no 'nvidia-smi mig' here). With MIG on, gputop lists
+# each MIG device under its GPU and places holders on them (docs/mig.md).
+MIG_MODE=$(timeout 30 nvidia-smi --query-gpu=mig.mode.current --format=csv,noheader -i "$GPU" 2>/dev/null | head -n 1 | tr -d '[:space:]')
+case "$MIG_MODE" in
+    Enabled) echo "INFO MIG is enabled on GPU $GPU: $(timeout 30 nvidia-smi -L 2>/dev/null | grep -c 'MIG ') MIG device(s) on this node; 'gputop status' lists them (this check never changes the MIG mode)" ;;
+    Disabled) echo "INFO MIG is disabled on GPU $GPU (this check never changes the MIG mode)" ;;
+    *) echo "INFO MIG: not supported on GPU $GPU, or not reported by nvidia-smi" ;;
+esac
 if ! timeout 120 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     echo "SKIP hardware check: '$PY' has no torch with CUDA (set PYTHON=/path/to/python3)"; exit 2
 fi

@@ -1,5 +1,6 @@
 """Make screenshots/ from the real app in demo mode: the main screen, a kill dialog, the reap dialog and the
-device plot, as SVG (Textual) and PNG (converted with cairosvg, or rsvg-convert if cairosvg is missing).
+device plot, and a MIG node (mig-node-80x24, mig-node-160x50: the demo with GPU 1 split by MIG), as SVG
+(Textual) and PNG (converted with cairosvg, or rsvg-convert if cairosvg is missing).
 
     .venv/bin/python scripts/screenshots.py [--out screenshots] [--size 100x30] [--warmup 25]
 
@@ -74,6 +75,24 @@ async def shoot(out: Path, size: tuple[int, int], warmup: float) -> list[Path]:
     return svgs
 
 
+async def shoot_mig(out: Path, warmup: float) -> list[Path]:
+    """The demo as a MIG node (core.demo.mig_node), at 80x24 and 160x50."""
+    svgs: list[Path] = []
+    with Demo(mig=True) as demo:
+        config = Config()
+        sampler = Sampler.open("simulated", str(demo.scenario_path), config)
+        for w, h in ((80, 24), (160, 50)):
+            app = GputopApp(sampler, config=config, interval=0.5, demo=demo)
+            async with app.run_test(size=(w, h)) as pilot:
+                await _wait(pilot, lambda: app.snapshot is not None and app.snapshot.instances)
+                await pilot.pause(warmup)
+                assert app.select_key(f"gpu1/gi1ci0/{demo.pid('worker1')}")
+                await pilot.pause(0.3)
+                svgs.append(Path(app.save_screenshot(f"mig-node-{w}x{h}.svg", str(out))))
+        sampler.close()
+    return svgs
+
+
 def to_png(svg: Path) -> Path:
     png = svg.with_suffix(".png")
     try:
@@ -98,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     w, h = (int(x) for x in args.size.split("x"))
-    for svg in asyncio.run(shoot(out, (w, h), args.warmup)):
+    for svg in asyncio.run(shoot(out, (w, h), args.warmup)) + asyncio.run(shoot_mig(out, min(args.warmup, 8.0))):
         print(to_png(svg))
     return 0
 

@@ -7,6 +7,7 @@ import time
 
 from gputop.actions.common import Ctx, FACES, ActionResult, safety_refusal
 from gputop.actions.kill import kill_many
+from gputop.actions.reset_mig import mig_refusal
 from gputop.actions.run import ActionRun
 from gputop.backends.base import ResetError
 from gputop.core.config import Config
@@ -86,6 +87,10 @@ def _checked_reset(ctx: Ctx, run: ResetRun, kill_timeout: float | None, dry_run:
     holders = snap.holders_on(index)
     details["holders"] = [{"pid": h.pid, "start_time": h.start_time, "user": h.user, "name": h.name,
                            "cmd": h.cmd, "verdict": h.verdict.kind} for h in holders]
+    mig = mig_refusal(snap, index, holders)  # MIG: any held instance refuses, --force and --dry-run too
+    if mig is not None:
+        details["rule"], details["instances"] = "mig-held", mig[1]
+        return done(False, "busy", mig[0], EXIT_REFUSED)
     if not holders and dry_run:
         return done(True, "dry-run", f"would reset GPU {index} (no process holds it)", EXIT_OK)
     if holders and not run.force:

@@ -52,6 +52,17 @@ def read_device(gi: int, backend: Backend, local: int) -> DeviceSample:
     return dataclasses.replace(dev, index=gi, backend=backend.name, backend_index=local)
 
 
+def mig_instances(gi: int, backend: Backend, local: int, warnings: list[str]) -> list:
+    """The MIG devices of one device, their parent numbered ``gi`` (global); a backend that fails adds a
+    warning and shows none."""
+    try:
+        found = backend.mig_instances(local)
+    except Exception as e:  # a backend bug must not stop the sample
+        warnings.append(f"GPU {gi}: MIG devices could not be read: {e}")
+        return []
+    return [m if m.gpu == gi else dataclasses.replace(m, gpu=gi) for m in found]
+
+
 def close_backends(backends: list[Backend]) -> None:
     """Close each backend; one that fails to close does not keep the others open."""
     for b in backends:

@@ -50,20 +50,63 @@ class DeviceSample:
     errors: tuple[str, ...] = ()  # per-field degradations, e.g. "power: NotSupported"
     backend: str = ""  # filled in by the sampler, which also renumbers ``index`` across backends
     backend_index: int | None = None
+    mig_enabled: bool | None = None  # MIG mode on (True), off (False), or the GPU cannot do MIG / unknown (None)
 
     def __init__(self, index: int, name: str | None = None, uuid: str | None = None,
                  pci_bus_id: str | None = None, memory_total: int | None = None, memory_used: int | None = None,
                  util_gpu: float | None = None, util_mem: float | None = None, temperature: float | None = None,
                  power_w: float | None = None, power_limit_w: float | None = None, fan_pct: float | None = None,
                  clock_sm_mhz: int | None = None, clock_mem_mhz: int | None = None, lost: bool = False,
-                 errors: tuple[str, ...] = (), backend: str = "", backend_index: int | None = None):
+                 errors: tuple[str, ...] = (), backend: str = "", backend_index: int | None = None,
+                 mig_enabled: bool | None = None):
         # As GpuProcess: the fields in one update, not the frozen dataclass's object.__setattr__ each
         # (2.3 us a device a refresh, against 0.6). Still frozen after this.
         self.__dict__.update(
             index=index, name=name, uuid=uuid, pci_bus_id=pci_bus_id, memory_total=memory_total,
             memory_used=memory_used, util_gpu=util_gpu, util_mem=util_mem, temperature=temperature,
             power_w=power_w, power_limit_w=power_limit_w, fan_pct=fan_pct, clock_sm_mhz=clock_sm_mhz,
-            clock_mem_mhz=clock_mem_mhz, lost=lost, errors=errors, backend=backend, backend_index=backend_index)
+            clock_mem_mhz=clock_mem_mhz, lost=lost, errors=errors, backend=backend, backend_index=backend_index,
+            mig_enabled=mig_enabled)
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG device: compute instance ``compute_instance_id`` of GPU instance ``gpu_instance_id`` on GPU
+    ``gpu`` (the backend's index; the sampler renumbers it to the global index). Unknown is None."""
+
+    gpu: int
+    mig_index: int  # its place in NVML's nvmlDeviceGetMigDeviceHandleByIndex order
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    profile: str | None = None  # "1g.18gb", as DCGM's GPU_I_PROFILE
+    uuid: str | None = None  # "MIG-..."
+    name: str | None = None
+    memory_total: int | None = None  # bytes
+    memory_used: int | None = None  # bytes
+    util_gpu: float | None = None  # NVML answers NOT_SUPPORTED on a MIG device: None (N/A), never 0
+    util_source: str | None = None  # where util_gpu came from, when it is known
+    errors: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[int, int | None, int | None]:
+        """(parent GPU, GPU instance id, compute instance id): how a holder's use finds its instance."""
+        return (self.gpu, self.gpu_instance_id, self.compute_instance_id)
+
+    @property
+    def label(self) -> str:
+        """'GI 1/CI 0 1g.18gb' (the ids, then the profile when known)."""
+        gi = "?" if self.gpu_instance_id is None else self.gpu_instance_id
+        ci = "?" if self.compute_instance_id is None else self.compute_instance_id
+        return f"GI {gi}/CI {ci}" + (f" {self.profile}" if self.profile else "")
+
+
+def mig_profile(name: str | None) -> str | None:
+    """The profile in a MIG device's name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> "1g.10gb"), as the driver
+    names it; None when the name has none."""
+    if not name or " MIG " not in name:
+        return None
+    tail = name.rsplit(" MIG ", 1)[1].strip()
+    return tail or None
 
 
 @dataclass(frozen=True, init=False)
@@ -76,12 +119,16 @@ class GpuProcess:
     used_memory: int | None = None  # bytes; None under WDDM, on MIG, or when unknown
     sm_util: float | None = None  # percent; None when there are no samples
     visible: bool = True  # False when the vendor names a PID this namespace cannot see
+    gpu_instance_id: int | None = None  # MIG: the instance it runs on (None: not MIG)
+    compute_instance_id: int | None = None
 
     def __init__(self, pid: int, index: int, ctx: str = CTX_COMPUTE, used_memory: int | None = None,
-                 sm_util: float | None = None, visible: bool = True):
+                 sm_util: float | None = None, visible: bool = True, gpu_instance_id: int | None = None,
+                 compute_instance_id: int | None = None):
         # One update, not the frozen dataclass's object.__setattr__ a field: one a holder a refresh.
         self.__dict__.update(pid=pid, index=index, ctx=ctx, used_memory=used_memory, sm_util=sm_util,
-                             visible=visible)
+                             visible=visible, gpu_instance_id=gpu_instance_id,
+                             compute_instance_id=compute_instance_id)
 
 
 @dataclass(frozen=True)
@@ -137,6 +184,10 @@ class Backend(ABC):
         """The device's minor number (/dev/nvidiaN: N), which Slurm's gres.conf ``File=`` names; None when
         the backend does not know it."""
         return None
+
+    def mig_instances(self, index: int) -> list[MigInstance]:
+        """The MIG devices of this device, when MIG is on (none otherwise). Must not raise."""
+        return []
 
     def warnings(self) -> list[str]:
         """Conditions worth showing the user (e.g. processes whose data could not be read)."""

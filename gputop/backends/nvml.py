@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 from gputop.backends.base import (
     CTX_BOTH, CTX_COMPUTE, CTX_GRAPHICS, Backend, BackendUnavailable, DeviceSample, GpuProcess,
-    ResetError,
+    MigInstance, ResetError,
 )
+from gputop.backends.nvml_mig import MigLost, MigReader
 
 # NVML return codes (nvml.h).
 ERR_UNINITIALIZED = 1
@@ -289,6 +290,14 @@ class _Lost(Exception):
     pass
 
 
+def _failed(errors: list[str], label: str, ret: int) -> None:
+    """A field's call returned ``ret`` (not SUCCESS): GPU_IS_LOST raises _Lost, any other error is
+    noted in ``errors``; the field is unknown (None)."""
+    if ret == ERR_GPU_IS_LOST:
+        raise _Lost(label)
+    errors.append(f"{label}: {error_name(ret)}")
+
+
 class NvmlBackend(Backend):
     name = "nvml"
     vendor = "nvidia"
@@ -320,6 +329,7 @@ class NvmlBackend(Backend):
         self._read_calls: tuple | None = None  # _read_fns()
         self._warnings: list[str] = []
         self._initialised = False
+        self._mig = MigReader(self._ret, error_name)  # MIG devices and their holders (nvml_mig)
         self._init()
         try:
             self._count = self._device_count()
@@ -336,6 +346,7 @@ class NvmlBackend(Backend):
             raise BackendUnavailable(unavailable_reason(e.value, str(e))) from None
         self._initialised = True
         self._handles.clear()
+        self._mig.clear()
 
     def close(self) -> None:
         with self._lock:
@@ -412,28 +423,11 @@ class NvmlBackend(Backend):
         except NvmlError as e:
             return e.value
 
-    def _c(self, errors: list[str], label: str, name: str, *args) -> bool:
-        """``_ret``, with _field's outcomes: True on success; GPU_IS_LOST raises _Lost; any other error
-        is noted in ``errors`` and the field is unknown."""
-        ret = self._ret(name, *args)
-        if ret == NVML_SUCCESS:
-            return True
-        self._failed(errors, label, ret)
-        return False
-
     def _call(self, name: str, *args) -> int:
         """``_ret`` for a refresh's calls: the kept C function straight away once it has been found (each
         field is read many times a second; the function lookup and its error handling run once)."""
         fn = self._fns.get(name)
         return fn(*args) if fn is not None else self._ret(name, *args)
-
-    @staticmethod
-    def _failed(errors: list[str], label: str, ret: int) -> None:
-        """A field's call returned ``ret`` (not SUCCESS): GPU_IS_LOST raises _Lost, any other error is
-        noted in ``errors``; the field is unknown (None)."""
-        if ret == ERR_GPU_IS_LOST:
-            raise _Lost(label)
-        errors.append(f"{label}: {error_name(ret)}")
 
     def _memory(self, h, errors: list[str]) -> tuple[int | None, int | None]:
         if self._mem_v2 is not False:
@@ -453,7 +447,7 @@ class NvmlBackend(Backend):
         ret = self._call("nvmlDeviceGetMemoryInfo", h, self._memory_v1_ref)
         if ret == NVML_SUCCESS:
             return int(m1.total), int(m1.used)
-        self._failed(errors, "memory", ret)
+        _failed(errors, "memory", ret)
         return None, None
 
     def _temperature(self, h, errors: list[str]) -> float | None:
@@ -471,14 +465,8 @@ class NvmlBackend(Backend):
                 errors.append(f"temperature: {error_name(ret)}")
                 return None
             self._temp_v = False
-        return self._uint_field(errors, "temperature", "nvmlDeviceGetTemperature", h, TEMPERATURE_GPU)
-
-    def _uint_field(self, errors: list[str], label: str, name: str, h, *args) -> int | None:
-        """A call whose result is one unsigned int, after the handle and ``args``; None when unknown."""
-        ret = self._call(name, h, *args, self._uint_ref)
-        if ret == NVML_SUCCESS:
-            return self._uint.value
-        return self._failed(errors, label, ret)
+        ret = self._call("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU, self._uint_ref)
+        return self._uint.value if ret == NVML_SUCCESS else _failed(errors, "temperature", ret)
 
     def sample(self, index: int) -> DeviceSample:
         with self._lock:
@@ -487,8 +475,9 @@ class NvmlBackend(Backend):
             try:
                 h = self._handle(index)
                 info = self._static_info(index, h, errors)
+                self._mig.refresh(index, h)  # MIG can be turned on or off, instances made or destroyed
                 return self._read(index, h, info, errors)
-            except _Lost as e:
+            except (_Lost, MigLost) as e:
                 return DeviceSample(index=index, lost=True, errors=(f"{e}: GPU is lost",), **info)
             except NvmlError as e:  # the handle itself
                 self._handles.pop(index, None)
@@ -515,7 +504,7 @@ class NvmlBackend(Backend):
         # failed call makes its field None through _failed (GPU_IS_LOST raises _Lost).
         util_fn, power_fn, enforced_fn, limit_fn, fan_fn, clock_fn = self._read_fns()
         total, used = self._memory(h, errors)
-        u, n, nref, failed = self._util, self._uint, self._uint_ref, self._failed
+        u, n, nref, failed = self._util, self._uint, self._uint_ref, _failed
         ret = util_fn(h, self._util_ref)
         util_gpu, util_mem = (float(u.gpu), float(u.memory)) if not ret else (failed(errors, "utilization", ret),
                                                                               None)
@@ -537,7 +526,7 @@ class NvmlBackend(Backend):
         return DeviceSample(
             index, info.get("name"), info.get("uuid"), info.get("pci_bus_id"), total, used, util_gpu, util_mem,
             float(temp) if temp is not None else None, power, limit, fan, sm, mem_clock, False,
-            tuple(errors) if errors else (), self.name, index)
+            tuple(errors) if errors else (), self.name, index, self._mig.mode(index))
 
     # ---- processes ----
     def _fn(self, name: str):
@@ -659,13 +648,16 @@ class NvmlBackend(Backend):
         with self._lock:
             try:
                 h = self._handle(index)
+                if self._mig.enabled(index, h):  # holders placed on their MIG devices
+                    return self._mig.processes(index, h, lambda mh, key: merge_process_lists(
+                        self._list("Compute", mh, key), self._list_or_none("Graphics", mh, key)))
                 compute, graphics = self._list_or_none("Compute", h, index), \
                     self._list_or_none("Graphics", h, index)
                 # The usual list: compute contexts only, one entry a process (no merging to do).
                 plain = not graphics and len(dict(compute)) == len(compute)
                 merged = {} if plain else merge_process_lists(compute, graphics)
                 sm = self._sm_utils(index, h) if compute or merged else {}
-            except (_Lost, NvmlError):
+            except (_Lost, MigLost, NvmlError):
                 return []
         # Whether this PID namespace can see the PID is decided by the sampler, which reads every
         # holder's /proc entry anyway (NVML reports host PIDs, even inside a container).
@@ -688,9 +680,17 @@ class NvmlBackend(Backend):
         self._last_procs[index] = {p.pid: p for p in out}
         return out
 
+    def mig_instances(self, index: int) -> list[MigInstance]:
+        with self._lock:
+            try:
+                return self._mig.instances(index, self._handle(index))
+            except (_Lost, MigLost, NvmlError):
+                return []
+
     def warnings(self) -> list[str]:
         with self._lock:
-            out, self._warnings = self._warnings, []
+            out, self._warnings = self._warnings + self._mig.warnings, []
+            self._mig.warnings = []
         return out
 
     def minor_number(self, index: int) -> int | None:
@@ -724,12 +724,17 @@ class NvmlBackend(Backend):
                 note = f" (its NVML handle failed: {e})"
             if h is not None:
                 note = ""
-                self._check_display(index, h)
+                _check_display(self._ret, index, h)
                 holders = [p.pid for p in self.processes(index)]
+                if index in self._mig.unseen:  # "cannot see" is never "gone"
+                    raise ResetError(f"nvml: GPU {index} has MIG on and its holders cannot be read (no process "
+                                     "list answers); not resetting what may be in use", kind="busy")
                 if holders:
                     raise ResetError(f"nvml: GPU {index} is in use by pid(s) {', '.join(map(str, holders))}",
                                      kind="busy")
-                target = self._reset_target(index, h)
+                # nvidia-smi's -i numbering can differ from NVML's: name the device by PCI bus id, else UUID.
+                info = self._static_info(index, h, [])
+                target = info.get("pci_bus_id") or info.get("uuid") or str(index)
             import shutil
             import subprocess  # only a reset runs it (start-up of every other command)
 
@@ -755,26 +760,22 @@ class NvmlBackend(Backend):
                              kind=reset_error_kind(out))
         return f"GPU {index} ({target}) reset with nvidia-smi: {out or 'done'}"
 
-    def _check_display(self, index: int, h) -> None:
-        for what, name in (("active", "nvmlDeviceGetDisplayActive"), ("mode", "nvmlDeviceGetDisplayMode")):
-            state = ctypes.c_int()  # nvmlEnableState_t
-            if self._ret(name, h, ctypes.byref(state)) != NVML_SUCCESS:
-                continue  # unknown: nvidia-smi will refuse if it must
-            if state.value == FEATURE_ENABLED:
-                raise ResetError(f"nvml: GPU {index} drives a display (display {what})", kind="display")
-
-    def _reset_target(self, index: int, h) -> str:
-        # nvidia-smi's -i numbering can differ from NVML's (CUDA_VISIBLE_DEVICES does not apply, but
-        # enumeration order can): name the device by PCI bus id, else by UUID.
-        info = self._static_info(index, h, [])
-        return info.get("pci_bus_id") or info.get("uuid") or str(index)
-
     def _reinit(self) -> None:
         try:
             self._init()
             self._count = self._device_count()
         except (BackendUnavailable, NvmlError) as e:
             self._warnings.append(f"nvml: could not re-initialise NVML after the reset: {e}")
+
+
+def _check_display(call, index: int, h) -> None:
+    """ResetError when GPU ``index`` drives a display; ``call(name, *args)`` is the backend's C call."""
+    for what, name in (("active", "nvmlDeviceGetDisplayActive"), ("mode", "nvmlDeviceGetDisplayMode")):
+        state = ctypes.c_int()  # nvmlEnableState_t
+        if call(name, h, ctypes.byref(state)) != NVML_SUCCESS:
+            continue  # unknown: nvidia-smi will refuse if it must
+        if state.value == FEATURE_ENABLED:
+            raise ResetError(f"nvml: GPU {index} drives a display (display {what})", kind="display")
 
 
 def _text(v) -> str:

@@ -19,6 +19,9 @@ Scenario format::
         clock_mem: 2619
         lost: false                   # true: the device fell off the bus
         minor: 0                      # optional: its minor number (/dev/nvidiaN); default: its position
+        mig:                          # optional: MIG on, these MIG devices (GPU utilisation is then N/A)
+          - {gi: 1, ci: 0, profile: 3g.71gb, memory_total: 71GiB}
+          - {gi: 5, ci: 0, profile: 1g.18gb, memory_total: 18GiB, uuid: MIG-..., utilization: 30}
     holders:
       - pid: 12345
         gpu: 0
@@ -27,10 +30,13 @@ Scenario format::
         sm: 95                        # per-process SM%, optional
         start_time: 1764470000.12     # optional: pins the identity, so a reused PID is not a holder
         visible: true                 # false: a PID this namespace cannot see (kept, reported as such)
+        gi: 5                         # MIG: its GPU instance (and ci: compute instance, default 0);
+                                      # its SM% is then N/A, as NVML says NOT_SUPPORTED
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -41,7 +47,7 @@ from pathlib import Path
 import yaml
 
 from gputop.backends.base import (
-    CONTEXT_TYPES, Backend, BackendUnavailable, DeviceSample, GpuProcess, ResetError,
+    CONTEXT_TYPES, Backend, BackendUnavailable, DeviceSample, GpuProcess, MigInstance, ResetError,
 )
 from gputop.util.errors import UsageError
 from gputop.util.units import parse_memory
@@ -62,6 +68,8 @@ class _Holder:
     sm: float | None
     start_time: float | None
     visible: bool
+    gi: int | None = None  # MIG: GPU instance and compute instance
+    ci: int | None = None
 
 
 def _num(d: dict, key: str, where: str) -> float | None:
@@ -78,6 +86,40 @@ def _minor(g: dict, i: int, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 20:
         raise ScenarioError(f"{where}: 'minor' must be a device minor number, got {v!r}")
     return v
+
+
+def _parse_mig(mig: object, where: str, gpu: int) -> list[MigInstance] | None:
+    """A GPU's ``mig`` list: its MIG devices (None: MIG off)."""
+    if mig is None:
+        return None
+    if not isinstance(mig, list):
+        raise ScenarioError(f"{where}: 'mig' must be a list of MIG devices")
+    out = []
+    for k, m in enumerate(mig):
+        at = f"{where}.mig[{k}]"
+        if not isinstance(m, dict) or not isinstance(m.get("gi"), int) or not isinstance(m.get("ci", 0), int):
+            raise ScenarioError(f"{at}: needs an integer 'gi' (and 'ci', default 0)")
+        try:
+            total = parse_memory(m["memory_total"]) if m.get("memory_total") is not None else None
+        except ValueError as e:
+            raise ScenarioError(f"{at}: {e}") from None
+        util = _num(m, "utilization", at)
+        out.append(MigInstance(gpu=gpu, mig_index=k, gpu_instance_id=m["gi"], compute_instance_id=m.get("ci", 0),
+                               profile=str(m["profile"]) if m.get("profile") is not None else None,
+                               uuid=str(m.get("uuid", f"MIG-5140a7ed-{gpu:04x}-4000-8000-{k:012d}")),
+                               name=f"Simulated MIG {m.get('profile', '')}".strip(), memory_total=total,
+                               util_gpu=util, util_source="scenario" if util is not None else None))
+    return out
+
+
+def _instance_of(h: dict, mig: list[MigInstance] | None, where: str) -> tuple[int | None, int | None]:
+    """A holder's (gi, ci): None, None off MIG; one of its GPU's MIG devices when given."""
+    if h.get("gi") is None:
+        return None, None
+    gi, ci = h.get("gi"), h.get("ci", 0)
+    if not mig or not any(m.gpu_instance_id == gi and m.compute_instance_id == ci for m in mig):
+        raise ScenarioError(f"{where}: 'gi: {gi}, ci: {ci}' is not a MIG device of its GPU")
+    return gi, ci
 
 
 def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], list[_Holder]]:
@@ -109,6 +151,7 @@ def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], 
             "clock_sm": _num(g, "clock_sm", where), "clock_mem": _num(g, "clock_mem", where),
             "lost": bool(g.get("lost", False)),
             "minor": _minor(g, i, where),
+            "mig": _parse_mig(g.get("mig"), where, i),
         })
     holders = data.get("holders") or []
     if not isinstance(holders, list):
@@ -129,9 +172,11 @@ def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], 
         except ValueError as e:
             raise ScenarioError(f"{where}: {e}") from None
         st = h.get("start_time")
+        gi, ci = _instance_of(h, out_gpus[gpu]["mig"], where)
         out_h.append(_Holder(
             pid=h["pid"], gpu=gpu, memory=mem, ctx=ctx, sm=_num(h, "sm", where),
             start_time=float(st) if st is not None else None, visible=bool(h.get("visible", True)),
+            gi=gi, ci=ci,
         ))
     return out_gpus, out_h
 
@@ -255,7 +300,7 @@ class SimulatedBackend(Backend):
         if used is None and g["memory_total"] is not None:
             used = sum(h.memory or 0 for h in live)
         util = g["utilization"]
-        if util is None:
+        if util is None and g["mig"] is None:  # with MIG on, NVML has no GPU-wide utilisation: N/A
             sms = [h.sm for h in live if h.sm is not None]
             util = min(100.0, sum(sms)) if sms else (0.0 if not live else None)
         return DeviceSample(
@@ -265,18 +310,22 @@ class SimulatedBackend(Backend):
             power_limit_w=g["power_limit"], fan_pct=g["fan"],
             clock_sm_mhz=int(g["clock_sm"]) if g["clock_sm"] is not None else None,
             clock_mem_mhz=int(g["clock_mem"]) if g["clock_mem"] is not None else None,
-            backend=self.name, backend_index=index,
+            backend=self.name, backend_index=index, mig_enabled=True if g["mig"] is not None else None,
         )
 
     def processes(self, index: int) -> list[GpuProcess]:
         self._reload()
         if self._gpus[index]["lost"]:
             return []
-        merged: dict[int, GpuProcess] = {}
+        merged: dict[object, GpuProcess] = {}  # by pid; by (pid, gi, ci) on a MIG device
         from gputop.backends.base import merge_ctx
 
         for h in self._live(index):
             prev = merged.get(h.pid)
+            if h.gi is not None:  # on a MIG device: one entry per instance, SM% N/A (NOT_SUPPORTED)
+                key = (h.pid, h.gi, h.ci)
+                merged[key] = GpuProcess(h.pid, index, h.ctx, h.memory, None, h.visible, h.gi, h.ci)
+                continue
             if prev is None:
                 merged[h.pid] = GpuProcess(pid=h.pid, index=index, ctx=h.ctx, used_memory=h.memory,
                                            sm_util=h.sm, visible=h.visible)
@@ -289,6 +338,19 @@ class SimulatedBackend(Backend):
     def minor_number(self, index: int) -> int | None:
         self._reload()
         return self._gpus[index]["minor"] if 0 <= index < len(self._gpus) else None
+
+    def mig_instances(self, index: int) -> list[MigInstance]:
+        self._reload()
+        g = self._gpus[index]
+        if g["lost"] or not g["mig"]:
+            return []
+        live = self._live(index)
+        out = []
+        for m in g["mig"]:
+            on = [h for h in live if (h.gi, h.ci) == (m.gpu_instance_id, m.compute_instance_id)]
+            known = [h.memory for h in on if h.memory is not None]
+            out.append(dataclasses.replace(m, gpu=index, memory_used=sum(known)))
+        return out
 
     def reset(self, index: int) -> str:
         self._reload()

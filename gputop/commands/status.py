@@ -10,7 +10,7 @@ from gputop.commands._common import fit_last, open_sampler, print_json, table, t
 from gputop.util.errors import UsageError
 from gputop.core.ownership import NONE, Owner
 from gputop.util.textsafe import visible
-from gputop.core.model import Snapshot
+from gputop.core.model import Snapshot, place_label
 from gputop.core.snapshot_json import snapshot_json
 from gputop.util.units import fmt_bytes, fmt_duration, fmt_opt
 
@@ -69,6 +69,13 @@ OWNER_WIDTH = 28
 FLAGGED = ("squatter", "outside", "unknown")  # standings that get a line under the holder table
 
 
+def gpu_cell(h) -> str:
+    """The GPU column: the holder's GPUs ("0,1"), each use on a MIG device with its instance ("0:GI2/CI0")."""
+    if all(u.gpu_instance_id is None for u in h.uses):
+        return ",".join(map(str, h.gpus))
+    return ",".join(dict.fromkeys(place_label(u) for u in h.uses))
+
+
 def owner_cell(owner: Owner | None) -> str:
     """The OWNER cell: a short label ('?' when the cgroup could not be read), cut to OWNER_WIDTH."""
     text = owner.label if owner is not None else "?"
@@ -122,10 +129,12 @@ def render(snap: Snapshot, chains: bool = False) -> str:
                      f"{fmt_opt(d.power_w, '{:.0f}W')}/{fmt_opt(d.power_limit_w, '{:.0f}W')}")
             rows.append([str(d.index), d.name or "N/A", _pct(d.util_gpu), mem,
                          fmt_opt(d.temperature, "{:.0f}C"), power, _pct(d.fan_pct), d.backend])
+            rows.extend(instance_rows(snap, d))
         alloc = snap.allocation is not None  # a scheduler's node: whom each GPU is allocated to
-        if alloc:
-            for r, d in zip(rows, snap.devices):
-                r.append(alloc_cell(snap, d.index))
+        if alloc:  # the JOB cell on each GPU's row; a MIG device's row under it has none of its own
+            jobs = {str(d.index): alloc_cell(snap, d.index) for d in snap.devices}
+            for r in rows:
+                r.append(jobs.get(r[0], ""))
         out.append(table(rows, ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "FAN", "BACKEND",
                                 *(["JOB"] if alloc else [])], right={0, 2, 4, 6}))
     if snap.holders:
@@ -135,7 +144,7 @@ def render(snap: Snapshot, chains: bool = False) -> str:
         rows = []
         for h in snap.holders:
             rows.append([
-                str(h.pid), h.user or "?", *([job_cell(h)] if jobs else []), h.ctx, ",".join(map(str, h.gpus)), fmt_bytes(h.gpu_memory),
+                str(h.pid), h.user or "?", *([job_cell(h)] if jobs else []), h.ctx, gpu_cell(h), fmt_bytes(h.gpu_memory),
                 _pct(h.sm_util), fmt_opt(h.cpu_percent, "{:.0f}%"), fmt_duration(h.runtime),
                 h.verdict.kind, *([standing_cell(snap, h.pid)] if snap.allocation is not None else []),
                 *([owner_cell(h.owner)] if owners else []), h.cmd,
@@ -166,6 +175,19 @@ def render(snap: Snapshot, chains: bool = False) -> str:
     for w in snap.warnings:
         out.append(f"warning: {visible(w)}")
     return "\n".join(out)
+
+
+def instance_rows(snap: Snapshot, d) -> list[list[str]]:
+    """A row per MIG device of GPU ``d``, under it: "0:1" (GPU:MIG index), its ids and profile, memory;
+    utilisation N/A where NVML does not give it (never 0), else with its source."""
+    rows = []
+    if getattr(d, "mig_enabled", None) and not snap.instances_on(d.index):  # MIG on, nothing carved out
+        rows.append([f"{d.index}:-", "- MIG on, no MIG devices", "", "", "", "", "", d.backend])
+    for m in snap.instances_on(d.index) if getattr(snap, "instances", ()) else ():
+        util = "N/A" if m.util_gpu is None else f"{m.util_gpu:.0f}%" + (f" ({m.util_source})" if m.util_source else "")
+        rows.append([f"{d.index}:{m.mig_index}", f"- MIG {visible(m.label)}", util,
+                     f"{fmt_bytes(m.memory_used)} / {fmt_bytes(m.memory_total)}", "", "", "", d.backend])
+    return rows
 
 
 def unavailable_note(snap: Snapshot) -> str | None:

@@ -154,7 +154,7 @@ class Demo:
     """Starts the demo processes and writes the scenario; ``stop()`` (or leaving ``with``) kills them."""
 
     def __init__(self, directory: str | os.PathLike | None = None, *, animate: bool = True,
-                 python: str | None = None):
+                 python: str | None = None, mig: bool = False):
         self._own_dir = directory is None
         self.dir = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="gputop-demo-"))
         self.scenario_path = self.dir / "scenario.yaml"
@@ -170,6 +170,7 @@ class Demo:
         self._stopped = False
         self._old_handlers: dict[int, object] = {}
         self._tick = 0
+        self.mig = mig  # GPU 1 an H200 split with MIG, two holders on its instances (mig_node)
         self._gpus = [
             _Gpu("Simulated H100 80GB", 96, 67, 610),
             _Gpu("Simulated H100 80GB", 93, 65, 590),
@@ -459,6 +460,8 @@ class Demo:
         add("miner", 3, "4GiB", sm=99)
         add("graphics", 3, "512MiB", ctx="G", sm=3)
         add("jupyter", 3, "9GiB", ctx="C+G", sm=0)
+        if self.mig:
+            mig_node(gpus, holders, {role: p.pid for role, p in self.procs.items()})
         return {"gpus": gpus, "holders": holders}
 
     def write_scenario(self) -> Path:
@@ -507,6 +510,23 @@ class Demo:
             except psutil.Error:
                 continue
         return False
+
+
+def mig_node(gpus: list[dict], holders: list[dict], pids: dict[str, int]) -> None:
+    """Make the demo a MIG node: GPU 1 an H200 split 3g.71gb + 2 x 1g.18gb + 1g.18gb, with worker1 on the
+    3g.71gb instance and the notebook (moved from GPU 3) on a 1g.18gb one. With MIG on, NVML gives no GPU
+    or per-process utilisation: the scenario leaves them out (N/A)."""
+    gpus[1].update({"name": "Simulated H200 141GB", "memory_total": "141GiB", "utilization": None,
+                    "memory_utilization": None, "mig": [
+                        {"gi": 1, "ci": 0, "profile": "3g.71gb", "memory_total": "71GiB"},
+                        {"gi": 5, "ci": 0, "profile": "1g.18gb", "memory_total": "18GiB"},
+                        {"gi": 6, "ci": 0, "profile": "1g.18gb", "memory_total": "18GiB"},
+                        {"gi": 13, "ci": 0, "profile": "1g.18gb", "memory_total": "18GiB"}]})
+    for h in holders:
+        if h["pid"] == pids.get("worker1"):
+            h.update({"gi": 1, "ci": 0, "sm": None})
+        elif h["pid"] == pids.get("jupyter"):
+            h.update({"gpu": 1, "gi": 5, "ci": 0, "type": "C", "sm": None, "memory": "7GiB"})
 
 
 def _same(p: DemoProc) -> bool:

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (gputop status does not)
 
-from gputop.backends.base import BackendStatus, DeviceSample, merge_ctx
+from gputop.backends.base import BackendStatus, DeviceSample, MigInstance, merge_ctx
 from gputop.core.snapshot_json import snapshot_to_dict
 from gputop.util import saferegex
 from gputop.util.errors import UsageError
@@ -53,11 +53,22 @@ class GpuUse:
     ctx: str
     used_memory: int | None
     sm_util: float | None
+    gpu_instance_id: int | None = None  # MIG: the GPU instance and compute instance it runs on
+    compute_instance_id: int | None = None
 
-    def __init__(self, gpu: int, ctx: str, used_memory: int | None, sm_util: float | None):
+    def __init__(self, gpu: int, ctx: str, used_memory: int | None, sm_util: float | None,
+                 gpu_instance_id: int | None = None, compute_instance_id: int | None = None):
         # Not the generated __init__ of a frozen dataclass (one object.__setattr__ call a field): a sample
         # makes one GpuUse and one Holder a holder, a thousand a refresh. Still frozen after this.
-        _set(self, "__dict__", {"gpu": gpu, "ctx": ctx, "used_memory": used_memory, "sm_util": sm_util})
+        _set(self, "__dict__", {"gpu": gpu, "ctx": ctx, "used_memory": used_memory, "sm_util": sm_util,
+                                "gpu_instance_id": gpu_instance_id, "compute_instance_id": compute_instance_id})
+
+    @property
+    def instance_key(self) -> tuple[int, int, int | None] | None:
+        """(gpu, gpu instance id, compute instance id) on a MIG device; None when not on one."""
+        if self.gpu_instance_id is None:
+            return None
+        return (self.gpu, self.gpu_instance_id, self.compute_instance_id)
 
 
 @dataclass(frozen=True, init=False)
@@ -171,6 +182,7 @@ class Snapshot:
     warnings: tuple[str, ...] = ()
     platform: str = PLATFORM
     allocation: AllocationView | None = None  # whom the scheduler gave each GPU to (None: no scheduler)
+    instances: tuple[MigInstance, ...] = ()  # MIG devices, each under its GPU (MigInstance.gpu: global index)
 
     def holder(self, pid: int) -> Holder | None:
         for h in self.holders:
@@ -187,6 +199,24 @@ class Snapshot:
     def holders_on(self, index: int) -> list[Holder]:
         return [h for h in self.holders if index in h.gpus]
 
+    def instances_on(self, index: int) -> list[MigInstance]:
+        """The MIG devices of GPU ``index`` (none when MIG is off)."""
+        return [m for m in self.instances if m.gpu == index]
+
+    def instance_of(self, use: GpuUse) -> MigInstance | None:
+        """The MIG device a use runs on; None when it is not on one (or the instance is not listed)."""
+        key = use.instance_key
+        if key is None:
+            return None
+        for m in self.instances:
+            if m.key == key:
+                return m
+        return None
+
+    def holders_on_instance(self, inst: MigInstance) -> list[Holder]:
+        """The holders with a use on MIG device ``inst``."""
+        return [h for h in self.holders if any(u.instance_key == inst.key for u in h.uses)]
+
     def owner(self, pid: int) -> Owner | None:
         """The owner of a holder or of a member of a holder's chain (an orphan root), if it was read."""
         for h in self.holders:
@@ -199,6 +229,14 @@ class Snapshot:
 
     def to_dict(self) -> dict:
         return snapshot_to_dict(self)
+
+
+def place_label(u: GpuUse) -> str:
+    """Where a use runs: its GPU ("0"), or its GPU and MIG instance ("0:GI2/CI0")."""
+    if u.gpu_instance_id is None:
+        return str(u.gpu)
+    ci = "?" if u.compute_instance_id is None else u.compute_instance_id
+    return f"{u.gpu}:GI{u.gpu_instance_id}/CI{ci}"
 
 
 def select_holders(snap: Snapshot, *, gpu: int | None = None, user: str | None = None,

@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from gputop.backends import close_backends, device_map, probe, read_device, read_devices
-from gputop.backends.base import Backend, BackendStatus, DeviceSample, GpuProcess, ProbeResult
+from gputop.backends import close_backends, device_map, mig_instances, probe, read_device, read_devices
+from gputop.backends.base import Backend, BackendStatus, DeviceSample, GpuProcess, MigInstance, ProbeResult
 from gputop.core.allocation import AllocationSource
 from gputop.core.config import Config
 from gputop.core.model import PLATFORM, GpuUse, Holder, OrphanRoot, Snapshot
@@ -227,7 +227,7 @@ class Sampler:
             if had is not None and had[0] is p:
                 use = had[1]
             else:
-                use = GpuUse(gi, p.ctx, p.used_memory, p.sm_util)
+                use = GpuUse(gi, p.ctx, p.used_memory, p.sm_util, p.gpu_instance_id, p.compute_instance_id)
             kept[p.pid] = (p, use)
             had = uses.get(pid)
             if had is None:
@@ -253,6 +253,7 @@ class Sampler:
         if note:
             warnings.append(note)
         devices: list[DeviceSample] = []
+        instances: list[MigInstance] = []
         uses: dict[int, list[GpuUse]] = {}
         visible: dict[int, bool] = {}
         table = ProcTable(self.proc_root, static=self._static)
@@ -267,6 +268,7 @@ class Sampler:
             if dev.lost:
                 warnings.append(f"GPU {gi} ({dev.name or backend.name}) is lost or unreachable")
                 continue
+            instances.extend(mig_instances(gi, backend, local, warnings))
             try:
                 procs = backend.processes(local)
             except Exception as e:
@@ -297,6 +299,7 @@ class Sampler:
             at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
             warnings=tuple(warnings), platform=self.platform, allocation=allocation,
+            instances=tuple(instances),
         )
 
     def _allocation(self, devices, holders, now: float):

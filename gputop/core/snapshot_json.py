@@ -14,7 +14,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (gputop s
 from gputop import __version__
 
 if TYPE_CHECKING:
-    from gputop.backends.base import DeviceSample
+    from gputop.backends.base import DeviceSample, MigInstance
     from gputop.core.orphans import Verdict
     from gputop.core.ownership import Owner
     from gputop.core.procs import ProcInfo
@@ -37,7 +37,7 @@ def device_to_dict(d: DeviceSample) -> dict:
         "utilization_gpu": d.util_gpu, "utilization_memory": d.util_mem,
         "temperature_c": d.temperature, "power_w": d.power_w, "power_limit_w": d.power_limit_w,
         "fan_percent": d.fan_pct, "clock_sm_mhz": d.clock_sm_mhz, "clock_mem_mhz": d.clock_mem_mhz,
-        "errors": list(d.errors),
+        "errors": list(d.errors), "mig_enabled": getattr(d, "mig_enabled", None),
     }
 
 
@@ -52,7 +52,20 @@ def owner_to_dict(o: Owner | None) -> dict | None:
 
 def use_to_dict(u: GpuUse) -> dict:
     # Not dataclasses.asdict(): it deep-copies field by field (~10 us a use; 1,024 holders in one status).
-    return {"gpu": u.gpu, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util}
+    return {"gpu": u.gpu, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util,
+            "gpu_instance_id": u.gpu_instance_id, "compute_instance_id": u.compute_instance_id}
+
+
+def instance_to_dict(m: MigInstance, s: Snapshot) -> dict:
+    """One MIG device: its parent GPU (global index and UUID), ids, profile, MIG UUID, memory, utilisation
+    (None: NVML says NOT_SUPPORTED on MIG) with its source, and the PIDs that hold it."""
+    parent = s.device(m.gpu)
+    return {"gpu": m.gpu, "parent_uuid": parent.uuid if parent is not None else None, "mig_index": m.mig_index,
+            "gpu_instance_id": m.gpu_instance_id, "compute_instance_id": m.compute_instance_id,
+            "profile": m.profile, "uuid": m.uuid, "name": m.name,
+            "memory_total": m.memory_total, "memory_used": m.memory_used,
+            "utilization_gpu": m.util_gpu, "utilization_source": m.util_source,
+            "holders": [h.pid for h in s.holders_on_instance(m)], "errors": list(m.errors)}
 
 
 def holder_to_dict(h: Holder, _entries: dict | None = None, standing: dict | None = None) -> dict:
@@ -100,7 +113,8 @@ def snapshot_to_dict(s: Snapshot) -> dict:
     object (made once): serialise it, do not edit it in place."""
     entries: dict = {}
     gpu_holders = [
-        {"gpu": u.gpu, "pid": h.pid, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util}
+        {"gpu": u.gpu, "pid": h.pid, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util,
+         "gpu_instance_id": u.gpu_instance_id, "compute_instance_id": u.compute_instance_id}
         for h in s.holders for u in h.uses
     ]
     return {
@@ -109,7 +123,8 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "host": s.host,
         "platform": s.platform,
         "version": __version__,
-        "gpu": {"gpus": [_with_allocation(device_to_dict(d), s) for d in s.devices], "holders": gpu_holders},
+        "gpu": {"gpus": [_with_allocation(device_to_dict(d), s) for d in s.devices], "holders": gpu_holders,
+                "instances": [instance_to_dict(m, s) for m in getattr(s, "instances", ())]},
         "holders": [holder_to_dict(h, entries, standing_to_dict(s, h.pid)) for h in s.holders],
         "roots": [
             {**proc_to_dict(r.proc), "holders": list(r.holders), "gpus": list(r.gpus),

@@ -10,6 +10,7 @@ import datetime as _dt
 import operator as _op
 from dataclasses import dataclass, field
 
+from gputop.guard.mig_place import places
 from gputop.guard.policy import Condition
 from gputop.core.orphans import ORPHAN
 from gputop.core.model import Holder, Snapshot
@@ -145,8 +146,10 @@ def measure(cond: Condition, target: Target, snap: Snapshot, facts: Facts) -> Me
         return Measured(r, fmt_duration(r) if r is not None else "unknown")
     if t == "orphan":
         return Measured(h.verdict.kind == ORPHAN, f"{h.verdict.kind == ORPHAN} (verdict {h.verdict.kind})")
-    if t == "gpu":
-        return Measured(h.gpus, f"GPU {','.join(map(str, h.gpus)) or 'none'}")
+    if t == "gpu":  # its GPU indexes, and on MIG its instances (gputop.guard.mig_place)
+        where = places(h, snap)
+        mig = sorted(p for p in where if isinstance(p, str) and "/" in p)
+        return Measured(where, f"GPU {','.join(map(str, h.gpus)) or 'none'}" + (f" (MIG {', '.join(mig)})" if mig else ""))
     raise ValueError(f"unknown condition type {t}")  # pragma: no cover - validated at load
 
 
@@ -179,9 +182,9 @@ def compare(cond: Condition, actual: object) -> bool:
     if t == "gpu":
         gpus = set(actual)  # type: ignore[arg-type]
         if op in ("==", "in"):
-            wanted = {want} if isinstance(want, int) else set(want)  # type: ignore[arg-type]
+            wanted = {want} if isinstance(want, (int, str)) else set(want)  # type: ignore[arg-type]
             return bool(gpus & wanted)
-        wanted = {want} if isinstance(want, int) else set(want)  # type: ignore[arg-type]
+        wanted = {want} if isinstance(want, (int, str)) else set(want)  # type: ignore[arg-type]
         return not gpus & wanted
     if op in _NUM:
         if isinstance(want, str):  # string ==/!=: exact

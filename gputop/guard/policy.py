@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from gputop.guard.mig_place import parse_place
 from gputop.util import safeyaml, saferegex
 from gputop.util.errors import UsageError, type_name as _type_name
 from gputop.util.timewindow import TimeWindow, parse_window  # noqa: F401 (part of this module's interface)
@@ -302,15 +303,19 @@ def _parse_value(kind: str, op: str, value: object, ctype: str):
         return value
     if kind == "gpu":
         if listy:
-            if isinstance(value, int) and not isinstance(value, bool):
+            if isinstance(value, (int, str)) and not isinstance(value, bool):
                 value = [value]
-            if not isinstance(value, list) or not value or not all(
-                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
-                raise ValueError(f"gpu {op} needs a list of GPU indexes such as [0, 1], got {_type_name(value)}")
-            return tuple(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"gpu {op} needs a GPU index (0, 1, ...), got {_type_name(value)}")
-        return value
+            try:  # GPU indexes, or MIG devices ("0:GI5", "0:GI5/CI0", "MIG-..."): gputop.guard.mig_place
+                if not isinstance(value, list) or not value:
+                    raise ValueError
+                return tuple(parse_place(x) for x in value)
+            except ValueError:
+                raise ValueError(f"gpu {op} needs a list of GPU indexes such as [0, 1] (or MIG devices such as "
+                                 f"'0:GI5'), got {_type_name(value)}") from None
+        try:
+            return parse_place(value)
+        except ValueError as e:
+            raise ValueError(f"gpu {op} needs {e}, got {_type_name(value)}") from None
     if kind == "window":
         return parse_window(value)
     if kind == "standing":

@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gputop.service import faces
 from gputop.service.faces import LiveSnapshot
+from gputop.service.metrics_mig import mig_families
 
 
 # ---- Prometheus ------------------------------------------------------------------------------
@@ -220,6 +221,7 @@ class SnapshotCollector:
         yield from _device_families(snap, host)
         yield from _process_families(snap, host)
         yield from _allocation_families(snap, host)
+        yield from mig_families(snap, host, _device_labels)  # MIG devices, with DCGM's GPU_I_* labels
         yield GaugeMetricFamily("gputop_holders", "Processes holding a GPU", value=len(snap.holders))
         yield GaugeMetricFamily("gputop_orphan_trees", "Orphan trees holding a GPU", value=len(snap.roots))
         yield from self._findings()

@@ -254,7 +254,7 @@ class GputopApp(App):
         self._sample_error = None
         self.history.add(snap)
         self._devices.show(snap.devices, snap.backends, self.size.height,
-                           allocation_texts(snap.allocation, snap.holders, snap.at))
+                           allocation_texts(snap.allocation, snap.holders, snap.at), snap.instances)
         self.refresh_tree()
         if message.panel != self.panel_shown:  # its height can change: lay out only when it does
             self.panel_shown = message.panel

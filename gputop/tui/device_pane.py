@@ -23,6 +23,7 @@ from gputop.backends.base import DeviceSample
 from gputop.util.textsafe import visible
 from gputop.tui.bar import LineStyles
 from gputop.tui.history import DeviceHistory
+from gputop.tui.mig_lines import by_gpu, instance_pieces
 from gputop.util.units import fmt_bytes, fmt_opt
 
 Line = tuple  # of (text, style) pieces
@@ -167,11 +168,13 @@ class DeviceBoard(Widget):
         self._strips_key: tuple | None = None  # the width and styles the strips were made with
         self._line_styles = LineStyles()  # piece style -> the style Textual draws it with
         self.jobs: dict[int, str] = {}  # GPU -> the job it is allocated to (allocation_texts); {}: none read
+        self.instances: tuple = ()  # MIG devices: one line each, under its GPU (gputop.tui.mig_lines)
 
-    def show(self, devices, lines: int) -> None:
+    def show(self, devices, lines: int, instances=()) -> None:
         """Take a new sample; repaint only the lines that would look different."""
         self.devices = tuple(devices)
-        if lines != self.lines or len(self._lines) != lines * len(self.devices):
+        self.instances = tuple(instances)
+        if lines != self.lines or len(self._lines) != lines * len(self.devices) + len(self.instances):
             self.lines = lines
             self._build()
             self.styles.height = len(self._lines)
@@ -187,6 +190,7 @@ class DeviceBoard(Widget):
     def _build(self) -> None:
         width = self.size.width
         out: list[Line] = []
+        mig = by_gpu(self.instances) if self.instances else {}
         for d in self.devices:
             job = job_piece(self.jobs, d.index)  # at the end of its first line, which leaves room for it
             room = max(0, width - cell_len(job[0][0])) if job and width else width
@@ -195,10 +199,11 @@ class DeviceBoard(Widget):
             else:
                 first, second = pane_pieces(d, self.history, room)
                 out.extend((first + job, second if room == width else pane_pieces(d, self.history, width)[1]))
+            out.extend(instance_pieces(m, width) for m in mig.get(d.index, ()))
         self._lines, self._built_for = out, (width, self.lines)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return self.lines * len(self.devices)
+        return self.lines * len(self.devices) + len(self.instances)
 
     def render(self) -> Text:
         if self._built_for != (self.size.width, self.lines):
@@ -236,14 +241,15 @@ class DevicesBox(VerticalScroll):
     def compose(self):
         yield self.board
 
-    def show(self, devices: tuple, backends: tuple, screen_height: int, jobs: dict | None = None) -> None:
+    def show(self, devices: tuple, backends: tuple, screen_height: int, jobs: dict | None = None,
+             instances: tuple = ()) -> None:
         """``jobs``: GPU -> the job it is allocated to (``allocation_texts``); None keeps the last ones."""
         if jobs is not None:
             self.board.jobs = jobs
-        # Two lines per GPU when they fit in about half the screen, else one line each.
+        # Two lines per GPU when they fit in about half the screen, else one line each (+ a line per MIG device).
         budget = max(4, (screen_height - 10) // 2)
-        lines = 2 if 2 * len(devices) <= budget else 1
-        self.board.show(devices, lines)
+        lines = 2 if 2 * len(devices) + len(instances) <= budget else 1
+        self.board.show(devices, lines, instances)
         if not devices:
             if self._no_gpu is None:
                 from gputop.backends import no_gpu_message
@@ -254,6 +260,6 @@ class DevicesBox(VerticalScroll):
         elif self._no_gpu is not None:  # the GPUs are back
             self._no_gpu.remove()
             self._no_gpu = None
-        height = min(max(2, lines * max(1, len(devices))), budget) + 1  # + the border
+        height = min(max(2, lines * max(1, len(devices)) + len(instances)), budget) + 1  # + the border
         if self.styles.height is None or self.styles.height.value != height:
             self.styles.height = height

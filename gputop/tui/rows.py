@@ -257,7 +257,8 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
             g = Node(f"gpu{d.index}", "group", gpu=d.index)
             on = by_gpu.get(d.index, [])
             index: dict = {}
-            for h in on:
+            mig = _instance_groups(snapshot, g, on) if getattr(snapshot, "instances", ()) else None
+            for h in on if mig is None else mig:
                 _insert(g, g.key, h, d.index, index)
             title = f"GPU {d.index} {visible(d.name or '')}".rstrip()
             g.title = _group_title(title + (" (lost)" if d.lost else ""), on) + _gpu_alloc_note(snapshot, d.index, on)
@@ -290,14 +291,43 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
                 _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
             g.title = _group_title(head, on)
             groups.append(g)
+    mig_order = {_instance_key(m): i for i, m in enumerate(getattr(snapshot, "instances", ()))}
     for g in groups:
         for c in g.children:
             _rank(c, sort, reverse)
         desc = SORTS[sort][1] != reverse
         g.children.sort(key=lambda c: c._rank if c._rank is not None else 0, reverse=desc)
         g.children.sort(key=lambda c: c._rank is None)
+        if mig_order:  # MIG devices first, in NVML's order; the rest as sorted above (a stable sort)
+            g.children.sort(key=lambda c: (c.kind != "group", mig_order.get(c.key, 0)))
     _mark_standings(snapshot, groups)
     return groups
+
+
+def _instance_key(m) -> str:
+    """The tree key of a MIG device's group (under its GPU's group, "gpu0")."""
+    return f"gpu{m.gpu}/gi{m.gpu_instance_id}ci{m.compute_instance_id}"
+
+
+def _instance_groups(snapshot: Snapshot, g: Node, on: list[Holder]) -> list[Holder] | None:
+    """A GPU with MIG devices: one sub-group per device under ``g`` ("MIG 1g.18gb GI 5/CI 0 · 1 holder"),
+    each holder under the device its use runs on; returns the holders on no listed device (they stay
+    directly under the GPU), or None when the GPU has no MIG device."""
+    instances = snapshot.instances_on(g.gpu)
+    if not instances:
+        return None
+    placed: set[int] = set()
+    for m in instances:
+        sub = Node(_instance_key(m), "group", gpu=g.gpu)
+        mine = [h for h in on if any(u.instance_key == m.key for u in h.uses)]
+        index: dict = {}
+        for h in mine:
+            _insert(sub, sub.key, h, g.gpu, index)
+            placed.add(h.pid)
+        util = "N/A" if m.util_gpu is None else f"{m.util_gpu:.0f}%"
+        sub.title = _group_title(f"MIG {visible(m.label)} · util {util}", mine)
+        g.children.append(sub)
+    return [h for h in on if h.pid not in placed]
 
 
 def walk(nodes: list[Node]):

@@ -125,7 +125,26 @@ def _gpu_line(i: int, g: dict) -> str:
     errors = g.get("errors") or {}
     if errors:
         fields.append("errors=" + ",".join(f"{k}:{v}" for k, v in errors.items()))
+    if g.get("mig") is not None:  # MIG-capable: True/False is the current mode
+        fields.append(f"mig={1 if g['mig'] else 0}")
+        if g.get("mig_pending") is not None:
+            fields.append(f"mig_pending={1 if g['mig_pending'] else 0}")
+        if g.get("mig_denied"):
+            fields.append("mig_denied=1")
+        if g.get("mig_procs_error"):
+            fields.append(f"mig_procs_error={g['mig_procs_error']}")
     return "gpu\t" + "\t".join(fields)
+
+
+def _mig_line(gpu: int, m: dict) -> str:
+    fields = [f"gpu={gpu}", f"gi={int(m['gi'])}", f"ci={int(m.get('ci', 0))}",
+              f"profile={_clean(m.get('profile', '1g.10gb'))}"]
+    if m.get("uuid"):
+        fields.append(f"uuid={_clean(m['uuid'])}")
+    fields.append(f"mem_total={_bytes(m.get('memory_total', 10 * GiB))}")
+    used = m.get("memory_used", "auto")
+    fields.append(f"mem_used={used if used == 'auto' else _bytes(used)}")
+    return "mig\t" + "\t".join(fields)
 
 
 def _holder_line(h: dict) -> str:
@@ -139,6 +158,7 @@ def _holder_line(h: dict) -> str:
         "proc", f"gpu={int(h.get('gpu', 0))}", f"pid={int(h['pid'])}",
         f"mem={'na' if mem is None else _bytes(mem)}", f"type={ctx}",
         f"sm={'none' if sm is None else int(sm)}", f"ghost={1 if ghost else 0}",
+        *([f"gi={int(h['gi'])}", f"ci={int(h.get('ci', 0))}"] if h.get("gi") is not None else []),
     ])
 
 
@@ -153,10 +173,14 @@ def write_fake_nvml_config(path: str | os.PathLike, gpus: list[dict], holders: l
     power_limit (watts), fan, clock_sm, clock_mem, max_clock_sm, max_clock_mem, pstate, lost (True: calls
     return GPU_IS_LOST; "handle": getting the handle fails too), display (True: drives a display),
     errors ({field: NVML error name or code}, e.g. {"temp": "UNKNOWN"}). A key given as None makes that
-    field NOT_SUPPORTED; a missing key takes a default.
+    field NOT_SUPPORTED; a missing key takes a default. MIG: mig (True/False: MIG-capable, mode on/off;
+    absent: not capable), mig_pending, mig_denied (True: the parent's process lists answer NO_PERMISSION),
+    mig_procs_error (an NVML error name: the MIG handles' process lists answer it),
+    mig_devices ([{gi, ci, profile ("1g.10gb"), uuid, memory_total, memory_used ("auto": its holders')}],
+    in MigDeviceHandleByIndex order).
     ``holders``: {pid, gpu=0, memory (bytes, "4GiB", or None = NVML_VALUE_NOT_AVAILABLE), type C|G|C+G,
     sm (percent or None = no samples), visible (False: keep listing it even though the PID is not in this
-    namespace)}. A holder whose process exited is not listed, as the driver frees its contexts.
+    namespace), gi and ci (its MIG GPU and compute instance)}. A holder whose process exited is not listed, as the driver frees its contexts.
     """
     if isinstance(gpus, int):
         gpus = [{} for _ in range(gpus)]
@@ -171,6 +195,7 @@ def write_fake_nvml_config(path: str | os.PathLike, gpus: list[dict], holders: l
     if opt:
         lines.append("opt\t" + "\t".join(opt))
     lines += [_gpu_line(i, g) for i, g in enumerate(gpus)]
+    lines += [_mig_line(i, m) for i, g in enumerate(gpus) for m in g.get("mig_devices") or ()]
     for h in holders:
         if not 0 <= int(h.get("gpu", 0)) < len(gpus):
             raise ValueError(f"holder {h} names a GPU that is not in the config")

@@ -12,11 +12,20 @@
  *         fan=PCT  clock_sm=MHZ  clock_mem=MHZ  max_clock_sm=MHZ  max_clock_mem=MHZ  pstate=N
  *         lost=0|1|2 (1: calls on the device return GPU_IS_LOST; 2: getting its handle fails too)
  *         display=0|1  errors=FIELD:CODE,FIELD:CODE (force an NVML error code for one field)
- *   proc  gpu=N  pid=PID  mem=BYTES|na  type=C|G|C+G  sm=PCT|none  ghost=0|1
+ *         mig=0|1 (MIG-capable, mode disabled|enabled; absent: not capable)  mig_pending=0|1
+ *         mig_denied=1 (MIG on: the parent's process lists answer NO_PERMISSION, as to an unprivileged user)
+ *         mig_procs_error=CODE (MIG handles' process lists answer CODE, as in vGPU host mode: NOT_SUPPORTED)
+ *   mig   gpu=N  gi=ID  ci=ID  profile=1g.18gb  uuid=MIG-..  mem_total=BYTES  mem_used=BYTES|auto
+ *         (one MIG device, a compute instance of a GPU instance, in MigDeviceHandleByIndex order)
+ *   proc  gpu=N  pid=PID  mem=BYTES|na  type=C|G|C+G  sm=PCT|none  ghost=0|1  gi=ID  ci=ID
  * A numeric gpu field that is absent reads as NVML_ERROR_NOT_SUPPORTED. A holder whose PID has exited
  * (or is a zombie) is not listed (within 0.1 s), as the driver frees a dead process's contexts, unless
  * ghost=1 (a PID from another PID namespace, or memory the driver still holds).
  *
+ * MIG, as nvml.h says: a MIG device handle answers its name ("<parent> MIG <profile>"), UUID, memory, process
+ * lists and GPU/compute instance ids; utilisation (device and per process) is NOT_SUPPORTED on a MIG handle
+ * and on a MIG-enabled parent, and so is every board-level field on a MIG handle. On a MIG-enabled parent the
+ * process records carry gpuInstanceId/computeInstanceId (0xFFFFFFFF otherwise).
  * Environment: FAKE_NVML_CONFIG (the file; unset -> nvmlInit fails with DRIVER_NOT_LOADED),
  * FAKE_NVML_INIT_ERROR (a code or name: nvmlInit returns it).
  * Build variants: -DNO_V3 leaves out the _v3 process-list symbols; -DNO_V2 the _v2 ones and the other
@@ -108,7 +117,18 @@ struct gpu {
     int has[NUMERIC_FIELDS];
     int err[NFIELDS];
     int lost, display;
+    int mig_capable, mig_mode, mig_pending, mig_denied, mig_procs_err;
 };
+
+/* One MIG device: compute instance ``ci`` of GPU instance ``gi`` on GPU ``gpu``. */
+struct mig {
+    int gpu;
+    unsigned int gi, ci;
+    char profile[32], uuid[96];
+    long long mem_total, mem_used; /* mem_used AUTO_VALUE: the sum of its live holders' memory */
+};
+#define MAXMIG 256
+#define MAX_MIG_PER_GPU 7 /* nvmlDeviceGetMaxMigDeviceCount on an A100/H100/H200 */
 
 struct proc {
     int gpu;
@@ -117,6 +137,7 @@ struct proc {
     int ctx;                /* CTX_C | CTX_G */
     int sm;                 /* -1: no samples */
     int ghost;
+    unsigned int gi, ci; /* NO_ID: not on a MIG instance */
 };
 
 struct config {
@@ -124,6 +145,8 @@ struct config {
     struct gpu gpus[MAXGPUS];
     int nprocs;
     struct proc *procs;
+    int nmigs;
+    struct mig migs[MAXMIG];
     char driver[80], nvml[80];
     int cuda;
     int init_error;
@@ -135,7 +158,7 @@ static struct timespec cfg_mtime;
 static ino_t cfg_ino;
 static off_t cfg_size;
 static int init_count;
-static struct nvmlDevice_st { int index; } slots[MAXGPUS];
+static struct nvmlDevice_st { int index; } slots[MAXGPUS], mig_slots[MAXMIG];
 
 static const struct { const char *name; int code; } error_names[] = {
     {"UNINITIALIZED", 1}, {"INVALID_ARGUMENT", 2}, {"NOT_SUPPORTED", 3}, {"NO_PERMISSION", 4},
@@ -184,6 +207,10 @@ static void parse_gpu(struct config *c, char *rest) {
         else if (strcmp(k, "pci") == 0) copy_str(g->pci, sizeof g->pci, v);
         else if (strcmp(k, "lost") == 0) g->lost = atoi(v);
         else if (strcmp(k, "display") == 0) g->display = atoi(v);
+        else if (strcmp(k, "mig") == 0) { g->mig_capable = 1; g->mig_mode = atoi(v); g->mig_pending = g->mig_mode; }
+        else if (strcmp(k, "mig_pending") == 0) g->mig_pending = atoi(v);
+        else if (strcmp(k, "mig_denied") == 0) g->mig_denied = atoi(v);
+        else if (strcmp(k, "mig_procs_error") == 0) g->mig_procs_err = parse_error_code(v);
         else if (strcmp(k, "errors") == 0) {
             char buf[512];
             copy_str(buf, sizeof buf, v);
@@ -205,7 +232,8 @@ static void parse_gpu(struct config *c, char *rest) {
 }
 
 static void parse_proc(struct config *c, char *rest, int *cap) {
-    struct proc p = {.gpu = 0, .pid = 0, .mem = NOT_AVAILABLE_ULL, .ctx = CTX_C, .sm = -1, .ghost = 0};
+    struct proc p = {.gpu = 0, .pid = 0, .mem = NOT_AVAILABLE_ULL, .ctx = CTX_C, .sm = -1, .ghost = 0,
+                     .gi = NO_ID, .ci = NO_ID};
     char *save = NULL;
     for (char *tok = strtok_r(rest, "\t", &save); tok; tok = strtok_r(NULL, "\t", &save)) {
         char *eq = strchr(tok, '=');
@@ -220,6 +248,8 @@ static void parse_proc(struct config *c, char *rest, int *cap) {
             p.ctx = strcmp(v, "C+G") == 0 ? (CTX_C | CTX_G) : strcmp(v, "G") == 0 ? CTX_G : CTX_C;
         else if (strcmp(k, "sm") == 0) p.sm = strcmp(v, "none") == 0 ? -1 : atoi(v);
         else if (strcmp(k, "ghost") == 0) p.ghost = atoi(v);
+        else if (strcmp(k, "gi") == 0) p.gi = (unsigned int)strtoul(v, NULL, 10);
+        else if (strcmp(k, "ci") == 0) p.ci = (unsigned int)strtoul(v, NULL, 10);
     }
     if (p.pid == 0) return;
     if (c->nprocs == *cap) {
@@ -227,6 +257,32 @@ static void parse_proc(struct config *c, char *rest, int *cap) {
         c->procs = realloc(c->procs, (size_t)*cap * sizeof *c->procs);
     }
     c->procs[c->nprocs++] = p;
+}
+
+static void parse_mig(struct config *c, char *rest) {
+    if (c->nmigs >= MAXMIG) return;
+    struct mig *m = &c->migs[c->nmigs];
+    memset(m, 0, sizeof *m);
+    m->mem_used = AUTO_VALUE;
+    m->mem_total = 10LL << 30;
+    copy_str(m->profile, sizeof m->profile, "1g.10gb");
+    char *save = NULL;
+    for (char *tok = strtok_r(rest, "\t", &save); tok; tok = strtok_r(NULL, "\t", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = 0;
+        const char *k = tok, *v = eq + 1;
+        if (strcmp(k, "gpu") == 0) m->gpu = atoi(v);
+        else if (strcmp(k, "gi") == 0) m->gi = (unsigned int)strtoul(v, NULL, 10);
+        else if (strcmp(k, "ci") == 0) m->ci = (unsigned int)strtoul(v, NULL, 10);
+        else if (strcmp(k, "profile") == 0) copy_str(m->profile, sizeof m->profile, v);
+        else if (strcmp(k, "uuid") == 0) copy_str(m->uuid, sizeof m->uuid, v);
+        else if (strcmp(k, "mem_total") == 0) m->mem_total = strtoll(v, NULL, 10);
+        else if (strcmp(k, "mem_used") == 0) m->mem_used = strcmp(v, "auto") == 0 ? AUTO_VALUE : strtoll(v, NULL, 10);
+    }
+    if (!m->uuid[0])
+        snprintf(m->uuid, sizeof m->uuid, "MIG-fa4e%04x-%04x-4000-8000-%012u", m->gpu, c->nmigs, m->gi * 100 + m->ci);
+    c->nmigs++;
 }
 
 static struct config *parse_config(FILE *f) {
@@ -246,6 +302,7 @@ static struct config *parse_config(FILE *f) {
         if (tab) *tab = 0;
         if (strcmp(line, "gpu") == 0) parse_gpu(c, rest);
         else if (strcmp(line, "proc") == 0) parse_proc(c, rest, &cap);
+        else if (strcmp(line, "mig") == 0) parse_mig(c, rest);
         else if (strcmp(line, "opt") == 0) {
             char *save = NULL;
             for (char *tok = strtok_r(rest, "\t", &save); tok; tok = strtok_r(NULL, "\t", &save)) {
@@ -361,6 +418,11 @@ static nvmlReturn_t ready(void) {
 static nvmlReturn_t dev(nvmlDevice_t h, int field, struct gpu **out) {
     nvmlReturn_t r = ready();
     if (r) return r;
+    if (h >= mig_slots && h < mig_slots + MAXMIG) { /* a board-level field asked of a MIG device */
+        int m = (int)(h - mig_slots);
+        if (m >= cfg->nmigs) return NVML_ERROR_INVALID_ARGUMENT;
+        return cfg->gpus[cfg->migs[m].gpu].lost ? NVML_ERROR_GPU_IS_LOST : NVML_ERROR_NOT_SUPPORTED;
+    }
     if (!h || h < slots || h >= slots + MAXGPUS) return NVML_ERROR_INVALID_ARGUMENT;
     int i = (int)(h - slots);
     if (i >= cfg->ngpus) return NVML_ERROR_INVALID_ARGUMENT;
@@ -369,6 +431,32 @@ static nvmlReturn_t dev(nvmlDevice_t h, int field, struct gpu **out) {
     if (field >= 0 && g->err[field]) return g->err[field];
     *out = g;
     return NVML_SUCCESS;
+}
+
+/* A MIG device handle: its record and its parent GPU. NOT_A_MIG: ``h`` is not a MIG handle (a GPU's, or none). */
+#define NOT_A_MIG (-1)
+static nvmlReturn_t mig_dev(nvmlDevice_t h, struct mig **m, struct gpu **g) {
+    if (!(h >= mig_slots && h < mig_slots + MAXMIG)) return NOT_A_MIG;
+    nvmlReturn_t r = ready();
+    if (r) return r;
+    int i = (int)(h - mig_slots);
+    if (i >= cfg->nmigs || cfg->migs[i].gpu < 0 || cfg->migs[i].gpu >= cfg->ngpus) return NVML_ERROR_INVALID_ARGUMENT;
+    *m = &cfg->migs[i];
+    *g = &cfg->gpus[(*m)->gpu];
+    return (*g)->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+}
+
+static int on_instance(const struct proc *p, const struct mig *m) {
+    return !m || (p->gi == m->gi && p->ci == m->ci);
+}
+
+static unsigned long long mig_holders_memory(const struct mig *m) {
+    unsigned long long sum = 0;
+    for (int i = 0; i < cfg->nprocs; i++) {
+        const struct proc *p = &cfg->procs[i];
+        if (p->gpu == m->gpu && on_instance(p, m) && p->mem != NOT_AVAILABLE_ULL && holder_live(p)) sum += p->mem;
+    }
+    return sum;
 }
 
 static unsigned long long holders_memory(int gi) {
@@ -534,14 +622,25 @@ API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t h, unsigned int *out) { L
 
 static nvmlReturn_t get_name(nvmlDevice_t h, char *buf, unsigned int len) {
     struct gpu *g;
-    nvmlReturn_t r = dev(h, F_NAME, &g);
+    struct mig *m;
+    nvmlReturn_t r = mig_dev(h, &m, &g);
+    if (r != NOT_A_MIG) { /* "NVIDIA H100 80GB HBM3 MIG 1g.10gb", as the driver names a MIG device */
+        if (r) return r;
+        char s[160];
+        snprintf(s, sizeof s, "%s MIG %s", g->name, m->profile);
+        return put_str(buf, len, s);
+    }
+    r = dev(h, F_NAME, &g);
     return r ? r : put_str(buf, len, g->name);
 }
 API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t h, char *buf, unsigned int len) { LOCKED(get_name(h, buf, len)); }
 
 static nvmlReturn_t get_uuid(nvmlDevice_t h, char *buf, unsigned int len) {
     struct gpu *g;
-    nvmlReturn_t r = dev(h, F_UUID, &g);
+    struct mig *m;
+    nvmlReturn_t r = mig_dev(h, &m, &g);
+    if (r != NOT_A_MIG) return r ? r : put_str(buf, len, m->uuid);
+    r = dev(h, F_UUID, &g);
     return r ? r : put_str(buf, len, g->uuid);
 }
 API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char *buf, unsigned int len) { LOCKED(get_uuid(h, buf, len)); }
@@ -581,7 +680,17 @@ API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t h, nvmlPciInfo_t *p) { LOCKED
 static nvmlReturn_t memory(nvmlDevice_t h, unsigned long long *total, unsigned long long *reserved,
                            unsigned long long *used) {
     struct gpu *g;
-    nvmlReturn_t r = dev(h, F_MEMORY, &g);
+    struct mig *m;
+    nvmlReturn_t r = mig_dev(h, &m, &g);
+    if (r != NOT_A_MIG) { /* the instance's own memory */
+        if (r) return r;
+        *total = (unsigned long long)m->mem_total;
+        *reserved = 0;
+        *used = m->mem_used == AUTO_VALUE ? mig_holders_memory(m) : (unsigned long long)m->mem_used;
+        if (*used > *total) *used = *total;
+        return NVML_SUCCESS;
+    }
+    r = dev(h, F_MEMORY, &g);
     if (r) return r;
     if (!g->has[F_MEM_TOTAL]) return NVML_ERROR_NOT_SUPPORTED;
     *total = (unsigned long long)g->f[F_MEM_TOTAL];
@@ -624,7 +733,9 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) 
 
 static nvmlReturn_t bar1(nvmlDevice_t h, nvmlBAR1Memory_t *m) {
     struct gpu *g;
-    nvmlReturn_t r = dev(h, -1, &g);
+    struct mig *mi;
+    nvmlReturn_t r = mig_dev(h, &mi, &g); /* a MIG device has its own BAR1 share, as nvidia-smi shows */
+    if (r == NOT_A_MIG) r = dev(h, -1, &g);
     if (r) return r;
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
     m->total = 256ULL << 20;
@@ -639,6 +750,7 @@ static nvmlReturn_t utilization(nvmlDevice_t h, nvmlUtilization_t *u) {
     nvmlReturn_t r = dev(h, F_UTILIZATION, &g);
     if (r) return r;
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->mig_mode) return NVML_ERROR_NOT_SUPPORTED; /* no GPU-wide utilisation with MIG on */
     unsigned int gpu, mem;
     if ((r = get_num(h, F_UTIL, &gpu)) || (r = get_num(h, F_MEM_UTIL, &mem))) return r;
     u->gpu = gpu;
@@ -770,10 +882,83 @@ static nvmlReturn_t not_supported(nvmlDevice_t h) {
     nvmlReturn_t r = dev(h, -1, &g);
     return r ? r : NVML_ERROR_NOT_SUPPORTED;
 }
-/* Not on this (bare-metal, non-MIG, Linux) fake: the real library says NOT_SUPPORTED too. */
-API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t h, unsigned int *cur, unsigned int *pend) {
-    (void)cur; (void)pend; LOCKED(not_supported(h));
+/* ---- MIG ---- */
+static nvmlReturn_t mig_mode(nvmlDevice_t h, unsigned int *cur, unsigned int *pend) {
+    struct gpu *g;
+    nvmlReturn_t r = dev(h, -1, &g); /* a MIG handle: NOT_SUPPORTED */
+    if (r) return r;
+    if (!cur || !pend) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    *cur = (unsigned int)g->mig_mode;
+    *pend = (unsigned int)g->mig_pending;
+    return NVML_SUCCESS;
 }
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t h, unsigned int *cur, unsigned int *pend) { LOCKED(mig_mode(h, cur, pend)); }
+
+static nvmlReturn_t max_mig(nvmlDevice_t h, unsigned int *n) {
+    struct gpu *g;
+    nvmlReturn_t r = dev(h, -1, &g);
+    if (r) return r;
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    *n = g->mig_capable ? MAX_MIG_PER_GPU : 0; /* 0, not an error, on a GPU without MIG */
+    return NVML_SUCCESS;
+}
+API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t h, unsigned int *n) { LOCKED(max_mig(h, n)); }
+
+static nvmlReturn_t mig_by_index(nvmlDevice_t h, unsigned int index, nvmlDevice_t *out) {
+    struct gpu *g;
+    nvmlReturn_t r = dev(h, -1, &g);
+    if (r) return r;
+    if (!g->mig_capable || !g->mig_mode) return NVML_ERROR_NOT_SUPPORTED;
+    if (!out || index >= MAX_MIG_PER_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    int parent = (int)(h - slots);
+    unsigned int k = 0;
+    for (int i = 0; i < cfg->nmigs; i++) {
+        if (cfg->migs[i].gpu != parent) continue;
+        if (k++ == index) {
+            mig_slots[i].index = i;
+            *out = &mig_slots[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t h, unsigned int index, nvmlDevice_t *out) {
+    LOCKED(mig_by_index(h, index, out));
+}
+
+static nvmlReturn_t instance_id(nvmlDevice_t h, int compute, unsigned int *id) {
+    struct gpu *g;
+    struct mig *m;
+    nvmlReturn_t r = mig_dev(h, &m, &g);
+    if (r == NOT_A_MIG) { /* a GPU's handle has no instance id */
+        r = dev(h, -1, &g);
+        return r ? r : NVML_ERROR_NOT_SUPPORTED;
+    }
+    if (r) return r;
+    if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = compute ? m->ci : m->gi;
+    return NVML_SUCCESS;
+}
+API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t h, unsigned int *id) { LOCKED(instance_id(h, 0, id)); }
+API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t h, unsigned int *id) { LOCKED(instance_id(h, 1, id)); }
+
+static nvmlReturn_t parent_of(nvmlDevice_t h, nvmlDevice_t *out) {
+    struct gpu *g;
+    struct mig *m;
+    nvmlReturn_t r = mig_dev(h, &m, &g);
+    if (r == NOT_A_MIG) {
+        r = ready();
+        return r ? r : NVML_ERROR_INVALID_ARGUMENT; /* not a MIG device handle */
+    }
+    if (r) return r;
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    slots[m->gpu].index = m->gpu;
+    *out = &slots[m->gpu];
+    return NVML_SUCCESS;
+}
+API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t h, nvmlDevice_t *out) { LOCKED(parent_of(h, out)); }
+
 API nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t h, int *cur, int *pend) {
     (void)cur; (void)pend; LOCKED(not_supported(h));
 }
@@ -789,10 +974,12 @@ API nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t h, int counter, unsign
 
 static nvmlReturn_t is_mig(nvmlDevice_t h, unsigned int *is) {
     struct gpu *g;
-    nvmlReturn_t r = dev(h, -1, &g);
+    struct mig *m;
+    nvmlReturn_t r = mig_dev(h, &m, &g);
+    if (r == NOT_A_MIG) r = dev(h, -1, &g);
     if (r) return r;
     if (!is) return NVML_ERROR_INVALID_ARGUMENT;
-    *is = 0;
+    *is = h >= mig_slots && h < mig_slots + MAXMIG;
     return NVML_SUCCESS;
 }
 API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t h, unsigned int *is) { LOCKED(is_mig(h, is)); }
@@ -803,16 +990,28 @@ API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t h, unsigned int *is) {
  * With 0 processes, a 0 count is a SUCCESS. */
 static nvmlReturn_t running(nvmlDevice_t h, int ctx, unsigned int *count, void *buf, size_t stride) {
     struct gpu *g;
-    nvmlReturn_t r = dev(h, ctx == CTX_C ? F_PROCS : F_GRAPHICS_PROCS, &g);
-    if (r) return r;
+    struct mig *m = NULL;
+    int gi;
+    nvmlReturn_t r = mig_dev(h, &m, &g);
+    if (r == NOT_A_MIG) {
+        m = NULL;
+        r = dev(h, ctx == CTX_C ? F_PROCS : F_GRAPHICS_PROCS, &g);
+        if (r) return r;
+        /* MIG on: the aggregate list over every instance is for privileged callers only */
+        if (g->mig_mode && g->mig_denied) return NVML_ERROR_NO_PERMISSION;
+        gi = (int)(h - slots);
+    } else {
+        if (r) return r;
+        if (g->mig_procs_err) return g->mig_procs_err;
+        gi = m->gpu;
+    }
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    int gi = (int)(h - slots);
     unsigned int n = 0;
     /* one liveness check per holder: the list must be the same between the count and the copy */
     unsigned char *live = malloc((size_t)cfg->nprocs + 1);
     for (int i = 0; i < cfg->nprocs; i++) {
         const struct proc *p = &cfg->procs[i];
-        live[i] = p->gpu == gi && (p->ctx & ctx) && holder_live(p);
+        live[i] = p->gpu == gi && (p->ctx & ctx) && on_instance(p, m) && holder_live(p);
         n += live[i];
     }
     if (*count < n || (n > 0 && !buf)) {
@@ -833,8 +1032,8 @@ static nvmlReturn_t running(nvmlDevice_t h, int ctx, unsigned int *count, void *
             nvmlProcessInfo_t *o = (nvmlProcessInfo_t *)slot;
             o->pid = p->pid;
             o->usedGpuMemory = p->mem;
-            o->gpuInstanceId = NO_ID;
-            o->computeInstanceId = NO_ID;
+            o->gpuInstanceId = g->mig_mode ? p->gi : NO_ID;
+            o->computeInstanceId = g->mig_mode ? p->ci : NO_ID;
         }
         k++;
     }
@@ -881,9 +1080,10 @@ API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t h, unsi
 static nvmlReturn_t proc_util(nvmlDevice_t h, nvmlProcessUtilizationSample_t *out, unsigned int *count,
                               unsigned long long last_seen) {
     struct gpu *g;
-    nvmlReturn_t r = dev(h, F_PROC_UTIL, &g);
+    nvmlReturn_t r = dev(h, F_PROC_UTIL, &g); /* a MIG handle: NOT_SUPPORTED */
     if (r) return r;
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->mig_mode) return NVML_ERROR_NOT_SUPPORTED; /* no per-process utilisation with MIG on */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     unsigned long long now = (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000;

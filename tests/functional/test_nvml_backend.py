@@ -361,7 +361,7 @@ def test_process_utilisation_without_samples_is_none_not_error(nvml, procs):
 
 def test_size_query_protocol_and_struct_layouts(nvml, procs):
     ps = [procs.sleeper(f"p{i}") for i in range(3)]
-    env = nvml([{}, {}], [{"pid": p.pid, "gpu": 0, "memory": (i + 1) * GiB} for i, p in enumerate(ps)])
+    env = nvml([{}, {"mig": False}], [{"pid": p.pid, "gpu": 0, "memory": (i + 1) * GiB} for i, p in enumerate(ps)])
     out = run_py("""
         import ctypes, json, pynvml
         pynvml.nvmlInit()
@@ -388,6 +388,13 @@ def test_size_query_protocol_and_struct_layouts(nvml, procs):
         bad = pynvml.c_nvmlMemory_v2_t()
         bad.version = 1
         res["mem_bad_version"] = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")(h0, ctypes.byref(bad))
+        # MIG (issue 30): a MIG-capable GPU with MIG off answers its mode pair and max count; one without MIG
+        # answers NOT_SUPPORTED and a count of 0; neither is a MIG handle (the calls of tests/functional/test_mig.py)
+        cur, pend = ctypes.c_uint(9), ctypes.c_uint(9)
+        mode = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMigMode")
+        res["mig"] = [mode(h0, ctypes.byref(cur), ctypes.byref(pend)), list(pynvml.nvmlDeviceGetMigMode(h1)),
+                      pynvml.nvmlDeviceGetMaxMigDeviceCount(h0), pynvml.nvmlDeviceGetMaxMigDeviceCount(h1),
+                      *(getattr(v, "value", v) for v in map(pynvml.nvmlDeviceIsMigDeviceHandle, (h0, h1)))]
         print(json.dumps(res))
     """, env)
     NVML_ERROR_INSUFFICIENT_SIZE = 7
@@ -400,6 +407,7 @@ def test_size_query_protocol_and_struct_layouts(nvml, procs):
     assert out["pci"] == ["00000000:10:00.0", "0000:10:00.0", 0x10]
     assert out["mem_v2"] == [80 * GiB, 6 * GiB, 74 * GiB]
     assert out["mem_bad_version"] == 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    assert out["mig"] == [3, [0, 0], 0, 7, 0, 0]  # NOT_SUPPORTED; MIG off; 0 / 7 devices at most; no MIG handle
 
 
 RESET = """

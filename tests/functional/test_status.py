@@ -92,7 +92,7 @@ def test_status_json_field_by_field(procs, scenario):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert set(doc) >= {"at", "gpu", "holders", "roots", "warnings", "host", "backends"}
-    assert set(doc["gpu"]) == {"gpus", "holders"}
+    assert set(doc["gpu"]) == {"gpus", "holders", "instances"}  # instances: MIG devices (issue 30)
     g0, g1 = doc["gpu"]["gpus"]
     assert g0["index"] == 0 and g0["backend"] == "simulated" and g0["memory_total"] == 80 * 1024**3
     assert g0["memory_used"] == 4 * 1024**3 and g0["utilization_gpu"] == 97
