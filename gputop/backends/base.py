@@ -113,6 +113,8 @@ class Backend(ABC):
     vendor: str = "unknown"
     # True where utilisation comes from counter deltas (DRM fdinfo): a one-shot reader must sample twice.
     needs_two_samples: bool = False
+    # Where its process list comes from, as a holder's "source" says it (gputop.core.ledger).
+    list_source: str = "nvml"
 
     @abstractmethod
     def device_count(self) -> int: ...
@@ -128,6 +130,11 @@ class Backend(ABC):
     def reset(self, index: int) -> str:
         """Reset the device; return a one-line description of what was done, or raise ResetError."""
         raise ResetError(f"{self.name}: reset is not supported by this backend", kind="unsupported")
+
+    def device_node(self, index: int) -> int | None:
+        """The device number (``st_rdev``) of this device's node (NVIDIA: /dev/nvidiaN, 195:N), or None when
+        unknown: the sampler then looks for no device-file holders of it (gputop.core.devholders)."""
+        return None
 
     def warnings(self) -> list[str]:
         """Conditions worth showing the user (e.g. processes whose data could not be read)."""

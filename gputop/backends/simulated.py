@@ -18,6 +18,7 @@ Scenario format::
         clock_sm: 1980
         clock_mem: 2619
         lost: false                   # true: the device fell off the bus
+        minor: 3                      # optional: the node /dev/nvidia3 (char 195:3); its holders are found
     holders:
       - pid: 12345
         gpu: 0
@@ -26,6 +27,7 @@ Scenario format::
         sm: 95                        # per-process SM%, optional
         start_time: 1764470000.12     # optional: pins the identity, so a reused PID is not a holder
         visible: true                 # false: a PID this namespace cannot see (kept, reported as such)
+        keep_zombie: false            # true: still listed once the process is a zombie (as NVML may do)
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class _Holder:
     sm: float | None
     start_time: float | None
     visible: bool
+    keep_zombie: bool = False
 
 
 def _num(d: dict, key: str, where: str) -> float | None:
@@ -71,6 +74,24 @@ def _num(d: dict, key: str, where: str) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ScenarioError(f"{where}: '{key}' must be a number, got {v!r}")
     return v
+
+
+def _minor(g: dict, where: str) -> int | None:
+    v = g.get("minor")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < (1 << 20):
+        raise ScenarioError(f"{where}: 'minor' must be a device minor number (0..1048575), got {v!r}")
+    return v
+
+
+def _zombie(h: _Holder) -> bool:
+    """The holder's process has exited and its parent has not waited for it yet (same start time)."""
+    from gputop.core.procs import read_proc
+
+    info = read_proc(h.pid)
+    return (info is not None and info.zombie
+            and (h.start_time is None or abs(info.start_time - h.start_time) < 0.05))
 
 
 def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], list[_Holder]]:
@@ -101,6 +122,7 @@ def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], 
             "fan": _num(g, "fan", where),
             "clock_sm": _num(g, "clock_sm", where), "clock_mem": _num(g, "clock_mem", where),
             "lost": bool(g.get("lost", False)),
+            "minor": _minor(g, where),
         })
     holders = data.get("holders") or []
     if not isinstance(holders, list):
@@ -124,6 +146,7 @@ def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], 
         out_h.append(_Holder(
             pid=h["pid"], gpu=gpu, memory=mem, ctx=ctx, sm=_num(h, "sm", where),
             start_time=float(st) if st is not None else None, visible=bool(h.get("visible", True)),
+            keep_zombie=bool(h.get("keep_zombie", False)),
         ))
     return out_gpus, out_h
 
@@ -221,7 +244,7 @@ class SimulatedBackend(Backend):
             if not h.visible:
                 out.append(h)
                 continue
-            if not is_alive(h.pid, h.start_time):
+            if not is_alive(h.pid, h.start_time) and not (h.keep_zombie and _zombie(h)):
                 continue
             if reset_at is not None and not self._started_after(h, reset_at):
                 continue
@@ -234,6 +257,11 @@ class SimulatedBackend(Backend):
 
         st = start_time(h.pid)
         return st is not None and st > t
+
+    def device_node(self, index: int) -> int | None:
+        self._reload()
+        minor = self._gpus[index].get("minor") if 0 <= index < len(self._gpus) else None
+        return os.makedev(195, minor) if minor is not None else None
 
     def sample(self, index: int) -> DeviceSample:
         self._reload()

@@ -11,6 +11,7 @@ from gputop.util.errors import UsageError
 from gputop.core.ownership import NONE, Owner
 from gputop.util.textsafe import visible
 from gputop.core.model import Snapshot
+from gputop.core.ledger import holder_note, ledger_lines
 from gputop.core.snapshot_json import snapshot_json
 from gputop.util.units import fmt_bytes, fmt_duration, fmt_opt
 
@@ -108,6 +109,7 @@ def render(snap: Snapshot, chains: bool = False) -> str:
                          fmt_opt(d.temperature, "{:.0f}C"), power, _pct(d.fan_pct), d.backend])
         out.append(table(rows, ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "FAN", "BACKEND"],
                          right={0, 2, 4, 6}))
+        out.extend(f"  {line}" for line in ledger_lines(snap))  # the memory ledger (docs/memory-ledger.md)
     if snap.holders:
         out.append("")
         owners = any(h.owner is not None for h in snap.holders)  # not read off Linux: no column
@@ -127,6 +129,9 @@ def render(snap: Snapshot, chains: bool = False) -> str:
             # Not-orphan with an orphan test on record: an ownership rule (systemd unit, live login) overruled it.
             if h.verdict.kind != "not-orphan" or h.verdict.orphan_reason:
                 out.append(f"  pid {h.pid}: {h.verdict.kind}: {visible(h.verdict.reason)}")
+            note = holder_note(h)
+            if note is not None:
+                out.append(f"  pid {h.pid}: {visible(note)}")
             if chains and h.chain:
                 owned = h.chain_owners or (None,) * len(h.chain)
                 out.append(f"  pid {h.pid} chain: " + " <- ".join(

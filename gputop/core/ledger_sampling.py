@@ -1,0 +1,102 @@
+"""The memory ledger's part of a sample: device-file holders, zombie holders, the MPS server's clients.
+
+The sampler (gputop.core.sampler) hands it each device's node (``node``), then the uses its backends
+listed (``add_device_file_uses`` adds a use with source "device file" and unknown memory for every process
+holding a GPU's node that the list does not name on that GPU), then asks for each holder's notes
+(``notes_for``) and for the holder of a zombie the list still names (``zombie_holder``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from gputop.core.devholders import DeviceScan
+from gputop.core.ledger import MPS_SERVER, SOURCE_DEVICE_FILE, HolderNotes, zombie_text
+from gputop.core.model import GpuUse, Holder
+from gputop.core.orphans import UNKNOWN, Verdict
+from gputop.core.procs import ProcTable, ns_pids
+
+
+class LedgerSampling:
+    def __init__(self, proc_root: str, verdicts, full_every: float = 30.0):
+        self.proc_root = proc_root
+        self.verdicts = verdicts  # the sampler's VerdictCache: a zombie's parent is judged by the same rules
+        self.full_every = full_every
+        self.scan: DeviceScan | None = None  # made on the first sample that has a device node
+        self._nodes: dict[int, int] = {}  # rdev -> global GPU index, this sample
+        self._holding: dict[int, set[int]] = {}  # GPU -> the processes holding its node, this sample
+        self._file_only: set[int] = set()  # processes with a use found only through a device file
+
+    def node(self, gi: int, backend, local: int) -> None:
+        """Note GPU ``gi``'s device node, if its backend knows it."""
+        try:
+            rdev = backend.device_node(local)
+        except Exception:  # a backend that cannot say: no device-file holders for this GPU
+            rdev = None
+        if rdev is not None:
+            self._nodes[rdev] = gi
+
+    def add_device_file_uses(self, uses: dict[int, list[GpuUse]], visible: dict[int, bool],
+                             warnings: list[str]) -> None:
+        nodes, self._nodes = self._nodes, {}
+        self._holding, self._file_only = {}, set()
+        if not nodes:
+            return
+        if self.scan is None:
+            self.scan = DeviceScan(self.proc_root, self.full_every)
+        holding, file_only = self._holding, self._file_only
+        for pid, held in self.scan.scan(frozenset(nodes)).items():
+            for rdev in held:
+                gi = nodes[rdev]
+                holding.setdefault(gi, set()).add(pid)
+                have = uses.get(pid)
+                if have is not None and any(u.gpu == gi for u in have):
+                    continue  # the list names it on this GPU: its memory is known there
+                use = GpuUse(gi, "C", None, None, SOURCE_DEVICE_FILE)
+                if have is None:
+                    uses[pid], visible[pid] = [use], True
+                else:
+                    have.append(use)
+                file_only.add(pid)
+        if self.scan.unreadable and os.geteuid() != 0:
+            warnings.append(f"the descriptors of {self.scan.unreadable} process(es) cannot be read as this user: "
+                            "holders of a GPU's device file among them are not seen (run gputop as root)")
+
+    def notes_for(self, pid: int, info) -> HolderNotes | None:
+        """A visible holder's notes: its NSpid when found through a device file; the MPS server's clients."""
+        file_only = pid in self._file_only
+        mps = info is not None and info.name == MPS_SERVER
+        if not file_only and not mps:
+            return None
+        nspid = ns_pids(pid, self.proc_root) if file_only else None
+        clients: tuple[int, ...] = ()
+        if mps:
+            pids = set()
+            for gi, holders in self._holding.items():
+                if pid in holders:
+                    pids.update(holders)
+            pids.discard(pid)
+            clients = tuple(sorted(pids))
+        return HolderNotes(nspid=nspid if nspid and len(nspid) > 1 else None, mps_clients=clients)
+
+    def zombie_holder(self, pid: int, uses: tuple[GpuUse, ...], table: ProcTable, jobs: dict, job_states: dict,
+                      warnings: list[str]) -> Holder | None:
+        """The holder of a zombie the GPU's list still names: its parent must wait for it (or exit) to free
+        its memory. Its verdict is unknown: nothing signals a zombie. None when ``pid`` is not a zombie."""
+        info = table.get(pid)
+        if info is None or not info.zombie:
+            return None
+        parent = table.get(info.ppid) if info.ppid > 0 else None
+        parent_verdict = None
+        if parent is not None:
+            try:
+                parent_verdict = self.verdicts.judge(parent.pid, table, jobs, job_states)
+            except Exception:  # a parent that cannot be judged: unknown, said so
+                parent_verdict = Verdict(UNKNOWN, "its ancestry could not be followed")
+        notes = HolderNotes(zombie=True, parent=parent, parent_verdict=parent_verdict)
+        chain = tuple(table.ancestors(pid))
+        h = Holder(pid, uses, info, chain, Verdict(UNKNOWN, "a zombie: it has exited; " + (
+            f"its memory goes when its parent pid {parent.pid} ({parent.name}) waits for it or exits"
+            if parent is not None else "its parent cannot be seen")), notes=notes)
+        warnings.append(zombie_text(h) or f"GPU holder pid {pid} is a zombie")
+        return h
