@@ -183,7 +183,4 @@ def holder_note(h: Holder) -> str | None:
         parts.append(f"NSpid {' '.join(map(str, n.nspid))} (pid {n.nspid[-1]} in its own PID namespace)")
     if n is not None and n.mps_clients:
         parts.append(f"MPS server; clients: pid {', '.join(map(str, n.mps_clients))}")
-    z = zombie_text(h)
-    if z is not None:
-        parts.append(z)
     return "; ".join(parts) if parts else None

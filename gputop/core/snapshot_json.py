@@ -73,9 +73,12 @@ def holder_to_dict(h: Holder, _entries: dict | None = None) -> dict:
         "slurm": slurm_to_dict(h),
         "chain": [_chain_entry(c, o, _entries) for c, o in zip(h.chain, owners)],
     }
-    # The memory ledger (docs/memory-ledger.md): how it was found, and its notes (NSpid, zombie, MPS).
+    # The memory ledger (docs/memory-ledger.md): how it was found, and its notes (NSpid, zombie, MPS); the
+    # chain stays the last key (snapshot_json splices it in there).
+    chain = d.pop("chain")
     d["source"] = h.source
     d["ledger"] = h.notes.to_dict() if h.notes is not None else None
+    d["chain"] = chain
     return d
 
 

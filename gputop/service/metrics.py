@@ -170,6 +170,26 @@ def _process_families(snap, host: str):
     yield from (pmem, psm, pinfo, pstart, powner)
 
 
+def _ledger_families(snap, host: str):
+    """The memory ledger (gputop.core.ledger): per GPU, the bytes no listed process accounts for, and how
+    many processes hold its device file without being listed."""
+    from gputop.core.ledger import gpu_ledgers
+
+    unexplained = GaugeMetricFamily("gputop_gpu_memory_unexplained_bytes",
+                                    "GPU memory in use that no listed process accounts for", labels=DEVICE_LABELS)
+    files = GaugeMetricFamily("gputop_gpu_device_file_holders",
+                              "Processes holding a GPU's device file that the driver does not list",
+                              labels=DEVICE_LABELS)
+    devices = {d.index: d for d in snap.devices}
+    for lg in gpu_ledgers(snap):
+        labels = _device_labels(devices[lg.gpu], host)
+        if lg.unexplained is not None:
+            unexplained.add_metric(labels, float(lg.unexplained))
+        files.add_metric(labels, len(lg.device_file_pids))
+    yield unexplained
+    yield files
+
+
 class SnapshotCollector:
     """Renders every metric from the latest snapshot, so an exited process's series simply disappear."""
 
@@ -189,6 +209,7 @@ class SnapshotCollector:
                                 value=snap.at)
         yield from _device_families(snap, host)
         yield from _process_families(snap, host)
+        yield from _ledger_families(snap, host)
         yield GaugeMetricFamily("gputop_holders", "Processes holding a GPU", value=len(snap.holders))
         yield GaugeMetricFamily("gputop_orphan_trees", "Orphan trees holding a GPU", value=len(snap.roots))
         yield from self._findings()
