@@ -17,6 +17,15 @@ from gputop.core.orphans import UNKNOWN, Verdict
 from gputop.core.procs import ProcTable, ns_pids
 
 
+MPS_COMM = MPS_SERVER[:15]  # comm holds 15 characters: "nvidia-cuda-mps"
+
+
+def _runs_mps(info) -> bool:
+    """Its argv[0] names the MPS server too (comm alone is cut, and the user's to set). Only a note rests
+    on it (the clients named): no action trusts it."""
+    return bool(info.cmdline) and os.path.basename(info.cmdline[0]) == MPS_SERVER
+
+
 class LedgerSampling:
     def __init__(self, proc_root: str, verdicts, full_every: float = 30.0):
         self.proc_root = proc_root
@@ -65,7 +74,7 @@ class LedgerSampling:
     def notes_for(self, pid: int, info) -> HolderNotes | None:
         """A visible holder's notes: its NSpid when found through a device file; the MPS server's clients."""
         file_only = pid in self._file_only
-        mps = info is not None and info.name == MPS_SERVER
+        mps = info is not None and info.name in (MPS_SERVER, MPS_COMM) and _runs_mps(info)
         if not file_only and not mps:
             return None
         nspid = ns_pids(pid, self.proc_root) if file_only else None

@@ -1,0 +1,253 @@
+"""The memory ledger (issue 28) on real processes: holders of a GPU's device node (mknod'ed char 195:N,
+held through O_PATH descriptors), one inside its own PID namespace, a real zombie whose parent never waits,
+the driver-held advice, kill and reap of a device-file holder with a bystander surviving, and every face
+(status text, --json, /v1/status, /metrics, MCP) showing the same ledger.
+
+Each test makes its own node with a random minor (100..250): the scan reads the whole host's /proc, so
+tests running in parallel must not share a device number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import run_gputop, wait_gone
+from tests.functional.actions_helpers import alive, records, unique
+
+GiB = 1 << 30
+HOLD = ("import os,sys,time; fd=os.open(sys.argv[1], os.O_PATH); print(os.getpid(), flush=True); "
+        "time.sleep(600)  # {marker}")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a char device node needs root")
+
+
+def make_node(tmp_path, minor: int | None = None):
+    minor = random.randint(100, 250) if minor is None else minor
+    path = tmp_path / f"nvidia{minor}"
+    os.mknod(path, 0o666 | 0o020000, os.makedev(195, minor))  # S_IFCHR
+    os.chmod(path, 0o666)
+    return path, minor
+
+
+def holder(procs, node, marker="ledger-holder", prefix=()) -> subprocess.Popen:
+    """A real process that holds ``node`` open (O_PATH); returns once it does."""
+    p = procs.spawn([*prefix, sys.executable, "-c", HOLD.format(marker=unique(marker)), str(node)],
+                    stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip()
+    return p
+
+
+def gpus(*minors, used=(10 * GiB,)):
+    return [{"name": f"Sim {i}", "memory_total": "80GiB", "memory_used": u, **({"minor": m} if m is not None else {})}
+            for i, (m, u) in enumerate(zip(minors, used))]
+
+
+def status_json(env=None) -> dict:
+    r = run_gputop("status", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def ledger_of(doc: dict, gpu: int) -> dict:
+    return next(lg for lg in doc["ledger"] if lg["gpu"] == gpu)
+
+
+def test_a_device_file_holder_is_a_holder_with_unknown_memory_and_the_rest_is_unexplained(procs, scenario, tmp_path):
+    node, minor = make_node(tmp_path)
+    listed = procs.sleeper("listed")
+    h = holder(procs, node)
+    scenario(holders=[{"pid": listed.pid, "gpu": 0, "memory": "4GiB"}], gpus=gpus(minor, used=(10 * GiB,)))
+    doc = status_json()
+    lg = ledger_of(doc, 0)
+    assert lg["used"] == 10 * GiB and lg["listed"] == 4 * GiB and lg["unexplained"] == 6 * GiB
+    assert lg["listed_pids"] == [listed.pid] and lg["device_file_pids"] == [h.pid]
+    assert not lg["driver_held"]
+    by_pid = {x["pid"]: x for x in doc["holders"]}
+    assert by_pid[h.pid]["source"] == "device file" and by_pid[h.pid]["gpu_memory"] is None
+    assert by_pid[h.pid]["uses"] == [{"gpu": 0, "ctx": "C", "used_memory": None, "sm_util": None,
+                                      "source": "device file"}]
+    assert by_pid[listed.pid]["source"] == "nvml"
+    text = run_gputop("status").stdout
+    assert "GPU 0 ledger: 10GiB used = 4.0GiB by 1 listed + ? by 1 device-file holder(s) " \
+           f"(pid {h.pid}) + 6.0GiB unexplained" in text, text
+    assert f"pid {h.pid}: holds GPU 0's device file, not in the driver's list (memory unknown)" in text
+
+
+def test_a_file_that_only_looks_like_the_node_holds_nothing(procs, scenario, tmp_path):
+    """By device number, not by path: a regular file named like the node, and a node of another minor."""
+    node, minor = make_node(tmp_path)
+    fake = tmp_path / "fake" / node.name
+    fake.parent.mkdir()
+    fake.write_text("")
+    other, _ = make_node(tmp_path / "fake", minor=minor + 1 if minor < 250 else minor - 1)
+    a, b = holder(procs, fake, "ledger-fake"), holder(procs, other, "ledger-other")
+    real = holder(procs, node)
+    scenario(holders=[], gpus=gpus(minor))
+    lg = ledger_of(status_json(), 0)
+    assert lg["device_file_pids"] == [real.pid]
+    assert a.pid not in lg["device_file_pids"] and b.pid not in lg["device_file_pids"]
+
+
+def test_a_holder_in_another_pid_namespace_is_found_with_its_nspid(procs, scenario, tmp_path):
+    if not __import__("shutil").which("unshare"):
+        pytest.skip("unshare (util-linux) is missing")
+    node, minor = make_node(tmp_path)
+    outer = holder(procs, node, "ledger-ns", prefix=("unshare", "--pid", "--fork"))
+    kids = psutil.Process(outer.pid).children()
+    assert len(kids) == 1
+    inner = kids[0].pid  # the python, PID 1 inside its namespace
+    scenario(holders=[], gpus=gpus(minor))
+    doc = status_json()
+    assert ledger_of(doc, 0)["device_file_pids"] == [inner]
+    h = next(x for x in doc["holders"] if x["pid"] == inner)
+    assert h["source"] == "device file" and h["visible"] is True
+    assert h["ledger"]["nspid"] == [inner, 1]
+    assert h["user"] == "root" and h["owner"] is not None
+    assert f"NSpid {inner} 1 (pid 1 in its own PID namespace)" in run_gputop("status").stdout
+
+
+def zombie(procs, marker="ledger-zombie-parent") -> tuple[int, int]:
+    """A real zombie: its parent (a python that never waits) forks 'true' and sleeps. (zombie, parent)"""
+    code = (f"import subprocess,time; p=subprocess.Popen(['true']); print(p.pid, flush=True); "
+            f"time.sleep(600)  # {unique(marker)}")
+    parent = procs.spawn([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    z = int(parent.stdout.readline())
+    deadline = time.time() + 10
+    while psutil.Process(z).status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
+        time.sleep(0.02)
+    assert psutil.Process(z).status() == psutil.STATUS_ZOMBIE
+    return z, parent.pid
+
+
+def test_a_zombie_holder_names_its_parent_and_kill_never_claims_success(procs, scenario, cfg):
+    z, parent = zombie(procs)
+    scenario(holders=[{"pid": z, "gpu": 0, "memory": "4GiB", "keep_zombie": True}], gpus=gpus(None))
+    doc = status_json()
+    h = next(x for x in doc["holders"] if x["pid"] == z)
+    assert h["ledger"]["zombie"] is True and h["ledger"]["parent"]["pid"] == parent
+    assert h["ledger"]["parent_verdict"]["kind"] == "not-orphan"  # a child of this test: a live session
+    assert h["verdict"]["kind"] == "unknown"
+    assert ledger_of(doc, 0)["zombies"] == [z]
+    assert any(f"only its parent pid {parent}" in w for w in doc["warnings"])
+    r = run_gputop("kill", "--pid", str(z), "--force")
+    assert r.returncode == 5, (r.stdout, r.stderr)
+    out = r.stdout + r.stderr
+    assert f"pid {z} is a zombie" in out and f"gputop kill --pid {parent}" in out
+    rec = records(pid=z, action="kill")[-1]
+    assert rec["outcome"] == "refused" and not rec["ok"]
+    assert "zombie" in json.dumps(rec) and str(parent) in rec["message"]
+    assert alive(parent)  # nothing was sent to the parent either
+    assert psutil.Process(z).status() == psutil.STATUS_ZOMBIE
+
+
+def test_memory_and_no_holder_is_held_by_the_driver_with_the_reset_command(scenario, tmp_path):
+    _, minor = make_node(tmp_path)
+    scenario(holders=[], gpus=gpus(minor, None, used=(3 * GiB, 0)))
+    doc = status_json()
+    lg = ledger_of(doc, 0)
+    assert lg["driver_held"] is True and lg["reset_command"] == "gputop reset --gpu 0"
+    assert ledger_of(doc, 1)["driver_held"] is False  # nothing used: nothing to say
+    text = run_gputop("status").stdout
+    assert ("GPU 0 ledger: 3.0GiB used and no process holds GPU 0: held by the driver: only a reset frees it "
+            "(gputop reset --gpu 0)") in text
+    assert "GPU 1 ledger" not in text
+
+
+def test_the_mps_server_names_its_clients(procs, scenario, tmp_path):
+    node, minor = make_node(tmp_path)
+    code = (f"import ctypes,os,sys,time; ctypes.CDLL(None).prctl(15,b'nvidia-cuda-mps-server',0,0,0); "
+            f"fd=os.open(sys.argv[1], os.O_PATH); print(os.getpid(), flush=True); time.sleep(600)  # "
+            f"{unique('ledger-mps')}")
+    server = procs.spawn(["bash", "-c", 'exec -a nvidia-cuda-mps-server "$0" -c "$1" "$2"', sys.executable, code,
+                          str(node)], stdout=subprocess.PIPE)
+    assert server.stdout.readline().strip()
+    c1, c2 = holder(procs, node, "ledger-client"), holder(procs, node, "ledger-client")
+    scenario(holders=[{"pid": server.pid, "gpu": 0, "memory": "1GiB"}], gpus=gpus(minor))
+    doc = status_json()
+    s = next(x for x in doc["holders"] if x["pid"] == server.pid)
+    assert s["ledger"]["mps_clients"] == sorted([c1.pid, c2.pid])
+    assert f"MPS server; clients: pid {', '.join(map(str, sorted([c1.pid, c2.pid])))}" in run_gputop("status").stdout
+
+
+def test_kill_of_a_device_file_holder_ends_it_and_a_bystander_survives(procs, scenario, cfg, tmp_path):
+    node, minor = make_node(tmp_path)
+    target = holder(procs, node, "ledger-target")
+    bystander = holder(procs, node, "ledger-bystander")  # holds the same node: a holder too, not chosen
+    scenario(holders=[], gpus=gpus(minor))
+    r = run_gputop("kill", "--pid", str(target.pid), "--force")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    target.wait(10)
+    assert alive(bystander.pid)
+    rec = records(pid=target.pid, action="kill")[-1]
+    assert rec["ok"] and rec["target"]["gpus"] == [0]
+
+
+def test_reap_of_an_orphaned_device_file_holder_spares_the_bystanders(procs, scenario, cfg, tmp_path):
+    node, minor = make_node(tmp_path)
+    marker = unique("ledger-orphan")
+    procs.spawn(["setsid", "sh", "-c", f"{sys.executable} -c '{HOLD.format(marker=marker)}' {node} >/dev/null & exit 0"]
+                ).wait(10)
+    orphan = procs.wait_for(sys.executable + " -c " + HOLD.format(marker=marker)[:20])
+    attached = holder(procs, node, "ledger-attached")  # holds the node, not an orphan
+    plain = unique("ledger-plain-orphan")
+    procs.spawn(["setsid", "sh", "-c", f"{sys.executable} -c 'import time; time.sleep(600)  # {plain}' & exit 0"]
+                ).wait(10)
+    loose = procs.wait_for(f"{sys.executable} -c import time; time.sleep(600)  # {plain}")  # holds no GPU
+    scenario(holders=[], gpus=gpus(minor))
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        doc = status_json()
+        if orphan in {r["pid"] for r in doc["roots"]}:
+            break
+        time.sleep(0.2)
+    assert orphan in {r["pid"] for r in doc["roots"]}, doc["holders"]
+    r = run_gputop("reap", "--apply", "--grace", "0")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert wait_gone(orphan, 10)
+    assert alive(attached.pid) and alive(loose)
+
+
+def test_every_face_shows_the_same_ledger(procs, scenario, tmp_path):
+    from tests.functional.servehelp import Served
+
+    node, minor = make_node(tmp_path)
+    listed = procs.sleeper("listed")
+    h = holder(procs, node)
+    scenario(holders=[{"pid": listed.pid, "gpu": 0, "memory": "4GiB"}], gpus=gpus(minor, used=(10 * GiB,)))
+    cli = ledger_of(status_json(), 0)
+    s = Served("--interval", "0.3")
+    try:
+        import httpx
+
+        api = ledger_of(httpx.get(s.url + "/v1/status", timeout=30).json(), 0)
+        metrics = httpx.get(s.url + "/metrics", timeout=30).text
+    finally:
+        s.stop()
+    assert api == cli
+    line = next(x for x in metrics.splitlines() if x.startswith("gputop_gpu_memory_unexplained_bytes{") and 'gpu="0"' in x)
+    assert float(line.rsplit(" ", 1)[1]) == cli["unexplained"] == 6 * GiB
+    files = next(x for x in metrics.splitlines() if x.startswith("gputop_gpu_device_file_holders{") and 'gpu="0"' in x)
+    assert float(files.rsplit(" ", 1)[1]) == 1
+
+    import anyio
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    keep = ("GPUTOP_SCENARIO", "GPUTOP_STATE_DIR", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "PATH", "HOME")
+    params = StdioServerParameters(command=sys.executable, args=["-m", "gputop", "mcp"],
+                                   env={k: os.environ[k] for k in keep if k in os.environ})
+
+    async def main():
+        async with Client(params, read_timeout_seconds=60) as client:
+            return (await client.call_tool("gpu_status", {})).structured_content
+
+    assert ledger_of(anyio.run(main), 0) == cli
+    assert h.pid in cli["device_file_pids"]
