@@ -251,3 +251,29 @@ def test_every_face_shows_the_same_ledger(procs, scenario, tmp_path):
 
     assert ledger_of(anyio.run(main), 0) == cli
     assert h.pid in cli["device_file_pids"]
+
+
+def test_the_fake_nvml_reports_memory_no_list_shows_and_the_minor_finds_the_holder(procs, tmp_path, tmp_path_factory):
+    """Through the NVML backend: nvmlDeviceGetMinorNumber names the node, the used memory is more than
+    the listed process holds, and the device-file holder is named."""
+    from tests.fakenvml.build import FakeNvmlBuildError, build_fake_nvml, compiler, write_fake_nvml_config
+
+    if compiler() is None:
+        pytest.skip("gcc is needed to build the fake NVML library")
+    try:
+        lib = build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
+    except FakeNvmlBuildError as e:
+        pytest.fail(str(e))
+    node, minor = make_node(tmp_path)
+    listed = procs.sleeper("listed")
+    h = holder(procs, node)
+    cfg = write_fake_nvml_config(tmp_path / "fakenvml.conf", [{"memory_used": 20 * GiB, "minor": minor},
+                                                              {"minor": 251}],
+                                 [{"pid": listed.pid, "gpu": 0, "memory": 4 * GiB}])
+    env = {"LD_LIBRARY_PATH": str(lib), "FAKE_NVML_CONFIG": str(cfg), "GPUTOP_BACKEND": "nvml"}
+    doc = status_json(env)
+    lg = ledger_of(doc, 0)
+    assert (lg["used"], lg["listed"], lg["unexplained"]) == (20 * GiB, 4 * GiB, 16 * GiB)
+    assert lg["listed_pids"] == [listed.pid] and lg["device_file_pids"] == [h.pid]
+    assert ledger_of(doc, 1)["device_file_pids"] == []  # nobody holds 195:251 (the tests use 100..250)
+    assert "16GiB unexplained" in run_gputop("status", env=env).stdout
