@@ -21,11 +21,14 @@ def merge_ctx(a: str | None, b: str | None) -> str:
     for c in (a, b):
         if c == CTX_BOTH:
             kinds.update((CTX_COMPUTE, CTX_GRAPHICS))
-        elif c:
+        elif c in (CTX_COMPUTE, CTX_GRAPHICS):
             kinds.add(c)
     if kinds == {CTX_COMPUTE, CTX_GRAPHICS}:
         return CTX_BOTH
-    return kinds.pop() if kinds else CTX_COMPUTE
+    if kinds:
+        return kinds.pop()
+    # Neither is a context type the driver reported (a use found through a device file, "dev"): keep it.
+    return a or b or CTX_COMPUTE
 
 
 @dataclass(frozen=True, init=False)

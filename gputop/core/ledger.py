@@ -27,6 +27,9 @@ if TYPE_CHECKING:  # not gputop.core.model: it imports snapshot_json, which impo
 SOURCE_NVML = "nvml"
 SOURCE_DEVICE_FILE = "device file"
 SOURCE_FDINFO = "fdinfo"
+# The context type of a use found only through a device file: unknown (not C, G or C+G), shown as "dev" in
+# the TYPE/T columns, which is how the tree and the tables mark these holders.
+CTX_DEVICE_FILE = "dev"
 MPS_SERVER = "nvidia-cuda-mps-server"
 # An idle GPU reports a few MiB used that no process holds (the driver's own): below this the rest is
 # still counted, but not called out in the status line, nor called "held by the driver".
@@ -127,37 +130,44 @@ class GpuLedger:
 
 def gpu_ledger(snap: Snapshot, gpu: int) -> GpuLedger | None:
     """The ledger of one GPU (global index), or None for a GPU the snapshot does not have or lost."""
-    dev = snap.device(gpu)
-    if dev is None or dev.lost:
-        return None
-    listed, pids, unknown, files, zombies = 0, [], [], [], []
-    for h in snap.holders:
-        notes = h.notes
-        for u in h.uses:
-            if u.gpu != gpu:
-                continue
-            if u.source == SOURCE_DEVICE_FILE:
-                files.append(h.pid)
-            elif u.used_memory is None:
-                pids.append(h.pid)
-                unknown.append(h.pid)
-            else:
-                pids.append(h.pid)
-                listed += u.used_memory
-        if notes is not None and notes.zombie and gpu in h.gpus:
-            zombies.append(h.pid)
-    used = dev.memory_used
-    rest = None if used is None or unknown else max(0, used - listed)
-    return GpuLedger(gpu, used, listed, tuple(pids), tuple(unknown), tuple(files), tuple(zombies), rest)
+    for lg in gpu_ledgers(snap):
+        if lg.gpu == gpu:
+            return lg
+    return None
 
 
 def gpu_ledgers(snap: Snapshot) -> tuple[GpuLedger, ...]:
-    """The ledger of every GPU the snapshot reads (lost ones left out)."""
+    """The ledger of every GPU the snapshot reads (lost ones left out): one pass over the holders."""
+    acc: dict[int, tuple[list, list, list, list, list]] = {}  # gpu -> listed bytes, pids, unknown, files, zombies
+    for d in snap.devices:
+        if not d.lost:
+            acc[d.index] = ([0], [], [], [], [])
+    for h in snap.holders:
+        notes = h.notes
+        for u in h.uses:
+            a = acc.get(u.gpu)
+            if a is None:
+                continue
+            if u.source == SOURCE_DEVICE_FILE:
+                a[3].append(h.pid)
+                continue
+            a[1].append(h.pid)
+            if u.used_memory is None:
+                a[2].append(h.pid)
+            else:
+                a[0][0] += u.used_memory
+            if notes is not None and notes.zombie:
+                a[4].append(h.pid)
     out = []
     for d in snap.devices:
-        lg = gpu_ledger(snap, d.index)
-        if lg is not None:
-            out.append(lg)
+        a = acc.get(d.index)
+        if a is None:
+            continue
+        listed, pids, unknown, files, zombies = a[0][0], a[1], a[2], a[3], a[4]
+        used = d.memory_used
+        rest = None if used is None or unknown else max(0, used - listed)
+        out.append(GpuLedger(d.index, used, listed, tuple(pids), tuple(unknown), tuple(files), tuple(zombies),
+                             rest))
     return tuple(out)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from gputop.core.devholders import DeviceScan
-from gputop.core.ledger import MPS_SERVER, SOURCE_DEVICE_FILE, HolderNotes, zombie_text
+from gputop.core.ledger import CTX_DEVICE_FILE, MPS_SERVER, SOURCE_DEVICE_FILE, HolderNotes, zombie_text
 from gputop.core.model import GpuUse, Holder
 from gputop.core.orphans import UNKNOWN, Verdict
 from gputop.core.procs import ProcTable, ns_pids
@@ -61,7 +61,7 @@ class LedgerSampling:
                 have = uses.get(pid)
                 if have is not None and any(u.gpu == gi for u in have):
                     continue  # the list names it on this GPU: its memory is known there
-                use = GpuUse(gi, "C", None, None, SOURCE_DEVICE_FILE)
+                use = GpuUse(gi, CTX_DEVICE_FILE, None, None, SOURCE_DEVICE_FILE)
                 if have is None:
                     uses[pid], visible[pid] = [use], True
                 else:

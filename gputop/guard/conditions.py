@@ -146,14 +146,14 @@ def measure(cond: Condition, target: Target, snap: Snapshot, facts: Facts) -> Me
 
 
 def _unexplained(h: Holder, snap: Snapshot, facts: Facts) -> Measured:
-    """The largest unexplained rest among the holder's GPUs (the ledger is made once per GPU an evaluation)."""
-    from gputop.core.ledger import gpu_ledger
+    """The largest unexplained rest among the holder's GPUs (the ledgers are made once an evaluation)."""
+    from gputop.core.ledger import gpu_ledgers
 
+    if not facts.ledgers:
+        facts.ledgers.update({lg.gpu: lg for lg in gpu_ledgers(snap)} or {-1: None})
     best: tuple[int, int] | None = None
     for g in h.gpus:
-        if g not in facts.ledgers:
-            facts.ledgers[g] = gpu_ledger(snap, g)
-        lg = facts.ledgers[g]
+        lg = facts.ledgers.get(g)
         if lg is not None and lg.unexplained is not None and (best is None or lg.unexplained > best[0]):
             best = (lg.unexplained, g)
     if best is None:

@@ -133,11 +133,14 @@ class DeviceBoard(Widget):
         self._strips: dict[int, tuple[Line, Strip]] = {}  # y -> the line and its Strip
         self._strips_key: tuple | None = None  # the width and styles the strips were made with
         self._line_styles = LineStyles()  # piece style -> the style Textual draws it with
+        self.ledger: tuple[str, ...] = ()  # the memory ledger's lines (gputop.core.ledger), under the GPUs
 
-    def show(self, devices, lines: int) -> None:
+    def show(self, devices, lines: int, ledger: tuple[str, ...] = ()) -> None:
         """Take a new sample; repaint only the lines that would look different."""
         self.devices = tuple(devices)
-        if lines != self.lines or len(self._lines) != lines * len(self.devices):
+        resized = len(ledger) != len(self.ledger)
+        self.ledger = tuple(ledger)
+        if resized or lines != self.lines or len(self._lines) != lines * len(self.devices) + len(self.ledger):
             self.lines = lines
             self._build()
             self.styles.height = len(self._lines)
@@ -158,10 +161,11 @@ class DeviceBoard(Widget):
         else:
             for d in self.devices:
                 out.extend(pane_pieces(d, self.history, width))
+        out.extend(((" " + visible(text), "yellow"),) for text in self.ledger)
         self._lines, self._built_for = out, (width, self.lines)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return self.lines * len(self.devices)
+        return self.lines * len(self.devices) + len(self.ledger)
 
     def render(self) -> Text:
         if self._built_for != (self.size.width, self.lines):
@@ -199,11 +203,12 @@ class DevicesBox(VerticalScroll):
     def compose(self):
         yield self.board
 
-    def show(self, devices: tuple, backends: tuple, screen_height: int) -> None:
-        # Two lines per GPU when they fit in about half the screen, else one line each.
+    def show(self, devices: tuple, backends: tuple, screen_height: int, ledger: tuple[str, ...] = ()) -> None:
+        # Two lines per GPU when they fit in about half the screen, else one line each; then one line for
+        # each GPU whose memory ledger has something to explain.
         budget = max(4, (screen_height - 10) // 2)
         lines = 2 if 2 * len(devices) <= budget else 1
-        self.board.show(devices, lines)
+        self.board.show(devices, lines, ledger)
         if not devices:
             if self._no_gpu is None:
                 from gputop.backends import no_gpu_message
@@ -214,6 +219,6 @@ class DevicesBox(VerticalScroll):
         elif self._no_gpu is not None:  # the GPUs are back
             self._no_gpu.remove()
             self._no_gpu = None
-        height = min(max(2, lines * max(1, len(devices))), budget) + 1  # + the border
+        height = min(max(2, lines * max(1, len(devices)) + len(ledger)), budget) + 1  # + the border
         if self.styles.height is None or self.styles.height.value != height:
             self.styles.height = height

@@ -72,7 +72,8 @@ def test_a_device_file_holder_is_a_holder_with_unknown_memory_and_the_rest_is_un
     assert not lg["driver_held"]
     by_pid = {x["pid"]: x for x in doc["holders"]}
     assert by_pid[h.pid]["source"] == "device file" and by_pid[h.pid]["gpu_memory"] is None
-    assert by_pid[h.pid]["uses"] == [{"gpu": 0, "ctx": "C", "used_memory": None, "sm_util": None,
+    assert by_pid[h.pid]["ctx"] == "dev"  # context type unknown: the TYPE column marks it
+    assert by_pid[h.pid]["uses"] == [{"gpu": 0, "ctx": "dev", "used_memory": None, "sm_util": None,
                                       "source": "device file"}]
     assert by_pid[listed.pid]["source"] == "nvml"
     text = run_gputop("status").stdout
