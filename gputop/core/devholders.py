@@ -21,16 +21,18 @@ import time
 
 __all__ = ["DeviceScan", "nvidia_control_nodes"]
 
-_SIZE_COUNTS: list[bool] = []  # [whether st_size of /proc/PID/fd counts descriptors], once read
+_SIZE_COUNTS: dict[str, bool] = {}  # proc root -> whether st_size of its PID/fd counts descriptors
 
 
 def _size_counts(proc_root: str) -> bool:
-    if not _SIZE_COUNTS:
+    counts = _SIZE_COUNTS.get(proc_root)
+    if counts is None:
         try:
-            _SIZE_COUNTS.append(os.stat(os.path.join(proc_root, "self", "fd")).st_size > 0)
-        except OSError:
-            _SIZE_COUNTS.append(False)
-    return _SIZE_COUNTS[0]
+            counts = os.stat(os.path.join(proc_root, "self", "fd")).st_size > 0
+        except OSError:  # a fixture /proc (no "self"), or none: count the entries
+            counts = False
+        _SIZE_COUNTS[proc_root] = counts
+    return counts
 
 
 def nvidia_control_nodes(proc_root: str = "/proc") -> frozenset[int]:

@@ -9,6 +9,7 @@ holding a GPU's node that the list does not name on that GPU), then asks for eac
 from __future__ import annotations
 
 import os
+import time
 
 from gputop.core.devholders import DeviceScan
 from gputop.core.ledger import CTX_DEVICE_FILE, MPS_SERVER, SOURCE_DEVICE_FILE, HolderNotes, zombie_text
@@ -27,11 +28,18 @@ def _runs_mps(info) -> bool:
 
 
 class LedgerSampling:
-    def __init__(self, proc_root: str, verdicts, full_every: float = 30.0):
+    """``scan_every``: seconds between two device-file scans; a refresh in between keeps the holders the
+    last scan found that still run (same PID and start time). ``full_every``: see DeviceScan."""
+
+    def __init__(self, proc_root: str, verdicts, full_every: float = 30.0, scan_every: float = 5.0,
+                 clock=time.monotonic):
         self.proc_root = proc_root
         self.verdicts = verdicts  # the sampler's VerdictCache: a zombie's parent is judged by the same rules
-        self.full_every = full_every
+        self.full_every, self.scan_every, self.clock = full_every, scan_every, clock
         self.scan: DeviceScan | None = None  # made on the first sample that has a device node
+        self._found: dict[int, tuple[frozenset[int], float]] = {}  # the last scan: pid -> (rdevs, start time)
+        self._found_for: frozenset[int] = frozenset()  # the nodes it looked for
+        self._scanned_at = float("-inf")
         self._nodes: dict[int, int] = {}  # rdev -> global GPU index, this sample
         self._holding: dict[int, set[int]] = {}  # GPU -> the processes holding its node, this sample
         self._file_only: set[int] = set()  # processes with a use found only through a device file
@@ -45,16 +53,35 @@ class LedgerSampling:
         if rdev is not None:
             self._nodes[rdev] = gi
 
+    def _holders(self, rdevs: frozenset[int], table: ProcTable) -> dict[int, frozenset[int]]:
+        """pid -> the nodes it holds: a new scan every scan_every seconds (or when the nodes change), else
+        the last scan's holders that still run as the same process."""
+        now = self.clock()
+        if rdevs == self._found_for and now - self._scanned_at < self.scan_every:
+            out = {}
+            for pid, (held, start) in self._found.items():
+                info = table.get(pid)
+                if info is not None and not info.zombie and info.start_time == start:
+                    out[pid] = held
+            return out
+        if self.scan is None:
+            self.scan = DeviceScan(self.proc_root, self.full_every)
+        found = self.scan.scan(rdevs)
+        self._found, self._found_for, self._scanned_at = {}, rdevs, now
+        for pid, held in found.items():
+            info = table.get(pid)
+            if info is not None and not info.zombie:
+                self._found[pid] = (held, info.start_time)
+        return {pid: held for pid, (held, _) in self._found.items()}
+
     def add_device_file_uses(self, uses: dict[int, list[GpuUse]], visible: dict[int, bool],
-                             warnings: list[str]) -> None:
+                             warnings: list[str], table: ProcTable) -> None:
         nodes, self._nodes = self._nodes, {}
         self._holding, self._file_only = {}, set()
         if not nodes:
             return
-        if self.scan is None:
-            self.scan = DeviceScan(self.proc_root, self.full_every)
         holding, file_only = self._holding, self._file_only
-        for pid, held in self.scan.scan(frozenset(nodes)).items():
+        for pid, held in self._holders(frozenset(nodes), table).items():
             for rdev in held:
                 gi = nodes[rdev]
                 holding.setdefault(gi, set()).add(pid)

@@ -269,7 +269,7 @@ class Sampler:
                 procs = []
             self._add_uses(gi, procs, table, uses, visible, getattr(backend, "list_source", "nvml"))
             self._ledger.node(gi, backend, local)
-        self._ledger.add_device_file_uses(uses, visible, warnings)
+        self._ledger.add_device_file_uses(uses, visible, warnings, table)
         for b in self.backends:
             try:
                 warnings.extend(b.warnings())

@@ -278,3 +278,30 @@ def test_the_fake_nvml_reports_memory_no_list_shows_and_the_minor_finds_the_hold
     assert lg["listed_pids"] == [listed.pid] and lg["device_file_pids"] == [h.pid]
     assert ledger_of(doc, 1)["device_file_pids"] == []  # nobody holds 195:251 (the tests use 100..250)
     assert "16GiB unexplained" in run_gputop("status", env=env).stdout
+
+
+def test_between_scans_a_refresh_keeps_only_the_holders_that_still_run(procs, scenario, tmp_path):
+    """The scan runs every scan_every seconds; a refresh in between drops a holder that exited (never shown
+    as "not visible") and sees a new one at the next scan."""
+    from gputop.backends.simulated import SimulatedBackend
+    from gputop.core.config import Config
+    from gputop.core.sampler import Sampler
+
+    node, minor = make_node(tmp_path)
+    first = holder(procs, node, "ledger-first")
+    path = scenario(holders=[], gpus=gpus(minor))
+    sampler = Sampler([SimulatedBackend(path)], config=Config())
+    now = [100.0]
+    sampler._ledger.clock = lambda: now[0]
+    try:
+        assert [h.pid for h in sampler.sample().holders] == [first.pid]
+        first.kill()
+        first.wait(10)
+        second = holder(procs, node, "ledger-second")
+        now[0] += 1  # within scan_every: the last scan's holders, those that still run
+        snap = sampler.sample()
+        assert snap.holders == () and not snap.warnings
+        now[0] += sampler._ledger.scan_every
+        assert [h.pid for h in sampler.sample().holders] == [second.pid]
+    finally:
+        sampler.close()
