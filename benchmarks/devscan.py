@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                 key = "warm" if name.startswith("warm") else "cold"
                 rows.append([name, f"{n:,}", ms(sorted(cpu)[len(cpu) // 2]), ms(sorted(fuser_cpu)[len(cpu) // 2]),
                              ms(sorted(walls[key])[len(cpu) // 2]), ms(sorted(walls["fuser"])[len(cpu) // 2]),
-                             r.cell(), r.verdict(GOAL) if key == "warm" else "-"])
+                             r.cell(), r.verdict(GOAL)])
             text = print_table(
                 f"Device-file scan vs fuser -v, 8 nodes, {n:,} host processes, {a.rounds} rounds",
                 ["gputop scan", "host procs", "gputop CPU", "fuser CPU", "gputop wall", "fuser wall",

@@ -6,6 +6,11 @@ from a container's NVML), not zombies, not MPS clients. Any process that holds t
 namespace. Matching is by device number (``st_rdev``), never by path: a container mounts /dev elsewhere,
 and an ``O_PATH`` descriptor of a node made with ``mknod`` (the tests) shows exactly like a real one.
 
+A mapping is looked for (``/proc/PID/maps``, which costs the kernel more to write than the rest of a
+process's scan) only in a process that holds some node of a wanted node's major: every CUDA process keeps
+``/dev/nvidiactl`` (195:255) open for its context's life, so a mapping of a GPU with no NVIDIA descriptor
+left is not looked for.
+
 Cost: one ``stat`` of ``/proc/PID/fd`` a process a scan. On Linux 6.2 and later its ``st_size`` is the
 number of open descriptors and its inode is new for every new process, so a process is read again (its
 descriptors, each one stat'ed, and its maps) only when it is new or its descriptor count changed; and
@@ -66,6 +71,8 @@ class DeviceScan:
         # (st_dev, st_ino) of each node seen with a wanted rdev -> that rdev: maps name a mapped file by
         # the filesystem and inode it lives on, not by its rdev.
         self.node_ids: dict[tuple[int, int], int] = {}
+        self._maps_patterns: dict[bytes, int] = {}  # node_ids as the text a maps line holds
+        self._majors: frozenset[int] = frozenset()  # the wanted nodes' majors: maps are read only near them
         self.unreadable = 0  # processes whose descriptors could not be read in the last scan
         self.rescanned = 0  # processes read again in the last scan (new, changed, or a full pass)
 
@@ -87,6 +94,7 @@ class DeviceScan:
         if full:
             if rdevs != self._rdevs:
                 self.node_ids = {}
+                self._majors = frozenset(os.major(r) for r in rdevs)
                 self._seed(rdevs)
             self._rdevs, self._full_at = rdevs, now
         counts = _size_counts(root)
@@ -140,38 +148,41 @@ class DeviceScan:
         except OSError:
             return frozenset()
         held = set()
-        node_ids = self.node_ids
+        node_ids, majors = self.node_ids, self._majors
+        near = False  # it holds some node of a wanted major (every CUDA process keeps nvidiactl, 195:255)
         for fd in fds:
             try:
                 st = os.stat(f"{fd_dir}/{fd}")  # follows the magic link to the open file itself
             except OSError:
                 continue
-            if st.st_rdev in rdevs and stat_mod.S_ISCHR(st.st_mode):
-                held.add(st.st_rdev)
-                node_ids[(st.st_dev, st.st_ino)] = st.st_rdev
-        if node_ids:
+            rdev = st.st_rdev
+            if rdev and stat_mod.S_ISCHR(st.st_mode) and os.major(rdev) in majors:
+                near = True
+                if rdev in rdevs:
+                    held.add(rdev)
+                    node_ids[(st.st_dev, st.st_ino)] = rdev
+        if near and node_ids:  # reading maps costs more than the rest: only where a mapping can be
             held.update(self._mapped(pid))
         return frozenset(held)
 
     def _mapped(self, pid: int) -> set[int]:
-        """The wanted nodes ``pid`` maps: a maps line's device and inode are the node's (st_dev, st_ino)."""
+        """The wanted nodes ``pid`` maps: a maps line names a mapped file by the device and inode it lives
+        on, " MM:mm INODE " (hex device numbers), which for a node is its (st_dev, st_ino). One substring
+        search of the whole file per known node, not a parse of every line."""
         out: set[int] = set()
-        node_ids = self.node_ids
         try:
             with open(f"{self.proc_root}/{pid}/maps", "rb") as f:
                 data = f.read(1 << 22)  # bounded: a process may map a great many regions
         except OSError:
             return out
-        for line in data.splitlines():
-            parts = line.split(None, 5)
-            if len(parts) < 6 or parts[4] == b"0":
-                continue
-            dev = parts[3].split(b":")
-            try:
-                ident = (os.makedev(int(dev[0], 16), int(dev[1], 16)), int(parts[4]))
-            except (ValueError, IndexError):
-                continue
-            rdev = node_ids.get(ident)
-            if rdev is not None:
+        for pattern, rdev in self._patterns().items():
+            if pattern in data:
                 out.add(rdev)
         return out
+
+    def _patterns(self) -> dict[bytes, int]:
+        if len(self._maps_patterns) != len(self.node_ids):
+            self._maps_patterns = {
+                f" {os.major(dev):02x}:{os.minor(dev):02x} {ino} ".encode(): rdev
+                for (dev, ino), rdev in self.node_ids.items()}
+        return self._maps_patterns

@@ -305,3 +305,59 @@ def test_between_scans_a_refresh_keeps_only_the_holders_that_still_run(procs, sc
         assert [h.pid for h in sampler.sample().holders] == [second.pid]
     finally:
         sampler.close()
+
+
+def test_amd_and_intel_build_the_ledger_from_the_fdinfo_totals(tmp_path):
+    """The same ledger on DRM: the used VRAM (sysfs) against the sum of the fdinfo totals gputop reads."""
+    from tests.drm_tree import AMD_PCI, DrmTree
+    from tests.functional.test_amd_intel import status_json as drm_status
+
+    data, _ = drm_status(DrmTree(tmp_path), "--sample-time", "0")
+    gpu = next(g["index"] for g in data["gpu"]["gpus"] if g["pci_bus_id"] == AMD_PCI)
+    uses = [u for h in data["holders"] for u in h["uses"] if u["gpu"] == gpu]
+    listed = sum(u["used_memory"] for u in uses)
+    assert uses and {u["source"] for u in uses} == {"fdinfo"}
+    assert {h["source"] for h in data["holders"]} == {"fdinfo"}
+    lg = ledger_of(data, gpu)
+    assert (lg["used"], lg["listed"], lg["unexplained"]) == (5 * GiB, listed, 5 * GiB - listed)
+    assert lg["device_file_pids"] == [] and lg["listed_unknown_pids"] == []
+
+
+def test_a_second_user_cannot_forge_or_hide_a_holder(procs, monkeypatch, request):
+    """A real second user: a file of theirs named like the node holds nothing; their descriptor of the real
+    node makes them a holder, named by the kernel's uid; as that user, gputop says it cannot read root's
+    descriptors (never that nothing holds the GPU), and its kill of root's holder is refused."""
+    import yaml
+
+    from tests.functional.actions_helpers import OtherUser
+
+    user = OtherUser.make(monkeypatch, request)
+    minor = random.randint(100, 250)
+    node = user.shared / f"nvidia{minor}"
+    os.mknod(node, 0o666 | 0o020000, os.makedev(195, minor))
+    os.chmod(node, 0o666)
+    fake = user.shared / "fakedev" / f"nvidia{minor}"
+    fake.parent.mkdir()
+    os.chmod(fake.parent, 0o777)
+    spoof = procs.spawn([*user.setpriv(), sys.executable, "-c",
+                         f"import os,sys,time; open(sys.argv[1], 'w'); fd=os.open(sys.argv[1], os.O_PATH); "
+                         f"print(1, flush=True); time.sleep(600)  # {unique('ledger-spoof')}", str(fake)],
+                        stdout=subprocess.PIPE)
+    assert spoof.stdout.readline().strip()
+    theirs = holder(procs, node, "ledger-theirs", prefix=tuple(user.setpriv()))
+    mine = holder(procs, node, "ledger-mine")
+    user.scenario.write_text(yaml.safe_dump({"gpus": gpus(minor), "holders": []}))
+    os.chmod(user.scenario, 0o644)
+    monkeypatch.setenv("GPUTOP_SCENARIO", str(user.scenario))
+    doc = status_json()  # as root: both real holders, the forged file none
+    lg = ledger_of(doc, 0)
+    assert sorted(lg["device_file_pids"]) == sorted([theirs.pid, mine.pid])
+    assert spoof.pid not in lg["device_file_pids"]
+    assert next(h for h in doc["holders"] if h["pid"] == theirs.pid)["user"] == user.name
+    r = user.run("status", "--json")  # as the second user: root's descriptors cannot be read
+    assert r.returncode == 0, r.stderr
+    as_user = json.loads(r.stdout)
+    assert ledger_of(as_user, 0)["device_file_pids"] == [theirs.pid]  # their own, and not root's
+    assert any("cannot be read as this user" in w for w in as_user["warnings"]), as_user["warnings"]
+    k = user.run("kill", "--pid", str(mine.pid), "--force")
+    assert k.returncode != 0 and alive(mine.pid), (k.stdout, k.stderr)

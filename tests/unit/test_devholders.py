@@ -44,10 +44,16 @@ def maps_line(path) -> str:
 
 
 def test_descriptors_match_by_device_number_and_maps_by_the_nodes_inode(host):
+    """pid 100 holds the node; 101 a regular file named like it and an unrelated node; 102 maps it and holds
+    nvidiactl; 104 maps it with no NVIDIA descriptor (not looked for: see the module's note)."""
     node, other, regular, proc, process = host
     process(100, {3: node, 4: other})
     process(101, {3: regular, 5: other})  # named like the node, a regular file: holds nothing
-    process(102, {}, maps="00400000-00401000 r-xp 00000000 08:01 1234 /usr/bin/python\n" + maps_line(node))
+    ctl = node.parent / "nvidiactl"
+    os.mknod(ctl, 0o666 | 0o020000, os.makedev(195, 255))
+    # A mapping of the node, its descriptor closed, nvidiactl still open (as a CUDA process keeps it)
+    process(102, {3: ctl}, maps="00400000-00401000 r-xp 00000000 08:01 1234 /usr/bin/python\n" + maps_line(node))
+    process(104, {3: other}, maps=maps_line(node))  # no NVIDIA descriptor at all: its maps are not read
     scan = DeviceScan(str(proc), full_every=0)
     want = frozenset({os.makedev(195, MINOR)})
     scan.scan(want)  # the first pass learns the node's inode from pid 100's descriptor
