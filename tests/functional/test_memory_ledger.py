@@ -229,10 +229,12 @@ def test_every_face_shows_the_same_ledger(procs, scenario, tmp_path):
         import httpx
 
         api = ledger_of(httpx.get(s.url + "/v1/status", timeout=30).json(), 0)
+        own = httpx.get(s.url + "/v1/ledger", timeout=30).json()
         metrics = httpx.get(s.url + "/metrics", timeout=30).text
     finally:
         s.stop()
-    assert api == cli
+    assert api == cli == ledger_of(own, 0)
+    assert [h["pid"] for h in own["holders"]] == [h.pid] and own["lines"][0].startswith("GPU 0 ledger: 10GiB used")
     line = next(x for x in metrics.splitlines() if x.startswith("gputop_gpu_memory_unexplained_bytes{") and 'gpu="0"' in x)
     assert float(line.rsplit(" ", 1)[1]) == cli["unexplained"] == 6 * GiB
     files = next(x for x in metrics.splitlines() if x.startswith("gputop_gpu_device_file_holders{") and 'gpu="0"' in x)
@@ -248,9 +250,12 @@ def test_every_face_shows_the_same_ledger(procs, scenario, tmp_path):
 
     async def main():
         async with Client(params, read_timeout_seconds=60) as client:
-            return (await client.call_tool("gpu_status", {})).structured_content
+            return ((await client.call_tool("gpu_status", {})).structured_content,
+                    (await client.call_tool("memory_ledger", {})).structured_content)
 
-    assert ledger_of(anyio.run(main), 0) == cli
+    status, ledger = anyio.run(main)
+    assert ledger_of(status, 0) == ledger_of(ledger, 0) == cli
+    assert [x["pid"] for x in ledger["holders"]] == [h.pid]
     assert h.pid in cli["device_file_pids"]
 
 
