@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import time
 
-from gputop.core.devholders import DeviceScan
+from gputop.core.devholders import DeviceScan, nvidia_control_nodes
 from gputop.core.ledger import CTX_DEVICE_FILE, MPS_SERVER, SOURCE_DEVICE_FILE, HolderNotes, zombie_text
 from gputop.core.model import GpuUse, Holder
 from gputop.core.orphans import UNKNOWN, Verdict
 from gputop.core.procs import ProcTable, ns_pids
 
 
+NVIDIA_MAJOR = 195
 MPS_COMM = MPS_SERVER[:15]  # comm holds 15 characters: "nvidia-cuda-mps"
 
 
@@ -40,6 +41,7 @@ class LedgerSampling:
         self._found: dict[int, tuple[frozenset[int], float]] = {}  # the last scan: pid -> (rdevs, start time)
         self._found_for: frozenset[int] = frozenset()  # the nodes it looked for
         self._scanned_at = float("-inf")
+        self._ctl: frozenset[int] | None = None  # nvidiactl and nvidia-uvm's nodes, once read
         self._nodes: dict[int, int] = {}  # rdev -> global GPU index, this sample
         self._holding: dict[int, set[int]] = {}  # GPU -> the processes holding its node, this sample
         self._file_only: set[int] = set()  # processes with a use found only through a device file
@@ -81,9 +83,15 @@ class LedgerSampling:
         if not nodes:
             return
         holding, file_only = self._holding, self._file_only
-        for pid, held in self._holders(frozenset(nodes), table).items():
+        ctl = self._control_nodes(nodes)
+        cuda_only = []
+        for pid, held in self._holders(frozenset(nodes) | ctl, table).items():
+            if pid not in uses and held <= ctl:
+                cuda_only.append(pid)
             for rdev in held:
-                gi = nodes[rdev]
+                gi = nodes.get(rdev)
+                if gi is None:
+                    continue  # nvidiactl or nvidia-uvm: of no one GPU
                 holding.setdefault(gi, set()).add(pid)
                 have = uses.get(pid)
                 if have is not None and any(u.gpu == gi for u in have):
@@ -94,9 +102,22 @@ class LedgerSampling:
                 else:
                     have.append(use)
                 file_only.add(pid)
+        if cuda_only:
+            cuda_only.sort()
+            warnings.append(f"{len(cuda_only)} process(es) hold /dev/nvidiactl or /dev/nvidia-uvm but no GPU's device "
+                            f"node, and no GPU lists them: CUDA processes of some GPU, counted on none (pid "
+                            f"{', '.join(map(str, cuda_only[:8]))}{', ...' if len(cuda_only) > 8 else ''})")
         if self.scan.unreadable and os.geteuid() != 0:
             warnings.append(f"the descriptors of {self.scan.unreadable} process(es) cannot be read as this user: "
                             "holders of a GPU's device file among them are not seen (run gputop as root)")
+
+    def _control_nodes(self, nodes: dict[int, int]) -> frozenset[int]:
+        """nvidiactl and nvidia-uvm, looked for beside the GPUs' nodes when one of them is NVIDIA's (195)."""
+        if not any(os.major(r) == NVIDIA_MAJOR for r in nodes):
+            return frozenset()
+        if self._ctl is None:
+            self._ctl = nvidia_control_nodes(self.proc_root)
+        return self._ctl - frozenset(nodes)
 
     def notes_for(self, pid: int, info) -> HolderNotes | None:
         """A visible holder's notes: its NSpid when found through a device file; the MPS server's clients."""

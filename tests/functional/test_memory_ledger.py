@@ -305,7 +305,7 @@ def test_between_scans_a_refresh_keeps_only_the_holders_that_still_run(procs, sc
         second = holder(procs, node, "ledger-second")
         now[0] += 1  # within scan_every: the last scan's holders, those that still run
         snap = sampler.sample()
-        assert snap.holders == () and not snap.warnings
+        assert snap.holders == () and not any("not visible" in w for w in snap.warnings)
         now[0] += sampler._ledger.scan_every
         assert [h.pid for h in sampler.sample().holders] == [second.pid]
     finally:
@@ -366,3 +366,18 @@ def test_a_second_user_cannot_forge_or_hide_a_holder(procs, monkeypatch, request
     assert any("cannot be read as this user" in w for w in as_user["warnings"]), as_user["warnings"]
     k = user.run("kill", "--pid", str(mine.pid), "--force")
     assert k.returncode != 0 and alive(mine.pid), (k.stdout, k.stderr)
+
+
+def test_a_process_holding_only_nvidiactl_is_a_cuda_process_of_some_gpu(procs, scenario, tmp_path):
+    """nvidiactl (195:255) marks a CUDA process without naming its GPU: a warning, counted on no GPU."""
+    ctl = tmp_path / "nvidiactl"
+    os.mknod(ctl, 0o666 | 0o020000, os.makedev(195, 255))
+    only_ctl = holder(procs, ctl, "ledger-ctl")
+    node, minor = make_node(tmp_path)
+    both = holder(procs, node, "ledger-both")
+    scenario(holders=[], gpus=gpus(minor))
+    doc = status_json()
+    assert ledger_of(doc, 0)["device_file_pids"] == [both.pid]
+    assert only_ctl.pid not in {h["pid"] for h in doc["holders"]}
+    assert any("hold /dev/nvidiactl or /dev/nvidia-uvm but no GPU's device node" in w and str(only_ctl.pid) in w
+               for w in doc["warnings"]), doc["warnings"]
