@@ -381,3 +381,21 @@ def test_a_process_holding_only_nvidiactl_is_a_cuda_process_of_some_gpu(procs, s
     assert only_ctl.pid not in {h["pid"] for h in doc["holders"]}
     assert any("hold /dev/nvidiactl or /dev/nvidia-uvm but no GPU's device node" in w and str(only_ctl.pid) in w
                for w in doc["warnings"]), doc["warnings"]
+
+
+def test_a_hostile_parent_name_reaches_no_terminal_raw(procs, scenario, cfg):
+    """The zombie's parent names itself with control characters: status, the warning and kill's refusal
+    show them escaped."""
+    code = ("import ctypes,subprocess,time; ctypes.CDLL(None).prctl(15,b'\\x1b[2Jevil\\x07',0,0,0); "
+            f"p=subprocess.Popen(['true']); print(p.pid, flush=True); time.sleep(600)  # {unique('ledger-hostile')}")
+    parent = procs.spawn([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    z = int(parent.stdout.readline())
+    deadline = time.time() + 10
+    while psutil.Process(z).status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
+        time.sleep(0.02)
+    scenario(holders=[{"pid": z, "gpu": 0, "memory": "4GiB", "keep_zombie": True}], gpus=gpus(None))
+    text = run_gputop("status").stdout
+    assert f"pid {z} is a zombie" in text and "\x1b" not in text and "\x07" not in text
+    k = run_gputop("kill", "--pid", str(z))
+    assert k.returncode == 5 and str(parent.pid) in k.stdout + k.stderr
+    assert "\x1b" not in k.stdout + k.stderr
