@@ -133,7 +133,9 @@ class Holder:
 
     @property
     def cmd(self) -> str:
-        return self.proc.cmd if self.proc else "(not visible: another PID namespace, or exited)"
+        if self.proc is None:
+            return "(not visible: another PID namespace, or exited)"
+        return self.proc.cmd + " <defunct>" if self.notes is not None and self.notes.zombie else self.proc.cmd
 
     @property
     def rss(self) -> int | None:

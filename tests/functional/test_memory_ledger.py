@@ -138,6 +138,7 @@ def test_a_zombie_holder_names_its_parent_and_kill_never_claims_success(procs, s
     assert h["verdict"]["kind"] == "unknown"
     assert ledger_of(doc, 0)["zombies"] == [z]
     assert any(f"only its parent pid {parent}" in w for w in doc["warnings"])
+    assert "[true] <defunct>" in run_gputop("status").stdout
     r = run_gputop("kill", "--pid", str(z), "--force")
     assert r.returncode == 5, (r.stdout, r.stderr)
     out = r.stdout + r.stderr
