@@ -18,7 +18,7 @@ from gputop.util.units import fmt_bytes, fmt_duration
 
 _NUM = {">": _op.gt, ">=": _op.ge, "<": _op.lt, "<=": _op.le, "==": _op.eq, "!=": _op.ne}
 PROCESS_LEVEL = ("process_name", "cmdline", "gpu_utilization", "gpu_memory", "runtime", "orphan", "gpu",
-                 "unexplained_memory")
+                 "unexplained_memory", "source")
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,8 @@ def measure(cond: Condition, target: Target, snap: Snapshot, facts: Facts) -> Me
         return Measured(h.gpus, f"GPU {','.join(map(str, h.gpus)) or 'none'}")
     if t == "unexplained_memory":
         return _unexplained(h, snap, facts)
+    if t == "source":
+        return Measured(h.source, repr(h.source))
     raise ValueError(f"unknown condition type {t}")  # pragma: no cover - validated at load
 
 

@@ -400,3 +400,40 @@ def test_a_hostile_parent_name_reaches_no_terminal_raw(procs, scenario, cfg):
     k = run_gputop("kill", "--pid", str(z))
     assert k.returncode == 5 and str(parent.pid) in k.stdout + k.stderr
     assert "\x1b" not in k.stdout + k.stderr
+
+
+def test_the_guard_kills_a_device_file_holder_on_unexplained_memory_and_spares_the_rest(procs, scenario, tmp_path):
+    """A guard rule on unexplained memory and the holder's name: the device-file holder it names is killed
+    through the same kill path; a listed holder on the same GPU and a device-file holder of another name
+    survive."""
+    import textwrap
+
+    from gputop.guard.engine import Engine
+    from gputop.guard.policy import parse_policy
+    from tests.functional.guard_helpers import Clock, sampler_for
+
+    node, minor = make_node(tmp_path)
+    code = (f"import ctypes,os,sys,time; ctypes.CDLL(None).prctl(15,b'leaker',0,0,0); fd=os.open(sys.argv[1], "
+            f"os.O_PATH); print(1, flush=True); time.sleep(600)  # {unique('ledger-leaker')}")
+    leaker = procs.spawn([sys.executable, "-c", code, str(node)], stdout=subprocess.PIPE)
+    assert leaker.stdout.readline().strip()
+    other = holder(procs, node, "ledger-other-holder")
+    listed = procs.sleeper("leaker")  # named like it, but listed with its memory: not a device-file holder
+    path = scenario(holders=[{"pid": listed.pid, "gpu": 0, "memory": "4GiB"}], gpus=gpus(minor))
+    pol = parse_policy(textwrap.dedent("""\
+        rules:
+          - name: unexplained
+            conditions:
+              - {type: unexplained_memory, operator: ">", value: 4GiB}
+              - {type: process_name, operator: "==", value: leaker}
+              - {type: source, operator: "==", value: device file}
+            action: kill
+            force: true
+            timeout: 2s
+    """))
+    sampler = sampler_for(path, Clock())
+    hits: list[dict] = []
+    out = Engine(pol, sampler=sampler, record=hits.append).evaluate(sampler.sample(), "enforce")
+    assert [(h["pid"], h["outcome"]) for h in out] == [(leaker.pid, "terminated")], out
+    assert wait_gone(leaker.pid)
+    assert alive(other.pid) and alive(listed.pid)

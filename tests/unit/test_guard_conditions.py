@@ -93,6 +93,9 @@ CASES = [
     # is unknown, so A's is unknown (never acted on); C's is its GPUs' largest
     ("unexplained_memory", ">", "2GiB", B, True), ("unexplained_memory", ">", "2GiB", A, False),
     ("unexplained_memory", "<", "4GiB", C, True), ("unexplained_memory", "==", 3 * GIB, B, True),
+    # source: how the holder was found (these are listed: "nvml")
+    ("source", "==", "nvml", A, True), ("source", "==", "device file", A, False),
+    ("source", "in", ["device file", "fdinfo"], B, False), ("source", "!=", "device file", C, True),
 ]
 
 
