@@ -3,15 +3,14 @@ held through O_PATH descriptors), one inside its own PID namespace, a real zombi
 the driver-held advice, kill and reap of a device-file holder with a bystander surviving, and every face
 (status text, --json, /v1/status, /metrics, MCP) showing the same ledger.
 
-Each test makes its own node with a random minor (100..250): the scan reads the whole host's /proc, so
-tests running in parallel must not share a device number.
+Each test makes its own node with a minor in 100..250 that no other running test holds (ledger_helpers):
+the scan reads the whole host's /proc, so tests running in parallel must not share a device number.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import alive, records, unique
+from tests.functional.ledger_helpers import claim_minor, release_minors
 
 GiB = 1 << 30
 HOLD = ("import os,sys,time; fd=os.open(sys.argv[1], os.O_PATH); print(os.getpid(), flush=True); "
@@ -29,8 +29,14 @@ HOLD = ("import os,sys,time; fd=os.open(sys.argv[1], os.O_PATH); print(os.getpid
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a char device node needs root")
 
 
+@pytest.fixture(autouse=True)
+def _minors():
+    yield
+    release_minors()
+
+
 def make_node(tmp_path, minor: int | None = None):
-    minor = random.randint(100, 250) if minor is None else minor
+    minor = claim_minor() if minor is None else minor
     path = tmp_path / f"nvidia{minor}"
     os.mknod(path, 0o666 | 0o020000, os.makedev(195, minor))  # S_IFCHR
     os.chmod(path, 0o666)
@@ -88,7 +94,7 @@ def test_a_file_that_only_looks_like_the_node_holds_nothing(procs, scenario, tmp
     fake = tmp_path / "fake" / node.name
     fake.parent.mkdir()
     fake.write_text("")
-    other, _ = make_node(tmp_path / "fake", minor=minor + 1 if minor < 250 else minor - 1)
+    other, _ = make_node(tmp_path / "fake")
     a, b = holder(procs, fake, "ledger-fake"), holder(procs, other, "ledger-other")
     real = holder(procs, node)
     scenario(holders=[], gpus=gpus(minor))
@@ -338,7 +344,7 @@ def test_a_second_user_cannot_forge_or_hide_a_holder(procs, monkeypatch, request
     from tests.functional.actions_helpers import OtherUser
 
     user = OtherUser.make(monkeypatch, request)
-    minor = random.randint(100, 250)
+    minor = claim_minor()
     node = user.shared / f"nvidia{minor}"
     os.mknod(node, 0o666 | 0o020000, os.makedev(195, minor))
     os.chmod(node, 0o666)

@@ -4,7 +4,6 @@ marked in the tree ("dev" in the T column, the group title), and k on a zombie o
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import psutil
 import pytest
 
 from tests.functional.actions_helpers import unique
+from tests.functional.ledger_helpers import claim_minor, release_minors
 from tests.tui.helpers import audit_records, open_app, run_async, screen_text, wait_row, wait_screen, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a char device node needs root")
@@ -26,9 +26,15 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.fixture(autouse=True)
+def _minors():
+    yield
+    release_minors()
+
+
 @run_async
 async def test_the_device_pane_and_the_tree_show_the_ledger(procs, scenario, tmp_path):
-    minor = random.randint(100, 250)
+    minor = claim_minor()
     node = tmp_path / f"nvidia{minor}"
     os.mknod(node, 0o666 | 0o020000, os.makedev(195, minor))
     code = f"import os,sys,time; fd=os.open(sys.argv[1], os.O_PATH); print(1, flush=True); time.sleep(600)  # {unique('tui-dev')}"
