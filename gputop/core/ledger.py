@@ -136,8 +136,22 @@ def gpu_ledger(snap: Snapshot, gpu: int) -> GpuLedger | None:
     return None
 
 
+_LAST: tuple = (None, ())  # (the snapshot last asked about, its ledgers): the TUI asks twice a refresh
+
+
 def gpu_ledgers(snap: Snapshot) -> tuple[GpuLedger, ...]:
-    """The ledger of every GPU the snapshot reads (lost ones left out): one pass over the holders."""
+    """The ledger of every GPU the snapshot reads (lost ones left out): one pass over the holders, made
+    once per snapshot (a snapshot never changes). Threads share the last answer: one tuple, rebound whole."""
+    global _LAST
+    last = _LAST
+    if last[0] is snap:
+        return last[1]
+    out = _ledgers(snap)
+    _LAST = (snap, out)
+    return out
+
+
+def _ledgers(snap: Snapshot) -> tuple[GpuLedger, ...]:
     acc: dict[int, tuple[list, list, list, list, list]] = {}  # gpu -> listed bytes, pids, unknown, files, zombies
     for d in snap.devices:
         if not d.lost:
