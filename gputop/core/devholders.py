@@ -65,7 +65,9 @@ class DeviceScan:
         self.proc_root = proc_root
         self.full_every = full_every
         self.clock = clock
-        self._known: dict[int, tuple[tuple[int, int], frozenset[int]]] = {}  # pid -> (fd dir key, held)
+        # pid -> (fd dir key, the nodes it held, whether every descriptor could be examined)
+        self._known: dict[int, tuple[tuple[int, int], frozenset[int], bool]] = {}
+        self._whole = True
         self._rdevs: frozenset[int] = frozenset()
         self._full_at = 0.0
         # (st_dev, st_ino) of each node seen with a wanted rdev -> that rdev: maps name a mapped file by
@@ -73,7 +75,7 @@ class DeviceScan:
         self.node_ids: dict[tuple[int, int], int] = {}
         self._maps_patterns: dict[bytes, int] = {}  # node_ids as the text a maps line holds
         self._majors: frozenset[int] = frozenset()  # the wanted nodes' majors: maps are read only near them
-        self.unreadable = 0  # processes whose descriptors could not be read in the last scan
+        self.unreadable = 0  # processes whose descriptors (all, or some) could not be read in the last scan
         self.rescanned = 0  # processes read again in the last scan (new, changed, or a full pass)
 
     def _seed(self, rdevs: frozenset[int]) -> None:
@@ -122,18 +124,25 @@ class DeviceScan:
             else:  # before Linux 6.2 st_size is 0: count the entries
                 try:
                     key = (st.st_ino, len(os.listdir(fd_dir)))
+                except PermissionError:
+                    self.unreadable += 1
+                    continue
                 except OSError:
                     continue
             had = known.get(pid)
             if had is not None and had[0] == key and not full:
-                held = had[1]
+                held, whole = had[1], had[2]
             else:
+                self._whole = True
                 held = self._read(pid, fd_dir, rdevs)
                 if held is None:
                     self.unreadable += 1
                     continue
+                whole = self._whole
                 self.rescanned += 1
-            fresh[pid] = (key, held)
+            if not whole:  # some descriptor of it could not be examined: it may hold a node unseen
+                self.unreadable += 1
+            fresh[pid] = (key, held, whole)
             if held:
                 out[pid] = held
         self._known = fresh
@@ -153,8 +162,11 @@ class DeviceScan:
         for fd in fds:
             try:
                 st = os.stat(f"{fd_dir}/{fd}")  # follows the magic link to the open file itself
-            except OSError:
+            except PermissionError:  # (a process of another user namespace, say): unseen, not absent
+                self._whole = False
                 continue
+            except OSError:
+                continue  # closed meanwhile
             rdev = st.st_rdev
             if rdev and stat_mod.S_ISCHR(st.st_mode) and os.major(rdev) in majors:
                 near = True

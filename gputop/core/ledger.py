@@ -82,12 +82,19 @@ class GpuLedger:
     device_file_pids: tuple[int, ...]  # found only through the device file: memory unknown
     zombies: tuple[int, ...]
     unexplained: int | None  # used - listed, at least 0; None when used or a listed amount is unknown
+    searched: bool = False  # its device node was looked for in every host process
+
+    @property
+    def unheld(self) -> bool:
+        """Memory in use, and no process listed or seen holds the GPU."""
+        return (self.used is not None and self.used >= NOISE_BYTES and not self.listed_pids
+                and not self.device_file_pids)
 
     @property
     def driver_held(self) -> bool:
-        """Memory in use and no process holds the GPU: only a reset frees it."""
-        return (self.used is not None and self.used >= NOISE_BYTES and not self.listed_pids
-                and not self.device_file_pids)
+        """Memory in use and no process holds the GPU: only a reset frees it. Said only when every
+        process was searched: a holder gputop cannot see is not "no holder"."""
+        return self.unheld and self.searched
 
     @property
     def reset_command(self) -> str | None:
@@ -107,6 +114,10 @@ class GpuLedger:
         if self.driver_held:
             return (f"ledger: {fmt_bytes(self.used)} used and no process holds GPU {self.gpu}: held by the "
                     f"driver: only a reset frees it ({self.reset_command})")
+        if self.unheld:
+            return (f"ledger: {fmt_bytes(self.used)} used and no process listed or seen holds GPU {self.gpu}; not "
+                    "every process could be searched for its device file (its node is unknown, or some "
+                    "processes cannot be read), so it is not called held by the driver")
         parts = [f"ledger: {fmt_bytes(self.used)} used = {fmt_bytes(self.listed)} by "
                  f"{len(self.listed_pids)} listed"]
         if self.device_file_pids:
@@ -125,7 +136,7 @@ class GpuLedger:
                 "listed_unknown_pids": list(self.listed_unknown),
                 "device_file_pids": list(self.device_file_pids), "unexplained": self.unexplained,
                 "zombies": list(self.zombies), "driver_held": self.driver_held,
-                "reset_command": self.reset_command}
+                "reset_command": self.reset_command, "searched": self.searched}
 
 
 def gpu_ledger(snap: Snapshot, gpu: int) -> GpuLedger | None:
@@ -173,6 +184,7 @@ def _ledgers(snap: Snapshot) -> tuple[GpuLedger, ...]:
             if notes is not None and notes.zombie:
                 a[4].append(h.pid)
     out = []
+    searched = getattr(snap, "searched", ())
     for d in snap.devices:
         a = acc.get(d.index)
         if a is None:
@@ -181,7 +193,7 @@ def _ledgers(snap: Snapshot) -> tuple[GpuLedger, ...]:
         used = d.memory_used
         rest = None if used is None or unknown else max(0, used - listed)
         out.append(GpuLedger(d.index, used, listed, tuple(pids), tuple(unknown), tuple(files), tuple(zombies),
-                             rest))
+                             rest, d.index in searched))
     return tuple(out)
 
 

@@ -42,6 +42,7 @@ class LedgerSampling:
         self._found_for: frozenset[int] = frozenset()  # the nodes it looked for
         self._scanned_at = float("-inf")
         self._ctl: frozenset[int] | None = None  # nvidiactl and nvidia-uvm's nodes, once read
+        self.searched: tuple[int, ...] = ()  # GPUs whose node the last scan looked for in every process
         self._nodes: dict[int, int] = {}  # rdev -> global GPU index, this sample
         self._holding: dict[int, set[int]] = {}  # GPU -> the processes holding its node, this sample
         self._file_only: set[int] = set()  # processes with a use found only through a device file
@@ -79,7 +80,7 @@ class LedgerSampling:
     def add_device_file_uses(self, uses: dict[int, list[GpuUse]], visible: dict[int, bool],
                              warnings: list[str], table: ProcTable) -> None:
         nodes, self._nodes = self._nodes, {}
-        self._holding, self._file_only = {}, set()
+        self._holding, self._file_only, self.searched = {}, set(), ()
         if not nodes:
             return
         holding, file_only = self._holding, self._file_only
@@ -102,6 +103,8 @@ class LedgerSampling:
                 else:
                     have.append(use)
                 file_only.add(pid)
+        if not self.scan.unreadable:  # every process's descriptors examined: "no holder" means none
+            self.searched = tuple(sorted(nodes.values()))
         if cuda_only:
             cuda_only.sort()
             warnings.append(f"{len(cuda_only)} process(es) hold /dev/nvidiactl or /dev/nvidia-uvm but no GPU's device "

@@ -188,6 +188,9 @@ class Snapshot:
     backends: tuple[BackendStatus, ...]
     warnings: tuple[str, ...] = ()
     platform: str = PLATFORM
+    # GPUs whose device node was searched for in every host process (gputop.core.ledger: only then does
+    # "no holder" mean that the driver holds the memory)
+    searched: tuple[int, ...] = ()
 
     def holder(self, pid: int) -> Holder | None:
         for h in self.holders:

@@ -290,7 +290,7 @@ class Sampler:
         return Snapshot(
             at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
-            warnings=tuple(warnings), platform=self.platform,
+            warnings=tuple(warnings), platform=self.platform, searched=self._ledger.searched,
         )
 
     def _holders(self, table: ProcTable, uses: dict[int, list[GpuUse]], visible: dict[int, bool], now: float,

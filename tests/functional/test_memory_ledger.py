@@ -156,17 +156,58 @@ def test_a_zombie_holder_names_its_parent_and_kill_never_claims_success(procs, s
     assert psutil.Process(z).status() == psutil.STATUS_ZOMBIE
 
 
+def fixture_proc(tmp_path, unreadable: bool = False):
+    """A /proc with two processes and no GPU holder; with ``unreadable``, one whose descriptors cannot be
+    read (gputop then runs without CAP_DAC_OVERRIDE, as a user would)."""
+    proc = tmp_path / "proc"
+    for pid in (4242, 4243):
+        (proc / str(pid) / "fd").mkdir(parents=True)
+        (proc / str(pid) / "fd" / "0").symlink_to("/dev/null")
+    if unreadable:
+        os.chmod(proc / "4243" / "fd", 0)
+    return proc
+
+
+def drm_like_status(proc, *args):
+    from tests.functional.test_amd_intel import _without_dac_override
+
+    env = dict(os.environ, GPUTOP_PROC_ROOT=str(proc))
+    r = subprocess.run([sys.executable, "-m", "gputop", "status", *args], capture_output=True, text=True, env=env,
+                       timeout=60, preexec_fn=_without_dac_override)
+    if r.returncode == 97:
+        pytest.skip("cannot drop CAP_DAC_OVERRIDE here")
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def test_memory_and_no_holder_is_held_by_the_driver_with_the_reset_command(scenario, tmp_path):
     _, minor = make_node(tmp_path)
     scenario(holders=[], gpus=gpus(minor, None, used=(3 * GiB, 0)))
-    doc = status_json()
+    proc = fixture_proc(tmp_path)
+    doc = json.loads(drm_like_status(proc, "--json"))
     lg = ledger_of(doc, 0)
-    assert lg["driver_held"] is True and lg["reset_command"] == "gputop reset --gpu 0"
+    assert lg["driver_held"] is True and lg["reset_command"] == "gputop reset --gpu 0" and lg["searched"]
     assert ledger_of(doc, 1)["driver_held"] is False  # nothing used: nothing to say
-    text = run_gputop("status").stdout
+    text = drm_like_status(proc)
     assert ("GPU 0 ledger: 3.0GiB used and no process holds GPU 0: held by the driver: only a reset frees it "
             "(gputop reset --gpu 0)") in text
     assert "GPU 1 ledger" not in text
+
+
+def test_a_process_that_cannot_be_read_is_not_no_holder(scenario, tmp_path):
+    """Cannot see is never gone: with one process's descriptors unreadable, and on a GPU whose node is
+    unknown, no holder seen is not called "held by the driver"."""
+    _, minor = make_node(tmp_path)
+    scenario(holders=[], gpus=gpus(minor, None, used=(3 * GiB, 3 * GiB)))
+    proc = fixture_proc(tmp_path, unreadable=True)
+    doc = json.loads(drm_like_status(proc, "--json"))
+    for gpu in (0, 1):  # 0: a process unreadable; 1: no minor, its node never searched
+        lg = ledger_of(doc, gpu)
+        assert (lg["driver_held"], lg["searched"], lg["reset_command"]) == (False, False, None), lg
+    text = drm_like_status(proc)
+    assert "held by the driver: only a reset" not in text
+    assert "GPU 0 ledger: 3.0GiB used and no process listed or seen holds GPU 0; not every process could be " \
+           "searched" in text
 
 
 def test_the_mps_server_names_its_clients(procs, scenario, tmp_path):
