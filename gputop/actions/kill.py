@@ -142,9 +142,14 @@ class _KillRun(ProcessRun):
         GPU driver (it lists the PID as a holder) may say it exists. Then refuse, exit 5, as for any
         process gputop cannot verify; only a PID nothing knows of is "not found" (exit 3)."""
         pid = self.pid
-        if zombie:
-            return self.done(False, "not-found", f"pid {pid} has exited (a zombie its parent has not reaped "
-                             "yet); nothing to kill", EXIT_NOT_FOUND)
+        if zombie:  # never "killed": only its parent's wait (or exit) frees what it holds
+            from gputop.actions.zombie import zombie_refusal
+
+            rule, message, parent = zombie_refusal(pid, ctx)
+            self.details["rule"] = rule
+            if parent is not None:
+                self.details["parent"] = parent
+            return self.done(False, "refused", message, EXIT_REFUSED)
         if visibility(pid, read_first=False) == HIDDEN:
             self.details["rule"] = "hidden"
             return self.done(False, "refused", f"pid {pid} exists but cannot be seen here (/proc hidepid, "

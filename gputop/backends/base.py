@@ -5,6 +5,8 @@ Every field may be unknown (None). Unknown is never reported as 0.
 
 from __future__ import annotations
 
+import os
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -21,11 +23,14 @@ def merge_ctx(a: str | None, b: str | None) -> str:
     for c in (a, b):
         if c == CTX_BOTH:
             kinds.update((CTX_COMPUTE, CTX_GRAPHICS))
-        elif c:
+        elif c in (CTX_COMPUTE, CTX_GRAPHICS):
             kinds.add(c)
     if kinds == {CTX_COMPUTE, CTX_GRAPHICS}:
         return CTX_BOTH
-    return kinds.pop() if kinds else CTX_COMPUTE
+    if kinds:
+        return kinds.pop()
+    # Neither is a context type the driver reported (a use found through a device file, "dev"): keep it.
+    return a or b or CTX_COMPUTE
 
 
 @dataclass(frozen=True, init=False)
@@ -164,6 +169,8 @@ class Backend(ABC):
     # processes hold a context) reads a live process's start time (None: gone or a zombie). The sampler
     # sets it to core.procs.start_time, so that no backend imports core (the layers contract).
     host_start_time = None
+    # Where its process list comes from, as a holder's "source" says it (gputop.core.ledger).
+    list_source: str = "nvml"
 
     @abstractmethod
     def device_count(self) -> int: ...
@@ -181,13 +188,19 @@ class Backend(ABC):
         raise ResetError(f"{self.name}: reset is not supported by this backend", kind="unsupported")
 
     def minor_number(self, index: int) -> int | None:
-        """The device's minor number (/dev/nvidiaN: N), which Slurm's gres.conf ``File=`` names; None when
-        the backend does not know it."""
-        return None
+        """The device's NVIDIA minor number (/dev/nvidiaN: N), which Slurm's gres.conf ``File=`` names: the
+        minor of ``device_node`` when that is an NVIDIA node (major 195); None when the backend does not know."""
+        rdev = self.device_node(index)
+        return os.minor(rdev) if rdev is not None and os.major(rdev) == 195 else None
 
     def mig_instances(self, index: int) -> list[MigInstance]:
         """The MIG devices of this device, when MIG is on (none otherwise). Must not raise."""
         return []
+
+    def device_node(self, index: int) -> int | None:
+        """The device number (``st_rdev``) of this device's node (NVIDIA: /dev/nvidiaN, 195:N), or None when
+        unknown: the sampler then looks for no device-file holders of it (gputop.core.devholders)."""
+        return None
 
     def warnings(self) -> list[str]:
         """Conditions worth showing the user (e.g. processes whose data could not be read)."""

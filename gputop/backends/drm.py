@@ -18,6 +18,7 @@ from gputop.backends.fdinfo import FdinfoScanner, proc_root_default, shared_scan
 
 class DrmBackend(Backend):
     needs_two_samples = True  # engine counters: utilisation is a delta between two samples
+    list_source = "fdinfo"  # its holders and their memory come from DRM fdinfo
 
     drivers: frozenset[str] = frozenset()
     vendor_label = "GPU"  # used in names when sysfs and pci.ids give none

@@ -39,6 +39,7 @@ ERR_FUNCTION_NOT_FOUND = 13
 ERR_GPU_IS_LOST = 15
 ERR_LIB_RM_VERSION_MISMATCH = 18
 ERR_ARGUMENT_VERSION_MISMATCH = 25
+NVIDIA_MAJOR = 195  # /dev/nvidiaN is char 195:N; /dev/nvidiactl is 195:255
 ERROR_NAMES = {
     1: "Uninitialized", 2: "InvalidArgument", 3: "NotSupported", 4: "NoPermission",
     5: "AlreadyInitialized", 6: "NotFound", 7: "InsufficientSize", 8: "InsufficientPower",
@@ -328,6 +329,7 @@ class NvmlBackend(Backend):
         self._temp_v: bool | None = None
         self._read_calls: tuple | None = None  # _read_fns()
         self._warnings: list[str] = []
+        self._minors: dict[int, int | None] = {}  # device -> its node's st_rdev (device_node), once read
         self._initialised = False
         self._mig = MigReader(self._ret, error_name)  # MIG devices and their holders (nvml_mig)
         self._init()
@@ -687,26 +689,31 @@ class NvmlBackend(Backend):
             except (_Lost, MigLost, NvmlError):
                 return []
 
+    def device_node(self, index: int) -> int | None:
+        """The device's node number: major 195, minor from nvmlDeviceGetMinorNumber (read once; None when
+        the driver does not say, or the device cannot be reached now)."""
+        with self._lock:
+            if index in self._minors:
+                return self._minors[index]
+            try:
+                h = self._handle(index)
+            except (NvmlError, _Lost):
+                return None
+            minor = ctypes.c_uint()
+            ret = self._ret("nvmlDeviceGetMinorNumber", h, ctypes.byref(minor))
+            rdev = os.makedev(NVIDIA_MAJOR, int(minor.value)) if ret == NVML_SUCCESS else None
+            if ret in (NVML_SUCCESS, ERR_NOT_SUPPORTED, ERR_FUNCTION_NOT_FOUND):  # else try again next time
+                self._minors[index] = rdev
+            return rdev
+
     def warnings(self) -> list[str]:
         with self._lock:
             out, self._warnings = self._warnings + self._mig.warnings, []
             self._mig.warnings = []
         return out
 
-    def minor_number(self, index: int) -> int | None:
-        """``nvmlDeviceGetMinorNumber`` (/dev/nvidiaN), read once per device; None when NVML cannot say."""
-        minors = self.__dict__.setdefault("_minors", {})
-        if index not in minors:
-            try:
-                with self._lock:
-                    n = ctypes.c_uint()
-                    _check(self._fn("nvmlDeviceGetMinorNumber")(self._handle(index), ctypes.byref(n)))
-                minors[index] = int(n.value)
-            except (NvmlError, _Lost):
-                return None  # not cached: a lost GPU may come back
-        return minors[index]
-
     # ---- reset ----
+
     def reset(self, index: int) -> str:
         """Refuse (ResetError) without root, on a GPU driving a display, on a GPU in use, or without
         nvidia-smi; else shut NVML down, run nvidia-smi --gpu-reset, and re-open NVML whatever happened."""

@@ -18,7 +18,9 @@ Scenario format::
         clock_sm: 1980
         clock_mem: 2619
         lost: false                   # true: the device fell off the bus
-        minor: 0                      # optional: its minor number (/dev/nvidiaN); default: its position
+        minor: 0                      # optional: the node /dev/nvidia0 (char 195:0): Slurm's gres.conf File=
+                                      # maps to it, and its device-file holders are found (default: no node;
+                                      # Slurm's IDX then maps by position)
         mig:                          # optional: MIG on, these MIG devices (GPU utilisation is then N/A)
           - {gi: 1, ci: 0, profile: 3g.71gb, memory_total: 71GiB}
           - {gi: 5, ci: 0, profile: 1g.18gb, memory_total: 18GiB, uuid: MIG-..., utilization: 30}
@@ -32,6 +34,7 @@ Scenario format::
         visible: true                 # false: a PID this namespace cannot see (kept, reported as such)
         gi: 5                         # MIG: its GPU instance (and ci: compute instance, default 0);
                                       # its SM% is then N/A, as NVML says NOT_SUPPORTED
+        keep_zombie: false            # true: still listed once the process is a zombie (as NVML may do)
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class _Holder:
     visible: bool
     gi: int | None = None  # MIG: GPU instance and compute instance
     ci: int | None = None
+    keep_zombie: bool = False
 
 
 def _num(d: dict, key: str, where: str) -> float | None:
@@ -81,10 +85,12 @@ def _num(d: dict, key: str, where: str) -> float | None:
     return v
 
 
-def _minor(g: dict, i: int, where: str) -> int:
-    v = g.get("minor", i)
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 20:
-        raise ScenarioError(f"{where}: 'minor' must be a device minor number, got {v!r}")
+def _minor(g: dict, where: str) -> int | None:
+    v = g.get("minor")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < (1 << 20):
+        raise ScenarioError(f"{where}: 'minor' must be a device minor number (0..1048575), got {v!r}")
     return v
 
 
@@ -122,6 +128,19 @@ def _instance_of(h: dict, mig: list[MigInstance] | None, where: str) -> tuple[in
     return gi, ci
 
 
+def _zombie(h: _Holder) -> bool:
+    """The holder's process has exited and its parent has not waited for it yet (same start time). psutil:
+    a backend does not import core (the layers contract)."""
+    import psutil
+
+    try:
+        p = psutil.Process(h.pid)
+        return (p.status() == psutil.STATUS_ZOMBIE
+                and (h.start_time is None or abs(p.create_time() - h.start_time) < 0.05))
+    except (psutil.Error, OSError):
+        return False
+
+
 def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], list[_Holder]]:
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: expected a mapping with 'gpus' and 'holders'")
@@ -150,7 +169,7 @@ def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], 
             "fan": _num(g, "fan", where),
             "clock_sm": _num(g, "clock_sm", where), "clock_mem": _num(g, "clock_mem", where),
             "lost": bool(g.get("lost", False)),
-            "minor": _minor(g, i, where),
+            "minor": _minor(g, where),
             "mig": _parse_mig(g.get("mig"), where, i),
         })
     holders = data.get("holders") or []
@@ -177,6 +196,7 @@ def parse_scenario(data: object, source: str = "scenario") -> tuple[list[dict], 
             pid=h["pid"], gpu=gpu, memory=mem, ctx=ctx, sm=_num(h, "sm", where),
             start_time=float(st) if st is not None else None, visible=bool(h.get("visible", True)),
             gi=gi, ci=ci,
+            keep_zombie=bool(h.get("keep_zombie", False)),
         ))
     return out_gpus, out_h
 
@@ -275,7 +295,8 @@ class SimulatedBackend(Backend):
                 out.append(h)
                 continue
             st = self._start_of(h.pid)
-            if st is None or (h.start_time is not None and st != h.start_time):
+            alive = st is not None and (h.start_time is None or st == h.start_time)
+            if not alive and not (h.keep_zombie and _zombie(h)):
                 continue
             if reset_at is not None and not self._started_after(h, reset_at):
                 continue
@@ -288,6 +309,11 @@ class SimulatedBackend(Backend):
 
     def _start_of(self, pid: int) -> float | None:
         return (self.host_start_time or _start_time)(pid)
+
+    def device_node(self, index: int) -> int | None:
+        self._reload()
+        minor = self._gpus[index].get("minor") if 0 <= index < len(self._gpus) else None
+        return os.makedev(195, minor) if minor is not None else None
 
     def sample(self, index: int) -> DeviceSample:
         self._reload()
@@ -336,8 +362,12 @@ class SimulatedBackend(Backend):
         return list(merged.values())
 
     def minor_number(self, index: int) -> int | None:
+        """The scenario's ``minor``, else the GPU's position (as NVIDIA numbers /dev/nvidiaN by default)."""
         self._reload()
-        return self._gpus[index]["minor"] if 0 <= index < len(self._gpus) else None
+        if not 0 <= index < len(self._gpus):
+            return None
+        minor = self._gpus[index]["minor"]
+        return index if minor is None else minor
 
     def mig_instances(self, index: int) -> list[MigInstance]:
         self._reload()

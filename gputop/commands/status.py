@@ -11,6 +11,7 @@ from gputop.util.errors import UsageError
 from gputop.core.ownership import NONE, Owner
 from gputop.util.textsafe import visible
 from gputop.core.model import Snapshot, place_label
+from gputop.core.ledger import holder_note, ledger_lines
 from gputop.core.snapshot_json import snapshot_json
 from gputop.util.units import fmt_bytes, fmt_duration, fmt_opt
 
@@ -137,6 +138,7 @@ def render(snap: Snapshot, chains: bool = False) -> str:
                 r.append(jobs.get(r[0], ""))
         out.append(table(rows, ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "FAN", "BACKEND",
                                 *(["JOB"] if alloc else [])], right={0, 2, 4, 6}))
+        out.extend(f"  {line}" for line in ledger_lines(snap))  # the memory ledger (docs/memory-ledger.md)
     if snap.holders:
         out.append("")
         owners = any(h.owner is not None for h in snap.holders)  # not read off Linux: no column
@@ -161,6 +163,9 @@ def render(snap: Snapshot, chains: bool = False) -> str:
             st = snap.allocation.standing(h.pid) if snap.allocation is not None else None
             if st is not None and st.kind in FLAGGED:
                 out.append(f"  pid {h.pid}: {st.kind}: {visible(st.reason)}")
+            note = holder_note(h)
+            if note is not None:
+                out.append(f"  pid {h.pid}: {visible(note)}")
             if chains and h.chain:
                 owned = h.chain_owners or (None,) * len(h.chain)
                 out.append(f"  pid {h.pid} chain: " + " <- ".join(

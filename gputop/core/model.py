@@ -55,13 +55,16 @@ class GpuUse:
     sm_util: float | None
     gpu_instance_id: int | None = None  # MIG: the GPU instance and compute instance it runs on
     compute_instance_id: int | None = None
+    source: str = "nvml"  # how it was found: the backend's list ("nvml", "fdinfo") or "device file"
 
     def __init__(self, gpu: int, ctx: str, used_memory: int | None, sm_util: float | None,
-                 gpu_instance_id: int | None = None, compute_instance_id: int | None = None):
+                 gpu_instance_id: int | None = None, compute_instance_id: int | None = None,
+                 source: str = "nvml"):
         # Not the generated __init__ of a frozen dataclass (one object.__setattr__ call a field): a sample
         # makes one GpuUse and one Holder a holder, a thousand a refresh. Still frozen after this.
         _set(self, "__dict__", {"gpu": gpu, "ctx": ctx, "used_memory": used_memory, "sm_util": sm_util,
-                                "gpu_instance_id": gpu_instance_id, "compute_instance_id": compute_instance_id})
+                                "gpu_instance_id": gpu_instance_id, "compute_instance_id": compute_instance_id,
+                                "source": source})
 
     @property
     def instance_key(self) -> tuple[int, int, int | None] | None:
@@ -86,14 +89,16 @@ class Holder:
     chain_owners: tuple[Owner | None, ...] = ()  # the owner of each chain member, in chain order
     job: JobRef | None = None  # the Slurm job it belongs to (cgroup path or environ)
     job_state: JobState | None = None  # what slurmctld says about that job
+    notes: object = None  # gputop.core.ledger.HolderNotes (NSpid, zombie parent, MPS clients), or None
 
     def __init__(self, pid: int, uses: tuple[GpuUse, ...], proc: ProcInfo | None, chain: tuple[ProcInfo, ...],
                  verdict: Verdict, cpu_percent: float | None = None, runtime: float | None = None,
                  owner: Owner | None = None, chain_owners: tuple[Owner | None, ...] = (), job: JobRef | None = None,
-                 job_state: JobState | None = None):
+                 job_state: JobState | None = None, notes=None):
         # As GpuUse.__init__: the fields in one dict, not one object.__setattr__ call each.
         d = {"pid": pid, "uses": uses, "proc": proc, "chain": chain, "verdict": verdict, "cpu_percent": cpu_percent,
-             "runtime": runtime, "owner": owner, "chain_owners": chain_owners, "job": job, "job_state": job_state}
+             "runtime": runtime, "owner": owner, "chain_owners": chain_owners, "job": job, "job_state": job_state,
+             "notes": notes}
         if len(uses) == 1:  # most holders use one GPU: the cached properties below are its use's values
             u = uses[0]
             d["ctx"], d["gpus"], d["gpu_memory"], d["sm_util"] = u.ctx or "C", (u.gpu,), u.used_memory, u.sm_util
@@ -140,11 +145,25 @@ class Holder:
 
     @property
     def cmd(self) -> str:
-        return self.proc.cmd if self.proc else "(not visible: another PID namespace, or exited)"
+        if self.proc is None:
+            return "(not visible: another PID namespace, or exited)"
+        return self.proc.cmd + " <defunct>" if self.notes is not None and self.notes.zombie else self.proc.cmd
 
     @property
     def rss(self) -> int | None:
         return self.proc.rss if self.proc else None
+
+    @property
+    def source(self) -> str:
+        """How it was found: its backend's list ("nvml", "fdinfo"), else "device file" (memory unknown)."""
+        for u in self.uses:
+            if u.source != "device file":
+                return u.source
+        return "device file"
+
+    @property
+    def zombie(self) -> bool:
+        return self.notes is not None and self.notes.zombie
 
 
 @dataclass(frozen=True, init=False)
@@ -183,6 +202,9 @@ class Snapshot:
     platform: str = PLATFORM
     allocation: AllocationView | None = None  # whom the scheduler gave each GPU to (None: no scheduler)
     instances: tuple[MigInstance, ...] = ()  # MIG devices, each under its GPU (MigInstance.gpu: global index)
+    # GPUs whose device node was searched for in every host process (gputop.core.ledger: only then does
+    # "no holder" mean that the driver holds the memory)
+    searched: tuple[int, ...] = ()
 
     def holder(self, pid: int) -> Holder | None:
         for h in self.holders:

@@ -17,6 +17,7 @@ from gputop.backends import close_backends, device_map, mig_instances, probe, re
 from gputop.backends.base import Backend, BackendStatus, DeviceSample, GpuProcess, MigInstance, ProbeResult
 from gputop.core.allocation import AllocationSource
 from gputop.core.config import Config
+from gputop.core.ledger_sampling import LedgerSampling
 from gputop.core.model import PLATFORM, GpuUse, Holder, OrphanRoot, Snapshot
 from gputop.core.orphans import ORPHAN, UNKNOWN, Verdict
 from gputop.core.ownership import Owner, OwnerCache
@@ -87,6 +88,8 @@ class Sampler:
         # The holders' verdicts, kept while every input of each is unchanged (gputop.core.verdicts).
         # memo=False: a one-shot sampler (one 'gputop status'), which would only pay to record the inputs.
         self.verdicts = VerdictCache(self._owners, self._job_of, memo=memo)
+        # The memory ledger's part of a sample: device-file holders, zombies, MPS (gputop.core.ledger_sampling).
+        self._ledger = LedgerSampling(proc_root, self.verdicts)
         self.verdicts.begin(self.config, self.platform)  # the protect rules, compiled now
         self._live_holders = 0  # the visible, live holders of the last sample
         # Per GPU (global index), pid -> (the backend's GpuProcess, the GpuUse made of it): last sample's
@@ -166,7 +169,7 @@ class Sampler:
 
     def _holder(self, pid: int, uses: tuple[GpuUse, ...], info: ProcInfo, table: ProcTable, now: float,
                 cpu_seen: dict[tuple[int, float], tuple[float, float]], jobs: dict[int, JobRef],
-                job_states: dict[int, JobState]) -> Holder:
+                job_states: dict[int, JobState], notes=None) -> Holder:
         """One visible holder: its verdict, chain, CPU%, owners and Slurm job."""
         owners = self._owners
         start, cpu_time = info.start_time, info.cpu_time
@@ -188,7 +191,7 @@ class Sampler:
             chain_owners = owners.of_all(chain) if owners is not None else ()
         runtime = now - start if now > start else 0.0
         return Holder(pid, uses, info, chain, verdict, cpu, runtime, owner,
-                      chain_owners, job, job_states.get(job.job_id) if job is not None else None)
+                      chain_owners, job, job_states.get(job.job_id) if job is not None else None, notes)
 
     def _tgid(self, pid: int, table: ProcTable) -> int:
         """``tgid_of(pid)``, which reads /proc/<pid>/status, read once per process rather than once per
@@ -207,7 +210,7 @@ class Sampler:
         return tgid
 
     def _add_uses(self, gi: int, procs: list, table: ProcTable, uses: dict[int, list[GpuUse]],
-                  visible: dict[int, bool]) -> None:
+                  visible: dict[int, bool], source: str = "nvml") -> None:
         """One device's process list into ``uses`` and ``visible``, by thread group (NVML may report a
         thread id). The hot loop of a sample: _tgid's usual answer (a known leader) is inlined, and a
         process the backend reports as the very same GpuProcess as last sample keeps its GpuUse."""
@@ -227,7 +230,8 @@ class Sampler:
             if had is not None and had[0] is p:
                 use = had[1]
             else:
-                use = GpuUse(gi, p.ctx, p.used_memory, p.sm_util, p.gpu_instance_id, p.compute_instance_id)
+                use = GpuUse(gi, p.ctx, p.used_memory, p.sm_util, p.gpu_instance_id, p.compute_instance_id,
+                             source)
             kept[p.pid] = (p, use)
             had = uses.get(pid)
             if had is None:
@@ -274,7 +278,9 @@ class Sampler:
             except Exception as e:
                 warnings.append(f"GPU {gi}: process list failed: {e}")
                 procs = []
-            self._add_uses(gi, procs, table, uses, visible)
+            self._add_uses(gi, procs, table, uses, visible, getattr(backend, "list_source", "nvml"))
+            self._ledger.node(gi, backend, local)
+        self._ledger.add_device_file_uses(uses, visible, warnings, table)
         for b in self.backends:
             try:
                 warnings.extend(b.warnings())
@@ -299,7 +305,7 @@ class Sampler:
             at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
             roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
             warnings=tuple(warnings), platform=self.platform, allocation=allocation,
-            instances=tuple(instances),
+            instances=tuple(instances), searched=self._ledger.searched,
         )
 
     def _allocation(self, devices, holders, now: float):
@@ -340,15 +346,21 @@ class Sampler:
         jobs, job_states = self._holder_jobs(infos)
         warnings.extend(self._job_warnings(job_states))
         holder, append = self._holder, holders.append
+        notes = self._ledger.notes_for
         for pid in order:
             info = infos.get(pid)
+            if info is None and visible[pid]:  # a zombie the list still names: its parent must wait for it
+                z = self._ledger.zombie_holder(pid, tuple(uses[pid]), table, jobs, job_states, warnings)
+                if z is not None:
+                    append(z)
+                    continue
             if info is None:
                 verdict = Verdict(UNKNOWN, f"pid {pid} is not visible here (another PID namespace, or the "
                                            "driver still holds the memory of a process that exited)")
                 append(Holder(pid, tuple(uses[pid]), None, (), verdict))
                 warnings.append(f"GPU holder pid {pid} is not visible in this PID namespace")
                 continue
-            append(holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states))
+            append(holder(pid, tuple(uses[pid]), info, table, now, cpu_seen, jobs, job_states, notes(pid, info)))
         self._cpu_prev = cpu_seen
         return holders
 

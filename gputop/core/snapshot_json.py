@@ -53,7 +53,7 @@ def owner_to_dict(o: Owner | None) -> dict | None:
 def use_to_dict(u: GpuUse) -> dict:
     # Not dataclasses.asdict(): it deep-copies field by field (~10 us a use; 1,024 holders in one status).
     return {"gpu": u.gpu, "ctx": u.ctx, "used_memory": u.used_memory, "sm_util": u.sm_util,
-            "gpu_instance_id": u.gpu_instance_id, "compute_instance_id": u.compute_instance_id}
+            "gpu_instance_id": u.gpu_instance_id, "compute_instance_id": u.compute_instance_id, "source": u.source}
 
 
 def instance_to_dict(m: MigInstance, s: Snapshot) -> dict:
@@ -73,7 +73,7 @@ def holder_to_dict(h: Holder, _entries: dict | None = None, standing: dict | Non
     holders of one tree share their ancestors, so a node's JSON makes each one once."""
     p = h.proc
     owners = h.chain_owners or (None,) * len(h.chain)
-    return {
+    d = {
         "pid": h.pid, "visible": h.visible, "start_time": h.start_time,
         "user": h.user, "name": h.name if p else None, "cmdline": list(p.cmdline) if p else None,
         "ppid": p.ppid if p else None, "sid": p.sid if p else None,
@@ -87,6 +87,13 @@ def holder_to_dict(h: Holder, _entries: dict | None = None, standing: dict | Non
         "standing": standing,
         "chain": [_chain_entry(c, o, _entries) for c, o in zip(h.chain, owners)],
     }
+    # The memory ledger (docs/memory-ledger.md): how it was found, and its notes (NSpid, zombie, MPS); the
+    # chain stays the last key (snapshot_json splices it in there).
+    chain = d.pop("chain")
+    d["source"] = h.source
+    d["ledger"] = h.notes.to_dict() if h.notes is not None else None
+    d["chain"] = chain
+    return d
 
 
 def _chain_entry(c: ProcInfo, o: Owner | None, entries: dict | None) -> dict:
@@ -135,6 +142,7 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "warnings": list(s.warnings),
         "backends": [dataclasses.asdict(b) for b in s.backends],
         "allocation": s.allocation.to_dict() if s.allocation is not None else None,
+        "ledger": _ledgers(s),
     }
 
 
@@ -155,6 +163,13 @@ def standing_to_dict(s: Snapshot, pid: int) -> dict | None:
     """A holder's standing against its GPUs' allocation (gputop.core.allocation); None: none read."""
     st = s.allocation.standing(pid) if s.allocation is not None else None
     return st.to_dict() if st is not None else None
+
+
+def _ledgers(s: Snapshot) -> list[dict]:
+    """Each GPU's memory ledger (gputop.core.ledger), as in docs/status-json.md."""
+    from gputop.core.ledger import gpu_ledgers
+
+    return [{"gpu": lg.gpu, **lg.to_dict()} for lg in gpu_ledgers(s)]
 
 
 _COMPACT = None  # a json.JSONEncoder, made on first use (json.dumps makes one a call with these options)

@@ -200,6 +200,10 @@ class VerdictCache:
         memos[pid] = _Memo(info, verdict_inputs(info), ctx, owner, verdict)
         return verdict, chain, None
 
+    def judge(self, pid: int, table: ProcTable, jobs: dict[int, JobRef], job_states: dict[int, JobState]) -> Verdict:
+        """classify() of a process that is not itself a holder (a zombie holder's parent), not memoised."""
+        return self._classify(pid, table, table, jobs, job_states)[0]
+
     def _classify(self, pid: int, view, table: ProcTable, jobs: dict[int, JobRef],
                   job_states: dict[int, JobState]) -> tuple[Verdict, tuple[ProcInfo, ...], bool]:
         """classify() over ``view`` (the table, or a recording of it), the chain up to init, and whether

@@ -18,7 +18,8 @@ from gputop.util.textsafe import visible
 from gputop.util.units import fmt_bytes, fmt_duration
 
 _NUM = {">": _op.gt, ">=": _op.ge, "<": _op.lt, "<=": _op.le, "==": _op.eq, "!=": _op.ne}
-PROCESS_LEVEL = ("process_name", "cmdline", "gpu_utilization", "gpu_memory", "runtime", "orphan", "gpu")
+PROCESS_LEVEL = ("process_name", "cmdline", "gpu_utilization", "gpu_memory", "runtime", "orphan", "gpu",
+                 "unexplained_memory", "source")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Facts:
     user_memory_unknown: dict[str, int]  # processes whose memory is unknown, per user
     user_count: dict[str, int]
     user_holders: dict[str, tuple[Holder, ...]]
+    ledgers: dict = field(default_factory=dict)  # GPU -> its memory ledger (gputop.core.ledger), made on first use
 
     @classmethod
     def of(cls, snap: Snapshot, exclude: frozenset[int] = frozenset()) -> "Facts":
@@ -150,6 +152,10 @@ def measure(cond: Condition, target: Target, snap: Snapshot, facts: Facts) -> Me
         where = places(h, snap)
         mig = sorted(p for p in where if isinstance(p, str) and "/" in p)
         return Measured(where, f"GPU {','.join(map(str, h.gpus)) or 'none'}" + (f" (MIG {', '.join(mig)})" if mig else ""))
+    if t == "unexplained_memory":
+        return _unexplained(h, snap, facts)
+    if t == "source":
+        return Measured(h.source, repr(h.source))
     raise ValueError(f"unknown condition type {t}")  # pragma: no cover - validated at load
 
 
@@ -171,6 +177,23 @@ def measure_allocation(t: str, target: Target, snap: Snapshot) -> Measured:
     if st is None or st.kind == "unknown":
         return Measured(None, f"unknown ({visible(st.reason) if st is not None else 'no standing for this target'})")
     return Measured(st.kind, f"{st.kind} ({visible(st.reason)})")
+
+
+def _unexplained(h: Holder, snap: Snapshot, facts: Facts) -> Measured:
+    """The largest unexplained rest among the holder's GPUs (the ledgers are made once an evaluation)."""
+    from gputop.core.ledger import gpu_ledgers
+
+    if not facts.ledgers:
+        facts.ledgers.update({lg.gpu: lg for lg in gpu_ledgers(snap)} or {-1: None})
+    best: tuple[int, int] | None = None
+    for g in h.gpus:
+        lg = facts.ledgers.get(g)
+        if lg is not None and lg.unexplained is not None and (best is None or lg.unexplained > best[0]):
+            best = (lg.unexplained, g)
+    if best is None:
+        return Measured(None, "unknown (no GPU of this process reports its used memory, or a listed amount "
+                              "is unknown)")
+    return Measured(best[0], f"{fmt_bytes(best[0])} ({best[0]} bytes) unexplained on GPU {best[1]}")
 
 
 def compare(cond: Condition, actual: object) -> bool:
@@ -209,7 +232,7 @@ def _want_text(cond: Condition) -> str:
     v = cond.raw
     if isinstance(v, tuple):
         v = list(v)
-    if cond.type in ("gpu_memory", "user_memory") and isinstance(cond.value, int):
+    if cond.type in ("gpu_memory", "user_memory", "unexplained_memory") and isinstance(cond.value, int):
         return f"{fmt_bytes(cond.value)} ({cond.value} bytes)"
     if cond.type == "time_window":
         return str(v)

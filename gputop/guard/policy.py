@@ -46,6 +46,10 @@ CONDITION_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "time_window": ("window", ("in", "not_in")),
     "standing": ("standing", ("==", "!=", "in", "not_in")),
     "allocation_idle": ("duration", NUMERIC_OPS),
+    # The memory ledger (docs/memory-ledger.md): the bytes of the holder's GPU(s) no listed process accounts for.
+    "unexplained_memory": ("memory", NUMERIC_OPS),
+    # How the holder was found: "nvml", "fdinfo" or "device file" (its memory unknown).
+    "source": ("string", ("==", "!=", "in", "not_in")),
 }
 # Conditions measured on a user rather than on one process: they make sense for scope: per_user.
 USER_LEVEL = ("user_memory", "process_count", "user", "time_window")

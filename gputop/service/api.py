@@ -205,8 +205,12 @@ def _read_routes(live: LiveSnapshot, read_only: bool, registry: CollectorRegistr
         return JSONResponse({"service": "gputop", "version": __version__, "read_only": read_only,
                              "endpoints": endpoints(request.app.routes)})
 
+    async def ledger(request: Request):
+        return JSONResponse(faces.ledger_payload(live.latest()))
+
     return [Route("/", root), Route("/v1/status", status), Route("/v1/processes", processes),
-            Route("/v1/audit/rogue", rogue), Route("/v1/guard/status", guard), Route("/metrics", metrics)]
+            Route("/v1/audit/rogue", rogue), Route("/v1/guard/status", guard), Route("/metrics", metrics),
+            Route("/v1/ledger", ledger)]
 
 
 def create_app(live: LiveSnapshot, token_path: Path | None, hosts: set[str] | None = None,

@@ -180,6 +180,16 @@ def processes_payload(snap: Snapshot, **filters) -> dict:
             "processes": [holder_to_dict(h, standing=standing_to_dict(snap, h.pid)) for h in hs]}
 
 
+def ledger_payload(snap: Snapshot) -> dict:
+    """The memory ledger (gputop.core.ledger): each GPU's split of its used memory, the lines 'gputop status'
+    prints, and the holders it rests on that the driver's list does not (device-file holders, zombies)."""
+    from gputop.core.ledger import gpu_ledgers, ledger_lines
+
+    extra = [h for h in snap.holders if h.source == "device file" or h.zombie]
+    return {"at": snap.at, "host": snap.host, "ledger": [{"gpu": lg.gpu, **lg.to_dict()} for lg in gpu_ledgers(snap)],
+            "lines": ledger_lines(snap), "holders": [holder_to_dict(h) for h in extra]}
+
+
 # ---- writing ---------------------------------------------------------------------------------
 
 def _start_for(snap: Snapshot, pid: int, given) -> float | None:

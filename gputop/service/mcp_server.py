@@ -137,6 +137,14 @@ def _register_reads(tool, live: LiveSnapshot, fresh) -> None:
         """GPU-holding processes, filtered by GPU index, user, name pattern and minimum GPU memory."""
         return _call(faces.processes_payload, fresh(), gpu=gpu, user=user, name=name, memory_gt=min_memory)
 
+    @tool("GPU memory ledger", _READ)
+    def memory_ledger() -> dict[str, Any]:
+        """Who holds each GPU's used memory: the bytes of the processes the driver lists, the processes found
+        only through the GPU's device file (another PID namespace, MPS clients; memory unknown), zombies with
+        the parent that must wait for them, the unexplained rest in bytes, and 'held by the driver: only a
+        reset frees it' with the reset command when no process holds a GPU that has memory in use."""
+        return faces.ledger_payload(fresh())
+
     @tool("Rogue GPU use audit", _READ)
     def audit_rogue() -> dict[str, Any]:
         """Suspicious GPU use: miner-like names, processes of unknown users, idle holders of much memory,

@@ -201,6 +201,26 @@ def _allocation_families(snap, host: str):
     yield from (ainfo, aidle, pst)
 
 
+def _ledger_families(snap, host: str):
+    """The memory ledger (gputop.core.ledger): per GPU, the bytes no listed process accounts for, and how
+    many processes hold its device file without being listed."""
+    from gputop.core.ledger import gpu_ledgers
+
+    unexplained = GaugeMetricFamily("gputop_gpu_memory_unexplained_bytes",
+                                    "GPU memory in use that no listed process accounts for", labels=DEVICE_LABELS)
+    files = GaugeMetricFamily("gputop_gpu_device_file_holders",
+                              "Processes holding a GPU's device file that the driver does not list",
+                              labels=DEVICE_LABELS)
+    devices = {d.index: d for d in snap.devices}
+    for lg in gpu_ledgers(snap):
+        labels = _device_labels(devices[lg.gpu], host)
+        if lg.unexplained is not None:
+            unexplained.add_metric(labels, float(lg.unexplained))
+        files.add_metric(labels, len(lg.device_file_pids))
+    yield unexplained
+    yield files
+
+
 class SnapshotCollector:
     """Renders every metric from the latest snapshot, so an exited process's series simply disappear."""
 
@@ -222,6 +242,7 @@ class SnapshotCollector:
         yield from _process_families(snap, host)
         yield from _allocation_families(snap, host)
         yield from mig_families(snap, host, _device_labels)  # MIG devices, with DCGM's GPU_I_* labels
+        yield from _ledger_families(snap, host)
         yield GaugeMetricFamily("gputop_holders", "Processes holding a GPU", value=len(snap.holders))
         yield GaugeMetricFamily("gputop_orphan_trees", "Orphan trees holding a GPU", value=len(snap.roots))
         yield from self._findings()

@@ -21,6 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
 from gputop.core.config import Config
+from gputop.core.ledger import ledger_lines
 from gputop.core.model import Snapshot
 from gputop.tui import keymap
 from gputop.tui.bar import TextBar
@@ -254,7 +255,8 @@ class GputopApp(App):
         self._sample_error = None
         self.history.add(snap)
         self._devices.show(snap.devices, snap.backends, self.size.height,
-                           allocation_texts(snap.allocation, snap.holders, snap.at), snap.instances)
+                           allocation_texts(snap.allocation, snap.holders, snap.at), snap.instances,
+                           ledger_lines(snap))
         self.refresh_tree()
         if message.panel != self.panel_shown:  # its height can change: lay out only when it does
             self.panel_shown = message.panel

@@ -14,6 +14,7 @@ from textual.widgets import Button, Static
 from gputop.core.ownership import NONE, Owner
 from gputop.core.procs import ProcInfo
 from gputop.core.model import Holder
+from gputop.tui.rows import holder_mark
 from gputop.util.units import fmt_bytes, fmt_duration
 from gputop.util.textsafe import visible
 
@@ -84,6 +85,10 @@ def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None,
             out.append("\nstanding: ", style="bold")
             out.append(standing.kind, style="bold red" if standing.kind in ("squatter", "outside") else "bold")
             out.append(Text(f" ({visible(standing.reason)})"))
+        ledger = holder_mark(holder)  # the memory ledger: a device-file holder, a zombie, the MPS server
+        if ledger:
+            out.append("\nmemory ledger: ", style="bold")
+            out.append(Text(ledger))
         chain = holder.chain
         me = holder.proc
     else:

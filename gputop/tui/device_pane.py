@@ -169,12 +169,15 @@ class DeviceBoard(Widget):
         self._line_styles = LineStyles()  # piece style -> the style Textual draws it with
         self.jobs: dict[int, str] = {}  # GPU -> the job it is allocated to (allocation_texts); {}: none read
         self.instances: tuple = ()  # MIG devices: one line each, under its GPU (gputop.tui.mig_lines)
+        self.ledger: tuple[str, ...] = ()  # the memory ledger's lines (gputop.core.ledger), under the GPUs
 
-    def show(self, devices, lines: int, instances=()) -> None:
+    def show(self, devices, lines: int, instances=(), ledger: tuple[str, ...] = ()) -> None:
         """Take a new sample; repaint only the lines that would look different."""
         self.devices = tuple(devices)
         self.instances = tuple(instances)
-        if lines != self.lines or len(self._lines) != lines * len(self.devices) + len(self.instances):
+        resized = len(ledger) != len(self.ledger)
+        self.ledger = tuple(ledger)
+        if resized or lines != self.lines or len(self._lines) != self._height():
             self.lines = lines
             self._build()
             self.styles.height = len(self._lines)
@@ -200,10 +203,14 @@ class DeviceBoard(Widget):
                 first, second = pane_pieces(d, self.history, room)
                 out.extend((first + job, second if room == width else pane_pieces(d, self.history, width)[1]))
             out.extend(instance_pieces(m, width) for m in mig.get(d.index, ()))
+        out.extend(((" " + visible(text), "yellow"),) for text in self.ledger)
         self._lines, self._built_for = out, (width, self.lines)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return self.lines * len(self.devices) + len(self.instances)
+        return self._height()
+
+    def _height(self) -> int:
+        return self.lines * len(self.devices) + len(self.instances) + len(self.ledger)
 
     def render(self) -> Text:
         if self._built_for != (self.size.width, self.lines):
@@ -242,14 +249,15 @@ class DevicesBox(VerticalScroll):
         yield self.board
 
     def show(self, devices: tuple, backends: tuple, screen_height: int, jobs: dict | None = None,
-             instances: tuple = ()) -> None:
+             instances: tuple = (), ledger: tuple[str, ...] = ()) -> None:
         """``jobs``: GPU -> the job it is allocated to (``allocation_texts``); None keeps the last ones."""
         if jobs is not None:
             self.board.jobs = jobs
-        # Two lines per GPU when they fit in about half the screen, else one line each (+ a line per MIG device).
+        # Two lines per GPU when they fit in about half the screen, else one line each (+ a line per MIG
+        # device); then one line for each GPU whose memory ledger has something to explain.
         budget = max(4, (screen_height - 10) // 2)
         lines = 2 if 2 * len(devices) + len(instances) <= budget else 1
-        self.board.show(devices, lines, instances)
+        self.board.show(devices, lines, instances, ledger)
         if not devices:
             if self._no_gpu is None:
                 from gputop.backends import no_gpu_message
@@ -260,6 +268,6 @@ class DevicesBox(VerticalScroll):
         elif self._no_gpu is not None:  # the GPUs are back
             self._no_gpu.remove()
             self._no_gpu = None
-        height = min(max(2, lines * max(1, len(devices)) + len(instances)), budget) + 1  # + the border
+        height = min(max(2, lines * max(1, len(devices)) + len(instances) + len(ledger)), budget) + 1  # + the border
         if self.styles.height is None or self.styles.height.value != height:
             self.styles.height = height

@@ -31,6 +31,18 @@ def tui_wording(message: str) -> str:
     return message
 
 
+def zombie_parent_target(h):
+    """For a zombie holder, the kill target the TUI offers instead: its parent, whose wait or exit frees the
+    memory (the kill still checks its identity, verdict and protection); None for any other holder."""
+    if not h.zombie or h.notes.parent is None:
+        return None
+    from gputop.tui.dialogs.kill import KillTarget
+
+    p, v = h.notes.parent, h.notes.parent_verdict
+    return KillTarget(p.pid, p.start_time, p.user, p.cmd, None, h.gpus, child_count(p.pid, p.start_time),
+                      v.kind if v is not None else "unknown", v.reason if v is not None else "", parent_of=h.pid)
+
+
 def child_count(pid: int, start_time: float | None) -> int | None:
     """How many live descendants ``pid`` has, only if it is still the process the snapshot saw (same start
     time); None when that cannot be told (gone, reused, unreadable)."""
@@ -116,14 +128,19 @@ class ActionFlows:
         if unknown:
             app.notify(f"pid {unknown[0].pid} is not visible here: it cannot be signalled.", severity="error")
             return
+        orphaned = [h for h in holders if h.zombie and h.notes.parent is None]
+        if orphaned:
+            app.notify(f"pid {orphaned[0].pid} is a zombie whose parent cannot be seen: nothing can be offered.",
+                       severity="error")
+            return
         self._worker(self._prepare_kill, holders)
 
     def _prepare_kill(self, holders: list) -> None:
         from gputop.tui.dialogs.kill import KillDialog, KillTarget
 
-        targets = [KillTarget(h.pid, h.start_time, h.user, h.cmd, h.gpu_memory, h.gpus,
-                              child_count(h.pid, h.start_time), h.verdict.kind, h.verdict.reason)
-                   for h in holders]
+        targets = [zombie_parent_target(h) or KillTarget(
+                       h.pid, h.start_time, h.user, h.cmd, h.gpu_memory, h.gpus, child_count(h.pid, h.start_time),
+                       h.verdict.kind, h.verdict.reason) for h in holders]
         self.app.call_from_thread(self.app.push_screen, KillDialog(targets), partial(self._kill_confirmed, targets))
 
     def _kill_confirmed(self, targets: list, choice: str | None) -> None:
@@ -150,7 +167,8 @@ class ActionFlows:
                 try:
                     r = actions.kill_process(t.pid, expected_start=t.start_time, face="tui",
                                              signal_name=signal_name, timeout=config.kill_timeout,
-                                             sampler=self.app.sampler, config=config, allow_protected=override)
+                                             sampler=self.app.sampler, config=config, allow_protected=override,
+                                             require_holder=t.parent_of is None)
                     self._report(r)
                 except Exception as e:  # an action must never be swallowed, even a crashing one
                     self._tell(self.app.notify, f"kill {t.pid} failed: {type(e).__name__}: {e}", severity="error",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gputop.core.ledger import GpuLedger, gpu_ledgers, holder_note
 from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.core.procs import ProcInfo
 from gputop.core.model import Holder, Snapshot
@@ -163,6 +164,36 @@ def _group_title(head: str, holders: list[Holder]) -> str:
     return f"{head} · {n} holder{'s' if n != 1 else ''}{mem}"
 
 
+def ledger_suffix(lg: GpuLedger | None) -> str:
+    """What a GPU group's title adds from the memory ledger: the unexplained rest, the device-file holders
+    and zombies among its rows, or that only a reset frees it; "" when there is nothing to explain."""
+    if lg is None or not (lg.notable or lg.device_file_pids):
+        return ""
+    if lg.driver_held:
+        return f" · {fmt_bytes(lg.used)} held by the driver: only a reset frees it (R)"
+    parts = []
+    if lg.unexplained is not None and lg.notable:
+        parts.append(f"{fmt_bytes(lg.unexplained)} unexplained")
+    if lg.device_file_pids:
+        parts.append(f"{len(lg.device_file_pids)} via device file (dev)")
+    if lg.zombies:
+        parts.append(f"{len(lg.zombies)} zombie{'s' if len(lg.zombies) != 1 else ''}")
+    return "".join(f" · {p}" for p in parts)
+
+
+def holder_mark(h: Holder) -> str | None:
+    """How the memory ledger marks a holder's row: found through a device file, a zombie (with the parent
+    that must wait for it), the MPS server; None for a listed holder with nothing to add. For the tree's
+    label and the details pane (text from processes is made safe here)."""
+    n = h.notes
+    if n is not None and n.zombie:
+        p = n.parent
+        return (f"zombie: parent {p.pid} ({visible(p.name)}) must wait for it" if p is not None
+                else "zombie: its parent cannot be seen")
+    note = holder_note(h)
+    return visible(note) if note is not None else None
+
+
 def _job_groups(holders: list[Holder]) -> list[Node]:
     """One group per Slurm job (with slurmctld's state), then the holders in no job."""
     by_job: dict[int | None, list[Holder]] = {}
@@ -253,6 +284,7 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
         for h in holders:
             for gpu in h.gpus:
                 by_gpu.setdefault(gpu, []).append(h)
+        ledgers = {lg.gpu: lg for lg in gpu_ledgers(snapshot)}
         for d in snapshot.devices:
             g = Node(f"gpu{d.index}", "group", gpu=d.index)
             on = by_gpu.get(d.index, [])
@@ -261,7 +293,8 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
             for h in on if mig is None else mig:
                 _insert(g, g.key, h, d.index, index)
             title = f"GPU {d.index} {visible(d.name or '')}".rstrip()
-            g.title = _group_title(title + (" (lost)" if d.lost else ""), on) + _gpu_alloc_note(snapshot, d.index, on)
+            g.title = (_group_title(title + (" (lost)" if d.lost else ""), on) + _gpu_alloc_note(snapshot, d.index, on)
+                       + ledger_suffix(ledgers.get(d.index)))
             groups.append(g)
     elif grouping == GROUP_JOB:
         groups = _job_groups(holders)

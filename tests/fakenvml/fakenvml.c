@@ -12,6 +12,7 @@
  *         fan=PCT  clock_sm=MHZ  clock_mem=MHZ  max_clock_sm=MHZ  max_clock_mem=MHZ  pstate=N
  *         lost=0|1|2 (1: calls on the device return GPU_IS_LOST; 2: getting its handle fails too)
  *         display=0|1  errors=FIELD:CODE,FIELD:CODE (force an NVML error code for one field)
+ *         minor=N (nvmlDeviceGetMinorNumber; absent: the device's index)
  *         mig=0|1 (MIG-capable, mode disabled|enabled; absent: not capable)  mig_pending=0|1
  *         mig_denied=1 (MIG on: the parent's process lists answer NO_PERMISSION, as to an unprivileged user)
  *         mig_procs_error=CODE (MIG handles' process lists answer CODE, as in vGPU host mode: NOT_SUPPORTED)
@@ -118,6 +119,8 @@ struct gpu {
     int err[NFIELDS];
     int lost, display;
     int mig_capable, mig_mode, mig_pending, mig_denied, mig_procs_err;
+    int has_minor;       /* minor=N: nvmlDeviceGetMinorNumber answers N; absent: the index */
+    unsigned int minor;
 };
 
 /* One MIG device: compute instance ``ci`` of GPU instance ``gi`` on GPU ``gpu``. */
@@ -211,6 +214,7 @@ static void parse_gpu(struct config *c, char *rest) {
         else if (strcmp(k, "mig_pending") == 0) g->mig_pending = atoi(v);
         else if (strcmp(k, "mig_denied") == 0) g->mig_denied = atoi(v);
         else if (strcmp(k, "mig_procs_error") == 0) g->mig_procs_err = parse_error_code(v);
+        else if (strcmp(k, "minor") == 0) { g->has_minor = 1; g->minor = (unsigned int)strtoul(v, NULL, 10); }
         else if (strcmp(k, "errors") == 0) {
             char buf[512];
             copy_str(buf, sizeof buf, v);
@@ -618,7 +622,6 @@ static nvmlReturn_t get_index(nvmlDevice_t h, unsigned int *out) {
     return NVML_SUCCESS;
 }
 API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t h, unsigned int *out) { LOCKED(get_index(h, out)); }
-API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t h, unsigned int *out) { LOCKED(get_index(h, out)); }
 
 static nvmlReturn_t get_name(nvmlDevice_t h, char *buf, unsigned int len) {
     struct gpu *g;
@@ -971,6 +974,17 @@ API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t h, int type, int count
 API nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t h, int counter, unsigned int *v) {
     (void)counter; (void)v; LOCKED(not_supported(h));
 }
+
+/* The minor number of the device's node (/dev/nvidiaN is char 195:N), as nvml.h declares it. */
+static nvmlReturn_t minor_number(nvmlDevice_t h, unsigned int *minor) {
+    struct gpu *g;
+    nvmlReturn_t r = dev(h, -1, &g);
+    if (r) return r;
+    if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = g->has_minor ? g->minor : (unsigned int)(h - slots);
+    return NVML_SUCCESS;
+}
+API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t h, unsigned int *minor) { LOCKED(minor_number(h, minor)); }
 
 static nvmlReturn_t is_mig(nvmlDevice_t h, unsigned int *is) {
     struct gpu *g;

@@ -83,7 +83,7 @@ def test_root_names_every_route_and_each_answers(server, token_file):
     root = httpx.get(server.url + "/").json()
     assert root["read_only"] is False
     assert root["endpoints"] == ["/v1/status", "/v1/processes", "/v1/audit/rogue", "/v1/guard/status", "/metrics",
-                                 "POST /v1/kill", "POST /v1/reap", "POST /v1/reset", "POST /v1/guard/mode"]
+                                 "/v1/ledger", "POST /v1/kill", "POST /v1/reap", "POST /v1/reset", "POST /v1/guard/mode"]
     for ep in root["endpoints"]:
         method, _, path = ep.rpartition(" ")
         if method == "POST":  # exists and wants a body: a GET is 405, not 404

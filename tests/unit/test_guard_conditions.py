@@ -28,8 +28,8 @@ def holder(pid, name="python", cmd=("python", "train.py"), user="alice", gpu=0, 
     return Holder(pid, tuple(GpuUse(g, "C", mem, sm) for g in gpus), proc, (), v, runtime=runtime)
 
 
-def snap(*holders, util=(70.0, 10.0), allocation=None):
-    devs = tuple(DeviceSample(index=i, util_gpu=u) for i, u in enumerate(util))
+def snap(*holders, util=(70.0, 10.0), used=(10 * GIB, None), allocation=None):
+    devs = tuple(DeviceSample(index=i, util_gpu=u, memory_used=m) for i, (u, m) in enumerate(zip(util, used)))
     return Snapshot(at=AT, host="node", devices=devs, holders=holders, roots=(), backends=(), allocation=allocation)
 
 
@@ -100,6 +100,13 @@ CASES = [
     ("standing", "not_in", ["inside"], B, False),
     # allocation_idle is measured on an allocated GPU, never on a process (tests/unit/test_allocation_guard.py)
     ("allocation_idle", ">", "5m", B, False),
+    # unexplained_memory: GPU 0 uses 10 GiB, its listed holders 7 (B 5, C 2): 3 GiB unexplained; GPU 1's use
+    # is unknown, so A's is unknown (never acted on); C's is its GPUs' largest
+    ("unexplained_memory", ">", "2GiB", B, True), ("unexplained_memory", ">", "2GiB", A, False),
+    ("unexplained_memory", "<", "4GiB", C, True), ("unexplained_memory", "==", 3 * GIB, B, True),
+    # source: how the holder was found (these are listed: "nvml")
+    ("source", "==", "nvml", A, True), ("source", "==", "device file", A, False),
+    ("source", "in", ["device file", "fdinfo"], B, False), ("source", "!=", "device file", C, True),
 ]
 
 

@@ -24,6 +24,7 @@ class KillTarget:
     children: int | None  # None: could not be counted
     verdict: str
     reason: str = ""  # the verdict's reason, shown for protected targets
+    parent_of: int | None = None  # the zombie GPU holder whose parent this is (its exit frees the memory)
 
 
 OVERRIDE = "KILL-override"
@@ -52,6 +53,9 @@ class KillDialog(ConfirmDialog):
             text.append(f"  [{t.verdict}]\n")
             text.append(Text(visible(t.cmd)))  # a command line is never markup
             yield Static(text, classes="target")
+            if t.parent_of is not None:
+                yield Static(Text(f"pid {t.parent_of} is a zombie: no signal ends it. This is its parent: only "
+                                  "its wait for the zombie, or its exit, frees the GPU memory."), classes="dialog-note")
         if any(t.children for t in self.targets):
             yield Static("Children are not signalled: they may keep running (reap an orphan tree with r).",
                          classes="dialog-note")
