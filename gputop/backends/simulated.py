@@ -175,6 +175,8 @@ class SimulatedBackend(Backend):
             if initial:  # bad input: exit 2 with the file and line, like a bad config or policy
                 mark = getattr(e, "problem_mark", None)
                 where = f" line {mark.line + 1}" if mark is not None else ""
+                if isinstance(e, safeyaml.NotUtf8):  # not a syntax error: the bytes are not text
+                    raise UsageError(f"scenario {self.path}: {e}") from None
                 raise UsageError(f"scenario {self.path}{where}: YAML syntax error: "
                                  f"{getattr(e, 'problem', None) or e}") from None
             return

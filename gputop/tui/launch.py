@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import signal
@@ -12,6 +11,7 @@ import threading
 from gputop.backends import close_backends, probe, read_devices
 from gputop.core.config import load_config
 from gputop.util.errors import UsageError
+from gputop.util.units import check_interval
 from gputop.tui import first_frame
 
 EXIT_GRACE_S = 10.0  # after SIGTERM/SIGHUP, how long the normal exit may take before the process just ends
@@ -45,8 +45,11 @@ def require_terminal() -> None:
 def run_tui(args) -> int:
     config = load_config(getattr(args, "config", None))
     interval = getattr(args, "interval", None)
-    if interval is not None and (not math.isfinite(interval) or interval <= 0):
-        raise UsageError(f"--interval must be above 0 seconds, got {interval}")
+    if interval is not None:
+        try:
+            check_interval(interval)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     require_terminal()  # after the arguments (their errors first), before the demo starts anything
     stack = contextlib.ExitStack()
     with stack:
