@@ -61,7 +61,9 @@ def run_tui(args) -> int:
         if getattr(args, "demo", False):
             from gputop.core.demo import Demo
 
+            said = stack.enter_context(_saying_while_demo_stops())
             demo = stack.enter_context(Demo())
+            stack.callback(said)  # LIFO: runs after the app has left the screen, just before demo.stop()
             scenario, backend = str(demo.scenario_path), "simulated"
             # A sandbox: the demo's guard switch, audit log and node trail must not touch the node's real ones.
             demo.sandbox()  # also writes env.sh, which a second shell sources (see the banner)
@@ -91,6 +93,27 @@ def run_tui(args) -> int:
             if drawn and not (app is not None and app.took_screen):
                 first_frame.leave()  # the app failed or was stopped before it took the screen over
         return int(app.return_code or 0)
+
+
+@contextlib.contextmanager
+def _saying_while_demo_stops():
+    """Yields a function that puts "stopping the demo's processes…" on the terminal (standard error, when
+    it is one); the line is erased once the demo has stopped, so the shell's screen comes back clean."""
+    shown = []
+
+    def say() -> None:
+        if sys.stderr is not None and sys.stderr.isatty():
+            sys.stderr.write("gputop: stopping the demo's processes…")
+            sys.stderr.flush()
+            shown.append(True)
+
+    try:
+        yield say
+    finally:
+        if shown:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
 
 
 @contextlib.contextmanager
