@@ -37,9 +37,28 @@ def require_terminal() -> None:
             if f is None or not f.isatty()]
     if ends:
         which = ends[0] if len(ends) == 1 else ", ".join(ends[:-1]) + " and " + ends[-1]
-        raise UsageError(f"the full-screen TUI needs a terminal, but standard {which} "
-                         f"{'is not one' if len(ends) == 1 else 'are not'}: run it in a terminal, or use "
+        fix = ("keep standard error on the terminal (the TUI draws its screen there; no 2>FILE)"
+               if ends == ["error"] else "run it in a terminal")
+        err = UsageError(f"the full-screen TUI needs a terminal, but standard {which} "
+                         f"{'is not one' if len(ends) == 1 else 'are not'}: {fix}, or use "
                          "'gputop status' (or 'gputop status --json') for output to a file or a pipe")
+        if "error" in ends:  # 'gputop 2>err.log' at a terminal: the person there must see why, too
+            _to_tty(f"gputop: {err}\n")
+        raise err
+
+
+def _to_tty(text: str) -> None:
+    """``text`` on the controlling terminal (/dev/tty), if there is one; else nothing."""
+    try:
+        fd = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY)
+    except OSError:
+        return
+    try:
+        os.write(fd, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def run_tui(args) -> int:

@@ -154,10 +154,13 @@ def _rank(node: Node, sort: str, reverse: bool):
     return node._rank
 
 
-def _group_title(head: str, holders: list[Holder]) -> str:
+def _group_title(head: str, holders: list[Holder], total: int | None = None) -> str:
+    """``total``: how many the group holds when a filter hides some (``2 of 3 shown``)."""
     mems = [h.gpu_memory for h in holders]
     mem = "" if not holders else (" · N/A" if any(m is None for m in mems) else f" · {fmt_bytes(sum(mems))}")
     n = len(holders)
+    if total is not None and total != n:
+        return f"{head} · {n} of {total} holder{'s' if total != 1 else ''} shown{mem}"
     return f"{head} · {n} holder{'s' if n != 1 else ''}{mem}"
 
 
@@ -202,7 +205,8 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
             for h in on:
                 _insert(g, g.key, h, d.index, index)
             title = f"GPU {d.index} {visible(d.name or '')}".rstrip()
-            g.title = _group_title(title + (" (lost)" if d.lost else ""), on)
+            total = sum(d.index in h.gpus for h in snapshot.holders) if filter_text else None
+            g.title = _group_title(title + (" (lost)" if d.lost else ""), on, total)
             groups.append(g)
     elif grouping == GROUP_JOB:
         groups = _job_groups(holders)
@@ -215,7 +219,9 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
             index = {}
             for h in on:
                 _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
-            g.title = _group_title(f"orphan tree {r.pid} ({visible(r.proc.name)})", on)
+            total = sum(h.verdict.kind == ORPHAN and h.verdict.root == r.pid
+                        for h in snapshot.holders) if filter_text else None
+            g.title = _group_title(f"orphan tree {r.pid} ({visible(r.proc.name)})", on, total)
             groups.append(g)
         rest = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
         # An unknown verdict is not "not orphaned": gputop could not tell (and never kills it).
