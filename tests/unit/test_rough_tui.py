@@ -93,3 +93,23 @@ def test_sensors_keep_their_columns_when_fields_are_missing():
         a, b = ("".join(t for t, _ in pane_pieces(d, DeviceHistory(), width)[0]) for d in (full, bare))
         assert a.index("610/700W") + 8 == b.index("power N/A") + 9, (a, b)
         assert len(a) <= width and len(b) <= width, (a, b)
+
+
+def test_quitting_the_demo_says_what_it_is_doing_and_erases_the_line(monkeypatch):
+    import os
+    import pty
+
+    from gputop.tui import launch
+
+    master, slave = pty.openpty()
+    try:
+        tty = os.fdopen(slave, "w", encoding="utf-8", closefd=False)
+        monkeypatch.setattr("sys.stderr", tty)
+        with launch._saying_while_demo_stops() as say:
+            say()  # where launch calls it: after the app has left the screen, before the demo stops
+        tty.flush()
+        out = os.read(master, 4096).decode()
+        assert "stopping the demo's processes…" in out and out.endswith("\r\x1b[K"), repr(out)
+    finally:
+        os.close(master)
+        os.close(slave)
