@@ -304,7 +304,8 @@ class GputopApp(App):
     def update_topbar(self) -> None:
         facts = TopBarFacts(readonly=self.readonly, demo=self.demo is not None, devices_only=self._devices_only,
                             tagged=len(self.process_tree.tagged), panel=self.panel, sample_error=self._sample_error)
-        self._topbar.update(topbar_text(self.snapshot, self.view, facts, self.size.width))  # repaints only when it changed
+        # TextBar repaints only when the line changed; the width decides what the line leaves out
+        self._topbar.update(topbar_text(self.snapshot, self.view, facts, self.size.width))
 
     def selection(self) -> Selection:
         return Selection.of(self.process_tree.selected, self.snapshot)

@@ -15,7 +15,8 @@ class Key:
     description: str  # short: the footer
     help: str  # one line: the help screen and the command palette
     show: bool = True  # in the footer
-    destructive: bool = False  # an action on processes, GPUs or the guard (or tags, which serve one): off under --readonly
+    # an action on processes, GPUs or the guard (or a tag, which serves one): off under --readonly
+    destructive: bool = False
 
     @property
     def display(self) -> str:
