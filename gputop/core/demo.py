@@ -524,9 +524,11 @@ def _kill_and_wait(pids: list[int], timeout: float) -> list[int]:
     for pid in pids:
         try:
             fd = os.pidfd_open(pid)
-        except (OSError, AttributeError):  # gone already (or no pidfds): a plain kill, best effort
+        except AttributeError:  # no pidfds here (not Linux 5.3+): a plain kill, as the demo did before
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+            continue
+        except OSError:  # gone already: nothing to signal (a PID reused since is not ours)
             continue
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(fd, signal.SIGKILL)
