@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import html
+import re
 import shutil
 import subprocess
 import sys
@@ -93,8 +95,31 @@ async def shoot_mig(out: Path, warmup: float) -> list[Path]:
     return svgs
 
 
+# Textual's SVG gives each span of text an x and a textLength; the PNG converters ignore textLength, so a
+# span that runs across the screen (the plot's top lines) drifts by the font's advance against Textual's
+# cell (0.61 em), and the frame's right edge came out as stray '|' marks beside the rows that are split
+# into spans (issue 32). Each character is placed in its own cell before the conversion.
+_SPAN = re.compile(r'<text class="([^"]*)" x="([0-9.]+)" y="([0-9.]+)" textLength="([0-9.]+)" '
+                   r'clip-path="([^"]*)">([^<]*)</text>')
+
+
+def one_cell_each(svg_text: str) -> str:
+    """The SVG with every text span split into one element per character, each at its own cell."""
+    def split(m: re.Match) -> str:
+        cls, x, y, length, clip, body = m.groups()
+        chars = html.unescape(body)
+        if len(chars) <= 1:
+            return m.group(0)
+        w = float(length) / len(chars)
+        return "".join(f'<text class="{cls}" x="{float(x) + i * w:.1f}" y="{y}" textLength="{w:.1f}" '
+                       f'clip-path="{clip}">{html.escape(c)}</text>' for i, c in enumerate(chars) if c != "\xa0")
+
+    return _SPAN.sub(split, svg_text)
+
+
 def to_png(svg: Path) -> Path:
     png = svg.with_suffix(".png")
+    data = one_cell_each(svg.read_text(encoding="utf-8")).encode("utf-8")
     try:
         import cairosvg
     except ImportError:
@@ -102,9 +127,9 @@ def to_png(svg: Path) -> Path:
         if exe is None:
             raise SystemExit("screenshots: install cairosvg (pip install '.[screenshots]') or rsvg-convert "
                              "(apt-get install librsvg2-bin) to make PNGs") from None
-        subprocess.run([exe, str(svg), "-o", str(png)], check=True)
+        subprocess.run([exe, "-o", str(png)], input=data, check=True)
         return png
-    cairosvg.svg2png(url=str(svg), write_to=str(png))
+    cairosvg.svg2png(bytestring=data, write_to=str(png))
     return png
 
 

@@ -9,8 +9,9 @@ Scenario format::
       - name: Simulated H100 80GB     # every field but name is optional; a missing one is unknown
         memory_total: 80GiB
         memory_used: 2GiB             # optional; default: the sum of the live holders' memory
-        utilization: 40               # optional; default: the live holders' SM%, capped at 100
-        memory_utilization: 20
+        utilization: 40               # optional; default: the live holders' SM%, capped at 100;
+                                      # either way 0 once no holder is left (killed, or the GPU reset)
+        memory_utilization: 20        # 0 too once no holder is left
         temperature: 55
         power: 250                    # watts
         power_limit: 700
@@ -248,6 +249,8 @@ class SimulatedBackend(Backend):
             if initial:  # bad input: exit 2 with the file and line, like a bad config or policy
                 mark = getattr(e, "problem_mark", None)
                 where = f" line {mark.line + 1}" if mark is not None else ""
+                if isinstance(e, safeyaml.NotUtf8):  # not a syntax error: the bytes are not text
+                    raise UsageError(f"scenario {self.path}: {e}") from None
                 raise UsageError(f"scenario {self.path}{where}: YAML syntax error: "
                                  f"{getattr(e, 'problem', None) or e}") from None
             return
@@ -291,8 +294,9 @@ class SimulatedBackend(Backend):
         for h in self._holders:
             if h.gpu != index:
                 continue
-            if not h.visible:
-                out.append(h)
+            if not h.visible:  # cannot be checked here; a reset clears its context too
+                if reset_at is None or (h.start_time is not None and h.start_time > reset_at):
+                    out.append(h)
                 continue
             st = self._start_of(h.pid)
             alive = st is not None and (h.start_time is None or st == h.start_time)
@@ -325,14 +329,19 @@ class SimulatedBackend(Backend):
         used = g["memory_used"]
         if used is None and g["memory_total"] is not None:
             used = sum(h.memory or 0 for h in live)
-        util = g["utilization"]
-        if util is None and g["mig"] is None:  # with MIG on, NVML has no GPU-wide utilisation: N/A
+        util, util_mem = g["utilization"], g["memory_utilization"]
+        if g["mig"] is not None:  # with MIG on, NVML has no GPU-wide utilisation: the scenario's, else N/A
+            pass
+        elif not live:  # an idle GPU: nothing runs on it, whatever the scenario said while something did
+            util = 0.0
+            util_mem = 0.0 if util_mem is not None else None
+        elif util is None:
             sms = [h.sm for h in live if h.sm is not None]
-            util = min(100.0, sum(sms)) if sms else (0.0 if not live else None)
+            util = min(100.0, sum(sms)) if sms else None
         return DeviceSample(
             index=index, name=g["name"], uuid=g["uuid"], pci_bus_id=g["pci_bus_id"],
             memory_total=g["memory_total"], memory_used=used, util_gpu=util,
-            util_mem=g["memory_utilization"], temperature=g["temperature"], power_w=g["power"],
+            util_mem=util_mem, temperature=g["temperature"], power_w=g["power"],
             power_limit_w=g["power_limit"], fan_pct=g["fan"],
             clock_sm_mhz=int(g["clock_sm"]) if g["clock_sm"] is not None else None,
             clock_mem_mhz=int(g["clock_mem"]) if g["clock_mem"] is not None else None,

@@ -196,6 +196,14 @@ def _main(argv: list[str], quick: bool) -> int:
         prog = " ".join(["gputop"] + [w for w in words if w])
         print(f"{prog}: unrecognized arguments: {' '.join(extra)} (see '{prog} --help')", file=sys.stderr)
         return 2
+    if isinstance(getattr(args, "interval", None), float):  # the TUI's (a float; a subcommand's is its own)
+        from gputop.util.units import check_interval
+
+        try:
+            check_interval(args.interval)
+        except ValueError as e:
+            print(f"gputop: {e}", file=sys.stderr)
+            return 2
     if quick and getattr(args, "command", None) not in QUICK:  # the guess was wrong: a normal run
         gc.enable()
         quick = False

@@ -11,7 +11,7 @@ from gputop.util.errors import EXIT_FAILURE, UsageError
 from gputop.guard import state
 from gputop.guard.policy import PolicyError, load_policy
 from gputop.util.textsafe import visible
-from gputop.util.units import parse_duration
+from gputop.util.units import check_interval, parse_duration
 
 NAME = "guard"
 HELP = "guard mode: --enable/--disable/--dry-run/--enforce, --policy-file F, --test-policies, status, run"
@@ -218,6 +218,12 @@ def _run_daemon(args) -> int:
     acquire_lock()  # before touching the shared state: a second daemon changes nothing
     config = config_from(args)
     gcfg = _guard_cfg(config)
+    option = "--interval" if args.interval is not None else "guard.interval"  # bad values first
+    try:
+        interval = check_interval(parse_duration(args.interval if args.interval is not None
+                                                 else gcfg.get("interval", 5.0)), option)
+    except ValueError as e:
+        raise UsageError(f"{option}: {e}" if "interval" not in str(e) else str(e)) from None
     if args.run_policy:
         _validate(args.run_policy)
         state.set_policy_path(args.run_policy, face="guard")
@@ -227,13 +233,6 @@ def _run_daemon(args) -> int:
     except PolicyError as e:
         state.set_last_error(str(e), face="guard")
         raise
-    interval_raw = args.interval if args.interval is not None else gcfg.get("interval", 5.0)
-    try:
-        interval = parse_duration(interval_raw)
-    except ValueError as e:
-        raise UsageError(f"--interval: {e}") from None
-    if interval <= 0:
-        raise UsageError("--interval must be greater than 0")
     if args.run_mode and args.run_mode != state.get_mode():
         state.set_mode(args.run_mode, face="guard")
     sampler = open_sampler(args, config)

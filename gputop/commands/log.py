@@ -24,7 +24,9 @@ DESCRIPTION = """Show the audit log: one line per action or refusal (kill, reap,
 Two trails: your own log (<XDG state>/gputop/audit.jsonl unless the config key audit_log or
 $GPUTOP_AUDIT_LOG says otherwise), and the node trail /var/log/gputop/audit.jsonl ($GPUTOP_NODE_AUDIT_LOG),
 written by the root guard service with the uid the kernel gave for each sender, which no user can edit.
-Without --node/--mine the node trail is shown when you may read it (root, group adm), else your own log.
+Without --node/--mine the node trail is shown when you may read it (root, group adm), else your own log;
+and your own log when the node trail has not got your latest action (the guard service, which writes the
+trail, is not running). The line on standard error says which is shown.
 A record that cannot be shown (bad JSON, unexpected types) is listed as a bad record; the rest still show.
 In the node trail, root's and the guard's records are in audit.jsonl and each other user's in
 audit-uid-UID.jsonl (a flood by one user rotates only that user's file); all are read, in the order the
@@ -172,6 +174,26 @@ def _choose(args, config) -> tuple:
     return node, "node", f"(node audit trail: {node}; --mine for your own log)"
 
 
+def _latest(path) -> dict | None:
+    """The newest whole record of your own log's live file (with a numeric time), or None."""
+    try:
+        records = auditlog.read(path=path, rotated=False)
+    except auditlog.AuditLogError:
+        return None
+    for r in reversed(records):
+        at = r.get("at")
+        if not r.get("corrupt") and isinstance(at, (int, float)) and not isinstance(at, bool):
+            return r
+    return None
+
+
+def _holds(trail: list[dict], rec: dict) -> bool:
+    """Whether the node ``trail`` has ``rec`` (the server adds its stamps; what the writer wrote stays)."""
+    key = ("at", "action", "face", "outcome", "host")
+    want = tuple(rec.get(k) for k in key)
+    return any(tuple(r.get(k) for k in key) == want for r in reversed(trail))
+
+
 def run(args) -> int:
     config = config_from(args)
     since = parse_since(args.since) if args.since else None
@@ -179,6 +201,14 @@ def run(args) -> int:
         raise UsageError("--limit must be 1 or more")
     path, which, note = _choose(args, config)
     records = auditlog.read_node(since, path=path) if which == "node" else auditlog.read(since, path=path)
+    if which == "node" and not args.node:
+        mine = auditlog.log_path(config)
+        last = _latest(mine)
+        if last is not None and (since is None or last["at"] >= since) and not _holds(records, last):
+            path, which = mine, "mine"
+            records = auditlog.read(since, path=mine)
+            note = (f"(the node audit trail {auditlog.node_log_path()} has not got your latest action: is the "
+                    f"gputop-guard service running? Showing your own log {mine}; --node for the node trail)")
     if args.limit:
         records = records[-args.limit:]
     if note:

@@ -13,7 +13,7 @@ from gputop.commands._common import config_from, open_sampler, print_json
 from gputop.util.errors import EXIT_NOT_FOUND, EXIT_OK, UsageError
 from gputop.core.orphans import ORPHAN
 from gputop.util.textsafe import visible
-from gputop.util.units import fmt_bytes, parse_duration
+from gputop.util.units import check_interval, fmt_bytes, parse_duration
 
 NAME = "reap"
 HELP = "list orphan process trees holding GPUs; --apply removes them; --watch is a watchdog"
@@ -168,8 +168,10 @@ def _print_results(args, results) -> None:
 def _watch(args, config, sampler) -> int:
     interval = _dur(args.interval, "--interval", config.reap_interval)
     grace = _dur(args.grace, "--grace", config.reap_grace)
-    if interval <= 0:  # 0 would scan in a busy loop
-        raise UsageError(f"--interval must be more than 0 seconds (got {interval:g}); e.g. --interval 10s")
+    try:  # 0 would scan in a busy loop
+        check_interval(interval)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     stopping = {"v": False}
 
     def on_term(signum, frame):
@@ -204,7 +206,8 @@ def _watch(args, config, sampler) -> int:
                           kill_grace=config.kill_timeout, config=config, on_event=on_event,
                           iterations=args.count)
     except KeyboardInterrupt:
-        pass
+        # SIGTERM (a service stop) is a clean stop; Ctrl-C is an interrupt: 130, as a shell reports it
+        return EXIT_OK if stopping["v"] else 130
     finally:
         signal.signal(signal.SIGTERM, old)
     return EXIT_OK

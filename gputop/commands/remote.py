@@ -100,19 +100,27 @@ class RemoteInvocation:
 
 
 def split_remote_argv(argv: list[str]) -> RemoteInvocation | None:
-    """Find ``--remote HOST`` (and ``--remote-gputop CMD``) among the options before the subcommand.
+    """Find ``--remote HOST`` (and ``--remote-gputop CMD``) among the options, before the subcommand or
+    after it (``gputop status --remote h``: no subcommand has an option of that name), up to ``--``.
 
     Everything else, in order, is for the remote gputop. None when there is no --remote.
     """
     host = cmd = None
     rest: list[str] = []
     i = 0
+    after = False  # past the subcommand: only our two options are taken out, the rest passes as it is
     while i < len(argv):
         a = argv[i]
-        if a == "--" or not a.startswith("-"):
+        if a == "--":
             rest.extend(argv[i:])
             break
+        if not a.startswith("-") and not after:
+            after = True
         name, eq, val = a.partition("=")
+        if after and name not in ("--remote", "--remote-gputop"):
+            rest.append(a)
+            i += 1
+            continue
         if name in ("--remote", "--remote-gputop"):
             if not eq:
                 if i + 1 >= len(argv):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import math
 import os
 import socket
 import stat
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 from gputop.commands._common import config_from, open_sampler
+from gputop.util.units import check_interval
 from gputop.util.errors import GputopError, PermissionDeniedError, RefusedError, UnavailableError, UsageError
 
 NAME = "serve"
@@ -176,8 +176,10 @@ def _listen(bind: str, port: int) -> socket.socket:
 
 
 def run(args) -> int:
-    if not math.isfinite(args.interval) or args.interval <= 0:
-        raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
+    try:
+        check_interval(args.interval)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if args.metrics_only and (args.create_token or args.token_file):
         raise UsageError("--metrics-only serves no action API: drop --create-token/--token-file")
     if args.read_only and args.create_token:

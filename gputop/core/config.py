@@ -122,16 +122,33 @@ def _unknown_keys(node, schema: dict, prefix: str, p: Path) -> None:
             _unknown_keys(vnode, schema[key], f"{prefix}{key}.", p)
 
 
-def _read_yaml(p: Path) -> dict:
-    """The file's top-level mapping, every key checked against SCHEMA. Bad content raises UsageError."""
+def _key_lines(node, prefix: str = "", out: dict | None = None) -> dict[str, int]:
+    """``{"reap.grace": 3, ...}``: the line (1-based) of each key of a mapping, nested ones dotted."""
+    import yaml
+
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for knode, vnode in node.value:
+            if isinstance(knode, yaml.ScalarNode):
+                key = f"{prefix}{str(knode.value).replace('-', '_')}"
+                out[key] = knode.start_mark.line + 1
+                _key_lines(vnode, key + ".", out)
+    return out
+
+
+def _read_yaml(p: Path) -> tuple[dict, dict[str, int]]:
+    """The file's top-level mapping, every key checked against SCHEMA, and the line of each key
+    (_key_lines). Bad content raises UsageError."""
     import yaml  # only when there is a file: it costs ~10 ms of start-up
 
     from gputop.util import safeyaml, trustfile
 
     try:  # a regular file (a FIFO never blocks) of at most 1 MiB; as root, only one only root can change
         text = trustfile.read_text(p, "config file", MAX_CONFIG_BYTES)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"config file {p} cannot be read: {getattr(e, 'strerror', None) or e} (make it a "
+    except ValueError as e:  # not a regular file, too big, not UTF-8: what is wrong is in the message
+        raise UsageError(f"config file {p} cannot be read: {e}") from None
+    except OSError as e:
+        raise UsageError(f"config file {p} cannot be read: {e.strerror or e} (make it a "
                          "readable regular file; /etc/gputop/config.yaml must be readable by every user: "
                          "chmod 644)") from None
     try:  # bounded: aliases, nodes and nesting are capped while the document is composed (safeyaml)
@@ -150,7 +167,7 @@ def _read_yaml(p: Path) -> dict:
     if not isinstance(data, dict):
         raise UsageError(f"config file {p}: expected a mapping at the top level")
     _unknown_keys(node, SCHEMA, "", p)
-    return data
+    return data, _key_lines(node)
 
 
 def _patterns(value, key: str) -> tuple[str, ...]:
@@ -170,40 +187,70 @@ def _patterns(value, key: str) -> tuple[str, ...]:
     return out
 
 
-def _parse(data: dict, p: Path) -> tuple[dict, dict]:
-    """(Config keyword arguments, extra sections) from one file's mapping."""
+def _parse(doc: tuple[dict, dict[str, int]], p: Path) -> tuple[dict, dict]:
+    """(Config keyword arguments, extra sections) from one file's mapping and its key lines."""
+    data, lines = doc
     kw: dict = {}
     extra: dict = {}
+    where: dict[str, str] = {}  # a Config field -> the key it came from ("reap.grace"), for errors
     for key, value in data.items():
         key_ = str(key).replace("-", "_")
         if key_ in _NESTED:
             if not isinstance(value, dict):
-                raise UsageError(f"config file {p}: '{key}' must be a mapping")
+                raise UsageError(f"config file {p}{_line(lines, key_)}: '{key}' must be a mapping")
             for sub, sv in value.items():
-                kw[_NESTED[key_][str(sub).replace("-", "_")]] = sv
+                field = _NESTED[key_][str(sub).replace("-", "_")]
+                kw[field] = sv
+                where[field] = f"{key_}.{str(sub).replace('-', '_')}"
         elif key_ in _FLAT:
             kw[key_] = value
         else:
             extra[key_] = value  # 'guard', 'audit': read by their own modules
-    try:
-        for k in ("protect", "protect_cmdline"):
-            if k in kw:
-                kw[k] = _patterns(kw[k], k)
-        for k in ("reap_interval", "reap_grace", "kill_timeout", "interval"):
-            if k in kw:
-                kw[k] = parse_duration(kw[k])
-        if "max_chain" in kw:
-            kw["max_chain"] = int(kw["max_chain"])
-        if "nohup_protects" in kw and not isinstance(kw["nohup_protects"], bool):
-            raise ValueError("'nohup_protects' must be true or false")
-        for k in ("guard", "audit"):
-            if k in extra and not isinstance(extra[k], dict):
-                raise ValueError(f"'{k}' must be a mapping")
-        if isinstance(extra.get("guard"), dict) and "exempt" in extra["guard"]:
-            extra["guard"] = {**extra["guard"], "exempt": parse_exempt(extra["guard"]["exempt"])}
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"config file {p}: {e}") from None
+    for k in ("protect", "protect_cmdline"):
+        if k in kw:
+            kw[k] = _checked(lambda v, k=k: _patterns(v, k), kw[k], where.get(k, k), lines, p)
+    for k in ("reap_interval", "reap_grace", "kill_timeout", "interval"):
+        if k in kw:
+            kw[k] = _checked(parse_duration, kw[k], where.get(k, k), lines, p)
+    if "max_chain" in kw:
+        kw["max_chain"] = _checked(_whole_number, kw["max_chain"], "max_chain", lines, p)
+    if "nohup_protects" in kw:
+        kw["nohup_protects"] = _checked(_bool, kw["nohup_protects"], "nohup_protects", lines, p)
+    for k in ("guard", "audit"):
+        if k in extra and not isinstance(extra[k], dict):
+            raise UsageError(f"config file {p}{_line(lines, k)}: '{k}' must be a mapping")
+    if isinstance(extra.get("guard"), dict) and "exempt" in extra["guard"]:
+        exempt = _checked(parse_exempt, extra["guard"]["exempt"], "guard.exempt", lines, p)
+        extra["guard"] = {**extra["guard"], "exempt": exempt}
     return kw, extra
+
+
+def _line(lines: dict[str, int], key: str) -> str:
+    return f" line {lines[key]}" if key in lines else ""
+
+
+def _checked(parse, value, key: str, lines: dict[str, int], p: Path):
+    """``parse(value)``; a TypeError or ValueError becomes a UsageError naming the file, the key's line
+    and the key (``config file F line 3: reap.grace: bad duration 'sixty': ...``)."""
+    try:
+        return parse(value)
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        if not msg.startswith((f"'{key}'", f"{key} ", f"{key}:", f"'{key.rsplit('.', 1)[-1]}'")):
+            msg = f"{key}: {msg}"
+        raise UsageError(f"config file {p}{_line(lines, key)}: {msg}") from None
+
+
+def _whole_number(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"must be a whole number, got {v!r}")
+    return int(v)
+
+
+def _bool(v) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("'nohup_protects' must be true or false")
+    return v
 
 
 # ---- guard.exempt: what an admin exempts from the guard's rules --------------------------------

@@ -45,6 +45,7 @@ from pathlib import Path
 import psutil
 import yaml
 
+from gputop.core.procs import ProcTable
 from gputop.core.procs import start_time as proc_start_time
 
 # A PID above the default pid_max (4194304 is the hard limit; 4194303 is rarely used): never visible here.
@@ -97,8 +98,14 @@ for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
     signal.signal(s, signal.SIG_IGN)
 demo_dir = sys.argv[1]
 fd = int(sys.argv[3])
-while os.read(fd, 4096):
-    pass
+said = b""
+while True:
+    b = os.read(fd, 4096)
+    if not b:
+        break
+    said += b[:16]
+if said.startswith(b"clean"):  # gputop stopped the demo itself: nothing is left to do
+    sys.exit(0)
 try:
     import psutil
     procs = json.load(open(os.path.join(demo_dir, "procs.json")))
@@ -171,6 +178,7 @@ class Demo:
         self._old_handlers: dict[int, object] = {}
         self._tick = 0
         self.mig = mig  # GPU 1 an H200 split with MIG, two holders on its instances (mig_node)
+        self._started = time.time()  # the invisible holder's start: a reset of its GPU clears it too
         self._gpus = [
             _Gpu("Simulated H100 80GB", 96, 67, 610),
             _Gpu("Simulated H100 80GB", 93, 65, 590),
@@ -210,35 +218,16 @@ class Demo:
                 return
             self._stopped = True
         self._stop.set()
-        victims: list[psutil.Process] = []
-        for p in list(self.procs.values()):
-            if p.start_time is None:
-                continue
-            try:
-                proc = psutil.Process(p.pid)
-                if proc_start_time(p.pid) != p.start_time:
-                    continue  # the PID was reused: not ours any more
-                victims.append(proc)
-                victims.extend(proc.children(recursive=True))
-            except psutil.Error:
-                continue
-        # Kill the retry loop before its worker, so that it restarts nothing.
-        for proc in victims:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(victims, timeout=3)
-        for po in self._popens:
-            try:
-                po.kill()
-            except OSError:
-                pass
-            try:
-                po.wait(timeout=1)
-            except (subprocess.TimeoutExpired, OSError):
-                pass
-        if self._watch_fd is not None:  # the watcher finds nothing left, and exits
+        # Every tree at once: one SIGKILL each, then one wait for all of them (no serial waits).
+        left = _kill_and_wait(self._victims(), timeout=3.0)
+        for po in self._popens:  # our own children (setsid sh): long exited; reap them, never wait
+            with contextlib.suppress(OSError):
+                if po.poll() is None:
+                    po.kill()
+        if self._watch_fd is not None:  # "clean": the watcher has nothing to do, and exits at once
+            with contextlib.suppress(OSError):
+                if not left:
+                    os.write(self._watch_fd, b"clean")
             with contextlib.suppress(OSError):
                 os.close(self._watch_fd)
             self._watch_fd = None
@@ -251,6 +240,20 @@ class Demo:
             pass
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _victims(self) -> list[int]:
+        """The demo's processes (pid and start time checked: a reused PID is not ours) and everything
+        below them, from one read of the process table."""
+        roots = [p.pid for p in list(self.procs.values())
+                 if p.start_time is not None and proc_start_time(p.pid) == p.start_time]
+        table = ProcTable()  # one scan of /proc/*/stat (psutil's children() scans it once per call)
+        out, todo = [], roots[::-1]  # parents before children: the retry loop dies before its worker
+        while todo:
+            pid = todo.pop()
+            if pid not in out:
+                out.append(pid)
+                todo.extend(sorted(table.children(pid), reverse=True))
+        return out
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -433,10 +436,9 @@ class Demo:
         gpus = []
         for i, g in enumerate(self._gpus):
             wobble = (((self._tick * (i + 3)) % 11) - 5) if self.animate else 0
-            gpus.append({
+            gpus.append({  # no "utilization": the backend sums the live holders' SM% (0 once none is left)
                 "name": g.name,
                 "memory_total": "80GiB" if "80GB" in g.name else ("40GiB" if "40GB" in g.name else "48GiB"),
-                "utilization": max(0, min(100, g.util + wobble)),
                 "memory_utilization": max(0, min(100, g.util * 0.4 + wobble)),
                 "temperature": g.temp + wobble / 2,
                 "power": g.power + wobble * 4,
@@ -450,14 +452,17 @@ class Demo:
         def add(role, gpu, memory, ctx="C", sm=None):
             p = self.procs.get(role)
             if p is not None:
+                if sm and self.animate:  # the GPU's utilisation moves with its holders'
+                    sm = max(1, min(100, sm + ((self._tick * (gpu + 3)) % 11) - 5))
                 holders.append({"pid": p.pid, "gpu": gpu, "memory": memory, "type": ctx, "sm": sm,
                                 "start_time": p.start_time})
 
         add("worker0", 0, "61GiB", sm=96)
         add("worker1", 1, "61GiB", sm=93)
         add("retry-worker", 2, "18GiB", sm=45)
-        holders.append({"pid": INVISIBLE_PID, "gpu": 2, "memory": "3GiB", "type": "C", "visible": False})
-        add("miner", 3, "4GiB", sm=99)
+        holders.append({"pid": INVISIBLE_PID, "gpu": 2, "memory": "3GiB", "type": "C", "visible": False,
+                        "start_time": self._started})
+        add("miner", 3, "4GiB", sm=96)
         add("graphics", 3, "512MiB", ctx="G", sm=3)
         add("jupyter", 3, "9GiB", ctx="C+G", sm=0)
         if self.mig:
@@ -527,6 +532,42 @@ def mig_node(gpus: list[dict], holders: list[dict], pids: dict[str, int]) -> Non
             h.update({"gi": 1, "ci": 0, "sm": None})
         elif h["pid"] == pids.get("jupyter"):
             h.update({"gpu": 1, "gi": 5, "ci": 0, "type": "C", "sm": None, "memory": "7GiB"})
+
+
+def _kill_and_wait(pids: list[int], timeout: float) -> list[int]:
+    """SIGKILL every one of ``pids`` through a pidfd, then wait until all have exited (a pidfd turns
+    readable then; a zombie init has not reaped yet has exited) or ``timeout`` passes. The pids still
+    running."""
+    import select
+
+    opened: dict[int, int] = {}  # pidfd -> pid
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except AttributeError:  # no pidfds here (not Linux 5.3+): a plain kill, as the demo did before
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            continue
+        except OSError:  # gone already: nothing to signal (a PID reused since is not ours)
+            continue
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        opened[fd] = pid
+    fds = list(opened)
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    running = set(fds)
+    deadline = time.monotonic() + timeout
+    try:
+        while running and time.monotonic() < deadline:
+            for fd, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+                running.discard(fd)
+                poller.unregister(fd)
+        return [opened[fd] for fd in running]
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _same(p: DemoProc) -> bool:

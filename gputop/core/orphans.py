@@ -75,12 +75,31 @@ class Verdict:
     orphan_reason: str | None = None  # for protected/unknown: what the orphan test said, if it ran
 
 
+_SOURCES: dict[str, tuple[str, ...]] = {}  # a joined pattern -> the patterns it was joined from
+
+
+def _which(protect, hit: str, whole: bool) -> str:
+    """The pattern (as the config wrote it) of the joined ``protect`` that matched ``hit``: a reason
+    quotes the pattern, not the text it matched. The joined text if it cannot be told."""
+    from gputop.util import saferegex
+
+    for p in _SOURCES.get(protect.pattern, ()):
+        try:
+            one = saferegex.compile(p, ignore_case=True)
+        except saferegex.PatternError:
+            continue
+        if (one.fullmatch(hit) if whole else one.search(hit)):
+            return p
+    return protect.pattern
+
+
 def compile_protect(patterns: Sequence[str]) -> re.Pattern[str] | None:
     """One case-insensitive regex from a list of patterns; None for an empty list."""
     pats = [p for p in patterns if p]
     if not pats:
         return None
     joined = "|".join(f"(?:{p})" for p in pats)
+    _SOURCES[joined] = tuple(pats)
     if tuple(pats) in (tuple(DEFAULT_PROTECT), tuple(DEFAULT_PROTECT_CMDLINE)):  # our own: safe for re, and
         # no RE2 start-up cost (~25 ms and 2.5 MiB of RSS in the TUI)
         return re.compile(joined, re.IGNORECASE)
@@ -137,11 +156,12 @@ def _protect_hit(
             # A disguised process (its name, argv[0] and executable disagree) is never protected by a name:
             # it says one thing and runs another (gputop.core.disguise, the rogue audit's test).
             if hit is not None and disguise(m.name, m.cmdline, exe_of(m.pid) if exe_of else None) is None:
-                return f"pid {m.pid} ({_n(m)}) matches protect pattern '{visible(hit)}'"
+                return f"pid {m.pid} ({_n(m)}) matches protect pattern '{visible(_which(protect, hit, True))}'"
         if protect_cmdline is not None:
             hit = _cmdline_match(protect_cmdline, m.cmdline)
             if hit is not None:
-                return f"pid {m.pid} ({_n(m)}): its command line matches protect_cmdline pattern '{visible(hit)}'"
+                pat = visible(_which(protect_cmdline, hit, False))
+                return f"pid {m.pid} ({_n(m)}): its command line matches protect_cmdline pattern '{pat}'"
         if nohup_protects and m.sighup_ignored:
             return f"pid {m.pid} ({_n(m)}) ignores SIGHUP: detached with nohup"
     return None

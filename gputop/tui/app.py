@@ -31,7 +31,7 @@ from gputop.tui.flows import ActionFlows, tui_wording  # noqa: F401 - tui_wordin
 from gputop.tui.history import DeviceHistory
 from gputop.tui.legend import legend_text
 from gputop.tui.process_tree import ColumnHeader, ProcessTree, column_level, use_palette
-from gputop.tui.rows import build, max_depth
+from gputop.tui.rows import build, max_depth, walk
 from gputop.tui.sampling import (DevicesReady, LockedSampler, PanelSource, SampleFailed, SamplingLoop,  # noqa: F401
                                  SnapshotReady)  # PanelSource, LockedSampler were defined here
 from gputop.tui.side_panel import PanelData, SidePanel
@@ -64,9 +64,8 @@ def demo_banner(demo) -> Text:
     t = Text(" demo", style="bold")
     env = getattr(demo, "env_path", None)
     if env is not None:
-        t.append(" · from a second shell: ")
+        t.append(" · from a second shell: ")  # 80 columns: the path must not be cut (docs/tui.md: env.sh)
         t.append(f". {env}", style="bold")
-        t.append("  (its scenario and state dir)")
     else:
         t.append(f"  scenario: {demo.scenario_path}")
     return t
@@ -114,6 +113,9 @@ class GputopApp(App):
     AUTO_FOCUS = "ProcessTree"
     CSS_PATH = str(css_path())
     ENABLE_COMMAND_PALETTE = True
+    # Toasts sit over the tree's right-hand columns: short-lived (Textual's default is 5 s; an action's
+    # failure stays flows.NOTIFY_ERROR_S), and cleared when a dialog opens, so they never cover its border.
+    NOTIFICATION_TIMEOUT = 4
 
     def __init__(self, sampler, *, config: Config | None = None, interval: float | None = None,
                  readonly: bool = False, demo=None, panel_source=None, devices: tuple | None = None,
@@ -141,6 +143,7 @@ class GputopApp(App):
         self._sample_error: str | None = None
         self.panel_user_choice: bool | None = None  # b pressed: the side panel stays as chosen
         self._devices_only = False  # the device panes are up, the first full sample is not
+        self._cursor_placed = False  # the cursor went to the first holder (once; then it is the user's)
         self._first_devices = devices or None
         self.took_screen = False  # see _driver_after_first_frame
 
@@ -214,6 +217,8 @@ class GputopApp(App):
 
         w, h = size or self.size
         too_small.cover(self, w, h)
+        if size is not None:  # the top bar leaves out what does not fit this width
+            self.call_later(self.update_topbar)
         if self.panel_user_choice is None:
             self._side.display = w >= SIDE_PANEL_MIN_WIDTH
         compact = column_level(w, self._side.display, self.view.sort_key, has_jobs(self.snapshot))
@@ -228,6 +233,7 @@ class GputopApp(App):
         from gputop.tui.too_small import TooSmallScreen
 
         top = self.screen_stack[-1] if self.screen_stack else None
+        self.clear_notifications()  # a dialog (or the plot, or help) is what is to be read now
         result = super().push_screen(screen, *args, **kwargs)
         if isinstance(top, TooSmallScreen) and not isinstance(screen, TooSmallScreen):
             self.call_later(self._apply_size)  # put a message back on top of it
@@ -285,11 +291,24 @@ class GputopApp(App):
         tree.tagged &= {h.pid for h in self.snapshot.holders}
         tree.reconcile(groups, max(1, max_depth(groups) - 1), compact)
         self._header.show(tree.max_depth, tree.compact, view.sort_key, view.sort_reverse)
+        if not self._cursor_placed:
+            self._place_cursor(groups)
+
+    def _place_cursor(self, groups) -> None:
+        """Start on the first holder, not on the first group's header (where d, k and r have nothing to
+        act on); only while the cursor is still on the first line, where the tree put it."""
+        if self.process_tree.cursor_line > 0:
+            self._cursor_placed = True  # the user has moved it
+            return
+        first = next((n for n in walk(groups) if n.kind == "holder"), None)
+        if first is not None:
+            self._cursor_placed = self.select_key(first.key)
 
     def update_topbar(self) -> None:
         facts = TopBarFacts(readonly=self.readonly, demo=self.demo is not None, devices_only=self._devices_only,
                             tagged=len(self.process_tree.tagged), panel=self.panel, sample_error=self._sample_error)
-        self._topbar.update(topbar_text(self.snapshot, self.view, facts))  # repaints only when it changed
+        # TextBar repaints only when the line changed; the width decides what the line leaves out
+        self._topbar.update(topbar_text(self.snapshot, self.view, facts, self.size.width))
 
     def selection(self) -> Selection:
         return Selection.of(self.process_tree.selected, self.snapshot)

@@ -51,13 +51,34 @@ def _proc_line(p: ProcInfo, mark: str = "", owner: Owner | None = None) -> Text:
     return t
 
 
+def _verdict_lines(out: Text, holder: Holder, standing) -> None:
+    """The holder's verdict and why, its orphan root, its standing and what the memory ledger says of it."""
+    v = holder.verdict
+    out.append("\n\nverdict: ", style="bold")
+    out.append(v.kind, style="bold red" if v.kind == "orphan" else "bold")
+    out.append("\nwhy: ", style="bold")
+    out.append(Text(visible(v.reason)))
+    if v.orphan_reason and v.orphan_reason != v.reason:
+        out.append("\norphan test: ", style="bold")
+        out.append(Text(visible(v.orphan_reason)))
+    if v.root is not None:
+        out.append(f"\norphan root: pid {v.root}" + (f", reparented to pid {v.reaper}" if v.reaper else ""))
+    if standing is not None:
+        out.append("\nstanding: ", style="bold")
+        out.append(standing.kind, style="bold red" if standing.kind in ("squatter", "outside") else "bold")
+        out.append(Text(f" ({visible(standing.reason)})"))
+    ledger = holder_mark(holder)  # the memory ledger: a device-file holder, a zombie, the MPS server
+    if ledger:
+        out.append("\nmemory ledger: ", style="bold")
+        out.append(Text(ledger))
+
+
 def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None,
                  owner: Owner | None = None, standing=None) -> Text:
     """``owner``: for a process that is not a holder (a holder's owner is its own). ``standing``: the
     holder's standing against its GPUs' allocation (gputop.core.allocation), where one is read."""
     out = Text()
     if holder is not None:
-        v = holder.verdict
         out.append(f"pid {holder.pid}", style="bold")
         out.append(f"   started {_when(holder.start_time)}   runtime {fmt_duration(holder.runtime)}\n")
         out.append(f"user {visible(holder.user or '?')}   context {holder.ctx}   GPU "
@@ -72,23 +93,7 @@ def details_text(holder: Holder | None, proc: ProcInfo | None, root: int | None,
         if holder.proc is not None:
             out.append("\n")
             out.append(_owner_text(holder.owner))
-        out.append("\n\nverdict: ", style="bold")
-        out.append(v.kind, style="bold red" if v.kind == "orphan" else "bold")
-        out.append("\nwhy: ", style="bold")
-        out.append(Text(visible(v.reason)))
-        if v.orphan_reason and v.orphan_reason != v.reason:
-            out.append("\norphan test: ", style="bold")
-            out.append(Text(visible(v.orphan_reason)))
-        if v.root is not None:
-            out.append(f"\norphan root: pid {v.root}" + (f", reparented to pid {v.reaper}" if v.reaper else ""))
-        if standing is not None:
-            out.append("\nstanding: ", style="bold")
-            out.append(standing.kind, style="bold red" if standing.kind in ("squatter", "outside") else "bold")
-            out.append(Text(f" ({visible(standing.reason)})"))
-        ledger = holder_mark(holder)  # the memory ledger: a device-file holder, a zombie, the MPS server
-        if ledger:
-            out.append("\nmemory ledger: ", style="bold")
-            out.append(Text(ledger))
+        _verdict_lines(out, holder, standing)
         chain = holder.chain
         me = holder.proc
     else:

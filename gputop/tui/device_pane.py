@@ -62,8 +62,10 @@ def line_pieces(d: DeviceSample, history: DeviceHistory, width: int) -> Line:
     fixed = cell_len(head) + 1 + len(util_txt) + 1 + 1 + len(mem_txt) + len(tail) + 2
     strip_w = max(3, (width - fixed) // 2) if width else 10
     util_strip, mem_strip = history.strips(d.index, strip_w)
-    return ((head + " ", "bold"), (util_strip, "bold " + util_style), (util_txt, "bold " + util_style),
-            ("  ", "bold"), (mem_strip, "bold " + mem_style), (mem_txt, "bold " + mem_style), (tail, "bold"))
+    # A space before each number: "100%" and "140GiB/140GiB" fill their columns and would run into the bars.
+    return ((head + " ", "bold"), (util_strip, "bold " + util_style), (" " + util_txt, "bold " + util_style),
+            (" ", "bold"), (mem_strip, "bold " + mem_style), (" " + mem_txt, "bold " + mem_style),
+            (tail, "bold"))
 
 
 def _pair(a, b, unit: str, what: str) -> str:
@@ -76,11 +78,12 @@ def _pair(a, b, unit: str, what: str) -> str:
 
 
 def sensors_text(d: DeviceSample) -> str:
-    """Every sensor of a device on one line: temperature, power and limit, fan, SM and memory clocks."""
-    temp = fmt_opt(d.temperature, "{:.0f}°C")
-    power = _pair(d.power_w, d.power_limit_w, "W", "power")
-    fan = f"fan {fmt_opt(d.fan_pct, '{:.0f}%')}"
-    clocks = _pair(d.clock_sm_mhz, d.clock_mem_mhz, "MHz", "clocks")
+    """Every sensor of a device on one line: temperature, power and limit, fan, SM and memory clocks.
+    Each in a column of its own width, so that a device that lacks some lines up with one that has all."""
+    temp = fmt_opt(d.temperature, "{:.0f}°C").rjust(5)
+    power = _pair(d.power_w, d.power_limit_w, "W", "power").rjust(9)
+    fan = f"fan {fmt_opt(d.fan_pct, '{:.0f}%')}".rjust(8)
+    clocks = _pair(d.clock_sm_mhz, d.clock_mem_mhz, "MHz", "clocks").rjust(12)
     return f"{temp}  {power}  {fan}  {clocks}"
 
 
@@ -93,12 +96,18 @@ def pane_pieces(d: DeviceSample, history: DeviceHistory, width: int) -> tuple[Li
         return ((gpu, "bold"), (name, "bold"), ("  LOST", "bold reverse red")), ((f"  {reason}", "red"),)
     name_len = len(gpu) + cell_len(name)
     right = sensors_text(d)
+    note = f"  ({len(d.errors)} field(s) N/A)" if d.errors else ""
+    # What does not fit goes: first the note (the fields it counts read N/A anyway), then the clocks. The
+    # sensors are in fixed columns (sensors_text), so a device that lacks some lines up with the others.
+    if width and name_len + 2 + len(right) + len(note) > width:
+        note = ""
     if width and name_len + 2 + len(right) > width:
-        right = right.rsplit("  ", 1)[0]  # drop the clocks first
-    gap = max(2, width - name_len - len(right)) if width else 2
-    line1 = ((gpu, "bold"), (name, "bold"), (" " * gap + right, "bold"))
-    if d.errors:
-        line1 += ((f"  ({len(d.errors)} field(s) N/A)", "bold dim"),)
+        right = right.rsplit("  ", 1)[0]
+    gap = max(2, width - name_len - len(right) - len(note)) if width else 2
+    line1 = ((gpu, "bold"), (name, "bold"))
+    if note:  # after the name: the sensors end at the right edge, as every other device's do
+        line1 += ((note, "bold dim"),)
+    line1 += ((" " * gap + right, "bold"),)
     util_txt, util_style, mem_txt, mem_style = _levels(d)
     fixed = len("UTIL ") + 1 + len(util_txt) + 3 + len("MEM ") + 1 + len(mem_txt)
     strip_w = max(4, (width - fixed) // 2) if width else 20

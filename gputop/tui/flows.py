@@ -14,6 +14,8 @@ from functools import partial
 from gputop.core.orphans import ORPHAN
 from gputop.util.textsafe import visible
 
+NOTIFY_ERROR_S = 8  # how long an action's failure stays on screen (a success: 4 s, GputopApp's default)
+
 # The actions module speaks to the CLI (flags); on this screen the same way out is a button or a key.
 _TUI_WORDING = (
     ("use --allow-protected for an explicit manual kill", "press Override in the kill dialog to kill it anyway"),
@@ -84,7 +86,7 @@ class ActionFlows:
         if audit_error:  # stderr is not visible under the TUI: say it on screen, loudly
             message += f"\nAUDIT LOG NOT WRITTEN: {audit_error}"
             sev = "error"
-        self._tell(self.app.notify, message, title=title, severity=sev, timeout=6 if sev != "error" else 15)
+        self._tell(self.app.notify, message, title=title, severity=sev, timeout=4 if sev != "error" else NOTIFY_ERROR_S)
 
     def _tell(self, callback, *args, **kwargs) -> None:
         """call_from_thread for a kill's or reap's worker, which carries on once the app has exited: a signal

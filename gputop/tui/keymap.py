@@ -15,7 +15,8 @@ class Key:
     description: str  # short: the footer
     help: str  # one line: the help screen and the command palette
     show: bool = True  # in the footer
-    destructive: bool = False  # an action on processes, GPUs or the guard: off under --readonly
+    # an action on processes, GPUs or the guard (or a tag, which serves one): off under --readonly
+    destructive: bool = False
 
     @property
     def display(self) -> str:
@@ -44,8 +45,9 @@ KEYS: tuple[Key, ...] = (
     Key("slash,f4", "filter", "Filter", "Filter processes by pid, user, name or command (esc clears)"),
     Key("f3", "search", "Search", "Search: jump to the next row whose pid, user, name or command matches",
         show=False),
-    Key("space", "toggle_tag", "Tag", "Tag or untag the selected process (k kills every tagged one)"),
-    Key("u", "untag_all", "Untag", "Untag every process", show=False),
+    Key("space", "toggle_tag", "Tag", "Tag or untag the selected process (k kills every tagged one)",
+        destructive=True),
+    Key("u", "untag_all", "Untag", "Untag every process", show=False, destructive=True),
     Key("k,f9", "kill", "Kill", "Kill the selected or tagged processes (choose TERM or KILL)", destructive=True),
     Key("r", "reap", "Reap", "Reap the orphan tree of the selected process, from its root", destructive=True),
     Key("R", "reset", "Reset", "Reset the GPU of the selected row (type its index to confirm)",

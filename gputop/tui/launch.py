@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import signal
@@ -12,6 +11,7 @@ import threading
 from gputop.backends import close_backends, probe, read_devices
 from gputop.core.config import load_config
 from gputop.util.errors import UsageError
+from gputop.util.units import check_interval
 from gputop.tui import first_frame
 
 EXIT_GRACE_S = 10.0  # after SIGTERM/SIGHUP, how long the normal exit may take before the process just ends
@@ -37,16 +37,38 @@ def require_terminal() -> None:
             if f is None or not f.isatty()]
     if ends:
         which = ends[0] if len(ends) == 1 else ", ".join(ends[:-1]) + " and " + ends[-1]
-        raise UsageError(f"the full-screen TUI needs a terminal, but standard {which} "
-                         f"{'is not one' if len(ends) == 1 else 'are not'}: run it in a terminal, or use "
+        fix = ("keep standard error on the terminal (the TUI draws its screen there; no 2>FILE)"
+               if ends == ["error"] else "run it in a terminal")
+        err = UsageError(f"the full-screen TUI needs a terminal, but standard {which} "
+                         f"{'is not one' if len(ends) == 1 else 'are not'}: {fix}, or use "
                          "'gputop status' (or 'gputop status --json') for output to a file or a pipe")
+        if "error" in ends:  # 'gputop 2>err.log' at a terminal: the person there must see why, too
+            _to_tty(f"gputop: {err}\n")
+        raise err
+
+
+def _to_tty(text: str) -> None:
+    """``text`` on the controlling terminal (/dev/tty), if there is one; else nothing."""
+    try:
+        fd = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY)
+    except OSError:
+        return
+    try:
+        os.write(fd, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def run_tui(args) -> int:
     config = load_config(getattr(args, "config", None))
     interval = getattr(args, "interval", None)
-    if interval is not None and (not math.isfinite(interval) or interval <= 0):
-        raise UsageError(f"--interval must be above 0 seconds, got {interval}")
+    if interval is not None:
+        try:
+            check_interval(interval)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     require_terminal()  # after the arguments (their errors first), before the demo starts anything
     stack = contextlib.ExitStack()
     with stack:
@@ -58,7 +80,9 @@ def run_tui(args) -> int:
         if getattr(args, "demo", False):
             from gputop.core.demo import Demo
 
+            said = stack.enter_context(_saying_while_demo_stops())
             demo = stack.enter_context(Demo())
+            stack.callback(said)  # LIFO: runs after the app has left the screen, just before demo.stop()
             scenario, backend = str(demo.scenario_path), "simulated"
             # A sandbox: the demo's guard switch, audit log and node trail must not touch the node's real ones.
             demo.sandbox()  # also writes env.sh, which a second shell sources (see the banner)
@@ -88,6 +112,27 @@ def run_tui(args) -> int:
             if drawn and not (app is not None and app.took_screen):
                 first_frame.leave()  # the app failed or was stopped before it took the screen over
         return int(app.return_code or 0)
+
+
+@contextlib.contextmanager
+def _saying_while_demo_stops():
+    """Yields a function that puts "stopping the demo's processes…" on the terminal (standard error, when
+    it is one); the line is erased once the demo has stopped, so the shell's screen comes back clean."""
+    shown = []
+
+    def say() -> None:
+        if sys.stderr is not None and sys.stderr.isatty():
+            sys.stderr.write("gputop: stopping the demo's processes…")
+            sys.stderr.flush()
+            shown.append(True)
+
+    try:
+        yield say
+    finally:
+        if shown:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
 
 
 @contextlib.contextmanager

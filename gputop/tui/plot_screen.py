@@ -30,11 +30,14 @@ def plot_text(history: DeviceHistory, index: int, seconds: int, width: int, heig
     if width < 20 or height < 6:
         return Text("(too small to plot)")
     with _PLOTEXT_LOCK:
+        # The widget's size, not the terminal plotext would ask (none under a test or a screenshot: 80).
+        plt.terminal.limit(False, False)
         f = plt.figure
         f.clear()
         f.theme("simple" if color else "colorless")
         f.plot_size(width, height)
-        xs = [p.at - now for p in pts]
+        # A sample a moment newer than ``now`` would be drawn past the right edge of the frame: clamp to 0.
+        xs = [min(0.0, p.at - now) for p in pts]
         util = [(x, p.util) for x, p in zip(xs, pts) if p.util is not None]
         mem = [(x, p.mem) for x, p in zip(xs, pts) if p.mem is not None]
         # No plotext legend: it is drawn inside the canvas, over the newest values. legend() below is
@@ -65,6 +68,19 @@ def legend() -> Text:
         t.append("  ━━ ", style=f"bold {colour}")
         t.append(name)
     return t
+
+
+def plot_title(index: int, name: str, seconds: int, width: int) -> Text:
+    """GPU, name, range, the legend, and the keys; what does not fit ``width`` is left out, the keys first
+    (the footer shows them too), then the name, so that the legend is never cut."""
+    full, short = f" GPU {index} · {name} · last {seconds} s", f" GPU {index} · last {seconds} s"
+    for head, keys in ((full, "  (← → GPU, + - range, esc closes)"), (full, ""), (short, "")):
+        title = Text(head, style="bold")
+        title.append(legend())
+        title.append(keys)
+        if not width or title.cell_len <= width:
+            break
+    return title
 
 
 class PlotView(Widget):
@@ -102,11 +118,11 @@ class PlotScreen(Screen):
         self._sensors()
 
     def _retitle(self) -> None:
-        title = Text(f" GPU {self.index} · {self.names.get(self.index, '')} · last {RANGES[self.range_i]} s",
-                     style="bold")
-        title.append(legend())
-        title.append("  (← → GPU, + - range, esc closes)")
-        self.query_one("#plot-title", Static).update(title)
+        self.query_one("#plot-title", Static).update(
+            plot_title(self.index, self.names.get(self.index, ""), RANGES[self.range_i], self.size.width))
+
+    def on_resize(self, event) -> None:
+        self._retitle()
 
     def _sensors(self) -> None:
         from gputop.tui.device_pane import sensors_text

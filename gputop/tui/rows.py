@@ -157,10 +157,13 @@ def _rank(node: Node, sort: str, reverse: bool):
     return node._rank
 
 
-def _group_title(head: str, holders: list[Holder]) -> str:
+def _group_title(head: str, holders: list[Holder], total: int | None = None) -> str:
+    """``total``: how many the group holds when a filter hides some (``2 of 3 shown``)."""
     mems = [h.gpu_memory for h in holders]
     mem = "" if not holders else (" · N/A" if any(m is None for m in mems) else f" · {fmt_bytes(sum(mems))}")
     n = len(holders)
+    if total is not None and total != n:
+        return f"{head} · {n} of {total} holder{'s' if total != 1 else ''} shown{mem}"
     return f"{head} · {n} holder{'s' if n != 1 else ''}{mem}"
 
 
@@ -278,52 +281,14 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
           filter_text: str = "") -> list[Node]:
     """The groups of the tree, each with its chains and holders, sorted and filtered."""
     holders = [h for h in snapshot.holders if matches(h, filter_text)]
-    groups: list[Node] = []
     if grouping == GROUP_GPU:
-        by_gpu: dict[int, list[Holder]] = {}  # one pass over the holders, not one per GPU
-        for h in holders:
-            for gpu in h.gpus:
-                by_gpu.setdefault(gpu, []).append(h)
-        ledgers = {lg.gpu: lg for lg in gpu_ledgers(snapshot)}
-        for d in snapshot.devices:
-            g = Node(f"gpu{d.index}", "group", gpu=d.index)
-            on = by_gpu.get(d.index, [])
-            index: dict = {}
-            mig = _instance_groups(snapshot, g, on) if getattr(snapshot, "instances", ()) else None
-            for h in on if mig is None else mig:
-                _insert(g, g.key, h, d.index, index)
-            title = f"GPU {d.index} {visible(d.name or '')}".rstrip()
-            g.title = (_group_title(title + (" (lost)" if d.lost else ""), on) + _gpu_alloc_note(snapshot, d.index, on)
-                       + ledger_suffix(ledgers.get(d.index)))
-            groups.append(g)
+        groups = _gpu_groups(snapshot, holders, filter_text)
     elif grouping == GROUP_JOB:
         groups = _job_groups(holders)
     elif grouping == GROUP_ALLOC:
         groups = _alloc_groups(snapshot, holders)
     else:
-        by_root = {r.pid: r for r in snapshot.roots}
-        for r in snapshot.roots:
-            g = Node(f"root{r.pid}", "group", pid=r.pid, proc=r.proc, root=r.pid)
-            g.gpu = r.gpus[0] if r.gpus else None
-            on = [h for h in holders if h.verdict.kind == ORPHAN and h.verdict.root == r.pid]
-            index = {}
-            for h in on:
-                _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
-            g.title = _group_title(f"orphan tree {r.pid} ({visible(r.proc.name)})", on)
-            groups.append(g)
-        rest = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
-        # An unknown verdict is not "not orphaned": gputop could not tell (and never kills it).
-        unknown = [h for h in rest if h.verdict.kind == UNKNOWN]
-        for key, head, on in (("rest", "not orphaned", [h for h in rest if h.verdict.kind != UNKNOWN]),
-                              ("unknown", "unknown verdict (not visible, or ancestry unreadable)", unknown)):
-            if key == "unknown" and not on:
-                continue
-            g = Node(key, "group")
-            index = {}
-            for h in on:
-                _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
-            g.title = _group_title(head, on)
-            groups.append(g)
+        groups = _root_groups(snapshot, holders, filter_text)
     mig_order = {_instance_key(m): i for i, m in enumerate(getattr(snapshot, "instances", ()))}
     for g in groups:
         for c in g.children:
@@ -334,6 +299,60 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
         if mig_order:  # MIG devices first, in NVML's order; the rest as sorted above (a stable sort)
             g.children.sort(key=lambda c: (c.kind != "group", mig_order.get(c.key, 0)))
     _mark_standings(snapshot, groups)
+    return groups
+
+
+def _gpu_groups(snapshot: Snapshot, holders: list[Holder], filter_text: str) -> list[Node]:
+    """One group per GPU (its MIG devices as groups under it), titled with its allocation and ledger."""
+    groups: list[Node] = []
+    by_gpu: dict[int, list[Holder]] = {}  # one pass over the holders, not one per GPU
+    for h in holders:
+        for gpu in h.gpus:
+            by_gpu.setdefault(gpu, []).append(h)
+    ledgers = {lg.gpu: lg for lg in gpu_ledgers(snapshot)}
+    for d in snapshot.devices:
+        g = Node(f"gpu{d.index}", "group", gpu=d.index)
+        on = by_gpu.get(d.index, [])
+        index: dict = {}
+        mig = _instance_groups(snapshot, g, on) if getattr(snapshot, "instances", ()) else None
+        for h in on if mig is None else mig:
+            _insert(g, g.key, h, d.index, index)
+        title = f"GPU {d.index} {visible(d.name or '')}".rstrip()
+        total = sum(d.index in h.gpus for h in snapshot.holders) if filter_text else None
+        g.title = (_group_title(title + (" (lost)" if d.lost else ""), on, total)
+                   + _gpu_alloc_note(snapshot, d.index, on) + ledger_suffix(ledgers.get(d.index)))
+        groups.append(g)
+    return groups
+
+
+def _root_groups(snapshot: Snapshot, holders: list[Holder], filter_text: str) -> list[Node]:
+    """One group per orphan tree root, then the holders that are not orphaned, then unknown verdicts."""
+    groups: list[Node] = []
+    by_root = {r.pid: r for r in snapshot.roots}
+    for r in snapshot.roots:
+        g = Node(f"root{r.pid}", "group", pid=r.pid, proc=r.proc, root=r.pid)
+        g.gpu = r.gpus[0] if r.gpus else None
+        on = [h for h in holders if h.verdict.kind == ORPHAN and h.verdict.root == r.pid]
+        index = {}
+        for h in on:
+            _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
+        total = sum(h.verdict.kind == ORPHAN and h.verdict.root == r.pid
+                    for h in snapshot.holders) if filter_text else None
+        g.title = _group_title(f"orphan tree {r.pid} ({visible(r.proc.name)})", on, total)
+        groups.append(g)
+    rest = [h for h in holders if not (h.verdict.kind == ORPHAN and h.verdict.root in by_root)]
+    # An unknown verdict is not "not orphaned": gputop could not tell (and never kills it).
+    unknown = [h for h in rest if h.verdict.kind == UNKNOWN]
+    for key, head, on in (("rest", "not orphaned", [h for h in rest if h.verdict.kind != UNKNOWN]),
+                          ("unknown", "unknown verdict (not visible, or ancestry unreadable)", unknown)):
+        if key == "unknown" and not on:
+            continue
+        g = Node(key, "group")
+        index = {}
+        for h in on:
+            _insert(g, g.key, h, h.gpus[0] if h.gpus else None, index)
+        g.title = _group_title(head, on)
+        groups.append(g)
     return groups
 
 

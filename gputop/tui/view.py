@@ -91,35 +91,52 @@ class TopBarFacts:
     sample_error: str | None = None
 
 
-def topbar_text(s: Snapshot | None, view: ViewState, facts: TopBarFacts) -> Text:
-    t = Text()
-    t.append(" gputop ", style="bold reverse")
+def topbar_text(s: Snapshot | None, view: ViewState, facts: TopBarFacts, width: int | None = None) -> Text:
+    """The top line. Given ``width``, parts that matter least are left out until it fits (the grouping,
+    then the host, then "guard off"), so that the clock and what the user changed (filter, tags) stay."""
+    parts: list[tuple[Text, int]] = []  # (part, rank): the highest rank is left out first; 0 stays
+
+    def add(text: str | Text, style: str = "", rank: int = 0) -> None:
+        parts.append((text if isinstance(text, Text) else Text(text, style=style), rank))
+
+    add(" gputop ", "bold reverse")
     if facts.readonly:
-        t.append(" READ-ONLY", style="bold reverse")
+        add(" READ-ONLY", "bold reverse")
     if facts.demo:
-        t.append(" DEMO", style="bold reverse yellow")
+        add(" DEMO", "bold reverse yellow")
     if s is None:
-        t.append("  reading processes…" if facts.devices_only else "  waiting for the first sample…")
+        add("  reading processes…" if facts.devices_only else "  waiting for the first sample…")
     else:
-        t.append(f" {visible(s.host)}  {len(s.devices)} GPU  {len(s.holders)} holder{'s' if len(s.holders) != 1 else ''}  ")
+        add(f" {visible(s.host)}", rank=2)
+        add(f"  {len(s.devices)} GPU  {len(s.holders)} holder{'s' if len(s.holders) != 1 else ''}  ")
         if s.roots:
-            t.append(f"{len(s.roots)} orphan tree{'s' if len(s.roots) != 1 else ''}",
-                     style=process_tree.ORPHAN_STYLE)
+            add(f"{len(s.roots)} orphan tree{'s' if len(s.roots) != 1 else ''}", process_tree.ORPHAN_STYLE)
         else:
-            t.append("no orphans")
+            add("no orphans")
     # What the user changed comes first: the line is cut at the right on a narrow terminal.
     if view.filter_text:
-        t.append("  filter ")
-        t.append(Text(repr(view.filter_text), style="bold"))
+        add(Text.assemble("  filter ", Text(repr(view.filter_text), style="bold")))
     if facts.tagged:
-        t.append(f"  {facts.tagged} tagged", style="bold")
+        add(f"  {facts.tagged} tagged", "bold")
     if facts.panel.guard_available:
         mode = facts.panel.guard_mode or "off"
-        t.append("  guard ")
-        t.append(mode, style={"enforce": "bold red", "dry-run": "bold yellow"}.get(mode, ""))
-    t.append(f"  by {GROUP_NAMES[view.grouping]}")
+        add(Text.assemble("  guard ", (mode, {"enforce": "bold red", "dry-run": "bold yellow"}.get(mode, ""))),
+            rank=1 if mode == "off" else 0)
+    add(f"  by {GROUP_NAMES[view.grouping]}", rank=3)
+    tail = Text()  # the clock and a failure: kept whole at the right end, whatever is cut before them
     if s is not None:
-        t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
+        tail.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.at))}")
     if facts.sample_error:
-        t.append("  sampling failed", style="bold red")
+        tail.append("  sampling failed", style="bold red")
+    if width is not None:
+        for rank in (3, 2, 1):
+            if sum(p.cell_len for p, _ in parts) + tail.cell_len <= width:
+                break
+            parts = [(p, r) for p, r in parts if r != rank]
+    t = Text()
+    for p, _ in parts:
+        t.append_text(p)
+    if width is not None and t.cell_len + tail.cell_len > width:  # a long filter, many tags: cut before the clock
+        t.truncate(max(1, width - tail.cell_len), overflow="ellipsis")
+    t.append_text(tail)
     return t

@@ -85,6 +85,10 @@ def read_regular(path: str | os.PathLike, limit: int = MAX_BYTES) -> str:
         os.close(fd)
 
 
+class NotUtf8(ValueError):
+    """A file's bytes are not UTF-8 (the message says where)."""
+
+
 def read_fd(fd: int, limit: int = MAX_BYTES) -> str:
     """The text of the open file ``fd``, which must be a regular file of at most ``limit`` bytes (fstat on
     the descriptor itself). Raises ValueError or OSError; the caller closes ``fd``."""
@@ -102,4 +106,10 @@ def read_fd(fd: int, limit: int = MAX_BYTES) -> str:
         if total > limit:
             raise ValueError(f"the file is over {limit} bytes")
         chunks.append(b)
-    return b"".join(chunks).decode("utf-8")
+    data = b"".join(chunks)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:  # a ValueError whose own words name a codec, not the problem
+        line = data.count(b"\n", 0, e.start) + 1
+        raise NotUtf8(f"the file is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}): save it as "
+                      "UTF-8") from None

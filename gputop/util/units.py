@@ -78,3 +78,22 @@ def fmt_duration(seconds: float | None) -> str:
 def fmt_opt(value: object, fmt: str = "{}", na: str = "N/A") -> str:
     """Format a possibly-unknown value; None is shown as N/A."""
     return na if value is None else fmt.format(value)
+
+
+# The shortest interval any face samples or scans at (docs/tui.md "Intervals"): each sample reads every
+# holder's /proc entries and NVML's process lists, which hold a driver lock; faster than this only loads
+# the node.
+MIN_INTERVAL = 0.1
+
+
+def check_interval(seconds: float, option: str = "--interval") -> float:
+    """``seconds`` when it is a finite number of at least MIN_INTERVAL; else ValueError with what to write."""
+    import math
+
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        raise ValueError(f"{option} must be a number of seconds, got {seconds!r}")
+    if seconds < 0:
+        raise ValueError(f"{option} must not be negative (got {seconds:g}); e.g. {option} 2")
+    if seconds < MIN_INTERVAL:
+        raise ValueError(f"{option} {seconds:g} is under the floor of {MIN_INTERVAL:g} s; e.g. {option} 2")
+    return float(seconds)

@@ -300,4 +300,4 @@ def test_try_scenario_script(tmp_path):
 
 
 def test_reap_watch_interval_zero_is_refused():
-    one_line(run_gputop("reap", "--watch", "--interval", "0"), EXIT_USAGE, "--interval must be more than 0")
+    one_line(run_gputop("reap", "--watch", "--interval", "0"), EXIT_USAGE, "--interval 0 is under the floor of 0.1 s")

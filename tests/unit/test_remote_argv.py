@@ -16,7 +16,10 @@ def test_split_finds_remote_among_global_options():
     assert inv.args == ["--backend", "simulated", "status", "--json"]
     inv = remote.split_remote_argv(["--remote=me@node02", "--remote-gputop", "/opt/gputop", "--interval", "2"])
     assert (inv.host, inv.remote_cmd, inv.args) == ("me@node02", "/opt/gputop", ["--interval", "2"])
-    assert remote.split_remote_argv(["status", "--remote", "x"]) is None  # after the subcommand: not ours
+    # After the subcommand too (issue 32: "gputop status --remote h" said "unrecognized arguments")
+    inv = remote.split_remote_argv(["status", "--remote", "x", "--json"])
+    assert (inv.host, inv.args) == ("x", ["status", "--json"])
+    assert remote.split_remote_argv(["status", "--", "--remote", "x"]) is None  # after --: not ours
     assert remote.split_remote_argv(["status"]) is None
     # Without --remote, --remote-gputop is left for argparse (status --hosts uses it).
     assert remote.split_remote_argv(["--remote-gputop", "/x", "status", "--hosts", "a"]) is None
