@@ -18,7 +18,8 @@ EPILOG = """\
 exit codes:
   0 success   1 action failed (or output not written)   2 bad usage or input   3 not found
   4 permission denied   5 refused by a safety rule
-  6 backend, tool, host or optional package unavailable (serve: gputop[serve], mcp: gputop[mcp])
+  6 backend, tool, host or optional package unavailable (serve: gputop[serve], mcp: gputop[mcp],
+              fleet: gputop[fleet]); fleet: 4 the Prometheus refused the credentials
 
 environment:
   GPUTOP_BACKEND    auto|nvml|amd|intel|simulated (same as --backend)
@@ -38,7 +39,8 @@ environment:
 
 
 # Optional packages and the extra that installs them (pyproject.toml [project.optional-dependencies]).
-EXTRAS = {"prometheus_client": "serve", "starlette": "serve", "uvicorn": "serve", "mcp": "mcp"}
+EXTRAS = {"prometheus_client": "serve", "starlette": "serve", "uvicorn": "serve", "mcp": "mcp",
+          "prometheus_api_client": "fleet", "requests": "fleet"}
 
 
 def missing_extra(command: str | None, e: ModuleNotFoundError) -> str | None:

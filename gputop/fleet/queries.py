@@ -1,0 +1,105 @@
+"""The PromQL of one refresh: three queries for the whole fleet, aggregated by node on the server
+(``by (Hostname)``), never one per node. Each query joins several aggregates with ``or``, each tagged
+with a ``field`` label, so one HTTP round trip brings many columns. A series that no node exports (an
+older gputop without the ledger, a cluster with only dcgm-exporter) adds nothing: its column is unknown.
+
+The drill-down into one node sends two more (its devices, its processes), only while it is open."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Series that other parts of gputop add (the ledger, Slurm/Kubernetes allocations). Named here once, so a
+# rename is one line; their columns are blank where no node exports them.
+UNEXPLAINED = "gputop_gpu_memory_unexplained_bytes"  # per GPU: used memory no listed process explains
+STANDING = "gputop_process_standing_info"  # per process, label standing="squatter"|...
+ALLOCATION_IDLE = "gputop_gpu_allocation_idle"  # per GPU: 1 while its allocation has been idle
+
+# instance -> Hostname, for gputop's per-node series that carry no Hostname label (gputop_up, ...)
+_HOSTMAP = "max by (job, instance, Hostname) (gputop_gpu_info)"
+
+
+def _per_node(expr: str, agg: str = "max") -> str:
+    return f"{agg} by (Hostname) ({expr} * on (job, instance) group_left (Hostname) {_HOSTMAP})"
+
+
+def _tagged(fields: list[tuple[str, str]]) -> str:
+    return " or ".join(f'label_replace({expr}, "field", "{name}", "", "")' for name, expr in fields)
+
+
+@dataclass(frozen=True)
+class Settings:
+    hot: float = 0.5  # a GPU at or above this utilisation (0-1) with no process is "hot with no process"
+    window: str = "15m"  # how far back a node that stopped being scraped is still listed
+    hits_window: str = "1h"  # guard hits counted over this window
+
+
+def gputop_query(s: Settings) -> str:
+    orphan = 'gputop_process_verdict_info{verdict="orphan"}'
+    return _tagged([
+        ("gpus", "count by (Hostname) (gputop_gpu_info)"),
+        ("lost", "sum by (Hostname) (gputop_gpu_lost)"),
+        ("util", "avg by (Hostname) (gputop_gpu_utilization_ratio)"),
+        ("mem_used", "sum by (Hostname) (gputop_gpu_memory_used_bytes)"),
+        ("mem_total", "sum by (Hostname) (gputop_gpu_memory_total_bytes)"),
+        ("temp_max", "max by (Hostname) (gputop_gpu_temperature_celsius)"),
+        ("holders", "count by (Hostname) (gputop_process_verdict_info)"),
+        ("orphans", f"count by (Hostname) ({orphan})"),
+        ("orphan_mem", f"sum by (Hostname) (gputop_process_gpu_memory_bytes * on (Hostname, pid) group_left () max by (Hostname, pid) ({orphan}))"),
+        ("hot_idle", f"count by (Hostname) ((gputop_gpu_utilization_ratio >= {s.hot:g}) unless on (Hostname, gpu) "
+                     "gputop_process_gpu_memory_bytes)"),
+        ("idle_gpus", "count by (Hostname) (gputop_gpu_info unless on (Hostname, gpu) gputop_process_gpu_memory_bytes)"),
+        ("guard_hits", _per_node(f"increase(gputop_guard_hits_total[{s.hits_window}])", "sum")),
+        ("findings", _per_node("gputop_audit_findings_current", "sum")),
+        ("up", _per_node("gputop_up", "min")),
+        ("at", _per_node("gputop_snapshot_timestamp_seconds")),
+        ("unexplained", f"sum by (Hostname) ({UNEXPLAINED})"),
+        ("squatters", f'count by (Hostname) ({STANDING}{{standing="squatter"}})'),
+        ("idle_alloc", f"count by (Hostname) ({ALLOCATION_IDLE} > 0)"),
+    ])
+
+
+def dcgm_query(s: Settings) -> str:
+    used, free = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
+    return _tagged([
+        ("gpus", f"count by (Hostname) ({used})"),
+        ("util", "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL) / 100"),
+        ("mem_used", f"sum by (Hostname) ({used}) * 1048576"),
+        ("mem_total", f"sum by (Hostname) ({used} + {free}) * 1048576"),
+        ("temp_max", "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)"),
+        ("hot", f"count by (Hostname) (DCGM_FI_DEV_GPU_UTIL >= {s.hot * 100:g})"),
+        ("xid", "count by (Hostname) (DCGM_FI_DEV_XID_ERRORS > 0)"),
+    ])
+
+
+def seen_query(s: Settings) -> str:
+    """When each node was last scraped (the newest sample within the window), by either exporter: a node
+    that stopped being scraped has no instant series any more, but is still here."""
+    step = "30s"
+    return _tagged([
+        ("gputop", f"max by (Hostname) (max_over_time(timestamp(gputop_gpu_info)[{s.window}:{step}]))"),
+        ("dcgm", f"max by (Hostname) (max_over_time(timestamp(DCGM_FI_DEV_FB_USED)[{s.window}:{step}]))"),
+    ])
+
+
+def label_value(value: str) -> str:
+    """``value`` as a PromQL double-quoted string (label values come from the series: anything)."""
+    out = []
+    for ch in value:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def node_devices_query(host: str) -> str:
+    return ('{__name__=~"gputop_gpu_.*|DCGM_FI_DEV_(GPU_UTIL|FB_USED|FB_FREE|GPU_TEMP|XID_ERRORS)", '
+            f"Hostname={label_value(host)}}}")
+
+
+def node_processes_query(host: str) -> str:
+    return ('{__name__=~"gputop_process_(gpu_memory_bytes|verdict_info|start_time_seconds|owner_info)|'
+            f'{STANDING}", Hostname={label_value(host)}}}')
