@@ -94,11 +94,14 @@ class Prometheus:
         except requests.exceptions.SSLError as e:
             raise PrometheusUnavailable(f"Prometheus at {self.url}: TLS failed ({_short(e)}); give its CA with "
                                         "--ca-file") from None
+        except requests.exceptions.ConnectionError as e:
+            if isinstance(e, requests.exceptions.Timeout) or "read timed out" in str(e).lower():
+                raise PrometheusUnavailable(f"Prometheus at {self.url} did not answer within {self.timeout:g}s "
+                                            "(--timeout)") from None
+            raise PrometheusUnavailable(f"Prometheus at {self.url} is unreachable ({_short(e)})") from None
         except requests.exceptions.Timeout:
             raise PrometheusUnavailable(f"Prometheus at {self.url} did not answer within {self.timeout:g}s "
                                         "(--timeout)") from None
-        except requests.exceptions.ConnectionError as e:
-            raise PrometheusUnavailable(f"Prometheus at {self.url} is unreachable ({_short(e)})") from None
         except (requests.exceptions.RequestException, ValueError, KeyError, TypeError) as e:
             raise PrometheusUnavailable(f"Prometheus at {self.url} gave a bad answer ({_short(e)}): is it a "
                                         "Prometheus HTTP API?") from None

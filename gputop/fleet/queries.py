@@ -73,12 +73,13 @@ def dcgm_query(s: Settings) -> str:
 
 
 def seen_query(s: Settings) -> str:
-    """When each node was last scraped (the newest sample within the window), by either exporter: a node
-    that stopped being scraped has no instant series any more, but is still here."""
-    step = "30s"
+    """When each node was last sampled (gputop: its last snapshot time) or scraped (DCGM: the newest sample
+    within the window): a node that stopped being scraped has no instant series any more, but is here."""
+    last_host = f"max by (job, instance, Hostname) (last_over_time(gputop_gpu_info[{s.window}]))"
     return _tagged([
-        ("gputop", f"max by (Hostname) (max_over_time(timestamp(gputop_gpu_info)[{s.window}:{step}]))"),
-        ("dcgm", f"max by (Hostname) (max_over_time(timestamp(DCGM_FI_DEV_FB_USED)[{s.window}:{step}]))"),
+        ("gputop", f"max by (Hostname) (last_over_time(gputop_snapshot_timestamp_seconds[{s.window}]) "
+                   f"* on (job, instance) group_left (Hostname) {last_host})"),
+        ("dcgm", f"max by (Hostname) (max_over_time(timestamp(DCGM_FI_DEV_FB_USED)[{s.window}:10s]))"),
     ])
 
 
