@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -217,3 +218,140 @@ def test_a_node_that_stopped_being_scraped_is_marked(live):
     assert any(p.startswith("not scraped") for p in row["problems"]), row
     assert row["last_seen"] is not None and row["age"] is not None and row["gpus"] is None
     assert data["nodes"][0]["host"] == "fleet-a"  # orphans still rank above a node not scraped
+
+
+# ---- drill-down and actions through --remote (a real sshd on 127.0.0.1), and the TUI in tmux --------------
+
+def _ssh_env(live, tmp_path_factory) -> dict:
+    from tests.functional.sshd_helper import start_sshd, why_no_sshd
+
+    why = why_no_sshd()
+    if why is not None:
+        pytest.skip(f"no sshd: {why}")
+    if "sshd" not in live:
+        sshd = start_sshd(tmp_path_factory.mktemp("fleet-ssh"))
+        live["stop_sshd"] = sshd.stop
+        text = sshd.ssh_config.read_text()
+        block = text[text.index("Host gpunode"):text.index("Host stranger")]
+        sshd.ssh_config.write_text(text + block.replace("Host gpunode", "Host fleet-a"))
+        live["sshd"] = sshd
+    sshd = live["sshd"]
+    config = live["dir"] / "remote-config.yaml"
+    config.write_text("protect: []\n")
+    cmd = sshd.remote_cmd(GPUTOP_SCENARIO=str(live["scenarios"]["fleet-a"]), GPUTOP_CONFIG=str(config),
+                          GPUTOP_STATE_DIR=str(live["dir"] / "remote-state"))
+    return {"GPUTOP_SSH": sshd.ssh_env, "GPUTOP_REMOTE_CMD": cmd}
+
+
+@pytest.fixture
+def ssh_env(live, tmp_path_factory):
+    env = _ssh_env(live, tmp_path_factory)
+    yield env
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_sshd(live):
+    yield
+    stop = live.get("stop_sshd")
+    if stop:
+        stop()
+
+
+def test_a_forged_hostname_never_reaches_ssh_as_an_option(tmp_path):
+    """A Hostname label is whatever an exporter wrote: '-oProxyCommand=...' is refused by --remote's host
+    check, so ssh never runs the command it names."""
+    from gputop.fleet.remote_actions import kill_args, run_remote
+
+    marker = tmp_path / "pwned"
+    r = run_remote(f"-oProxyCommand=touch {marker}", kill_args(1, None))
+    assert r.rc == 2 and not r.ok and "bad host name" in r.message
+    r = run_remote("-oProxyCommand=touch%20x", kill_args(1, None))
+    assert r.rc == 2
+    time.sleep(0.2)
+    assert not marker.exists()
+
+
+def test_drill_down_kill_through_remote_spares_the_bystander(live, ssh_env, monkeypatch):
+    """The identity the node's series carry (pid, start time) goes to the node's gputop over ssh, which
+    re-checks it: a wrong start time is refused and kills nothing; the right one kills only the target."""
+    from gputop.fleet.client import Prometheus
+    from gputop.fleet.node import node_detail
+    from gputop.fleet.remote_actions import kill_args, run_remote
+
+    for k, v in ssh_env.items():
+        monkeypatch.setenv(k, v)
+    victim = live["procs"].sleeper("fleetvictim")
+    # the victim joins node b's scenario (its gputop serve re-reads the file)
+    path = live["scenarios"]["fleet-b"]
+    data = yaml.safe_load(path.read_text())
+    data["holders"].append({"pid": victim.pid, "gpu": 0, "memory": "1GiB"})
+    path.write_text(yaml.safe_dump(data))
+    prom = Prometheus(live["prom"].url)
+    deadline = time.time() + 30
+    holder = None
+    while time.time() < deadline and holder is None:
+        holder = next((h for h in node_detail(prom, "fleet-b").holders if h.pid == victim.pid), None)
+        time.sleep(0.3)
+    assert holder is not None and holder.start_time is not None
+    monkeypatch.setenv("GPUTOP_REMOTE_CMD", ssh_env["GPUTOP_REMOTE_CMD"].replace(
+        str(live["scenarios"]["fleet-a"]), str(path)))
+    wrong = run_remote("fleet-a", kill_args(victim.pid, holder.start_time - 100))
+    assert wrong.rc == 5 and victim.poll() is None, wrong
+    r = run_remote("fleet-a", kill_args(victim.pid, holder.start_time))
+    assert r.ok, r
+    assert wait_gone(victim.pid, 10)
+    assert live["worker"].poll() is None and live["bystander"].poll() is None
+
+
+TMUX = __import__("shutil").which("tmux")
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (bash .ci/run installs it)")
+def test_tui_in_tmux_orders_filters_drills_down_and_kills_through_remote(live, ssh_env, tmp_path):
+    from tests.tui.test_e2e_tmux import Tmux, installed_gputop
+
+    exe = installed_gputop()
+    if exe is None:
+        pytest.skip("the gputop console script is not installed (pip install -e .)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
+    env.update(TERM="xterm-256color", **ssh_env)
+    tmux = Tmux(tmp_path / "tmux.sock")
+    cmd = f"{exe} fleet --prometheus {live['prom'].url} --refresh 1; echo FLEET-EXIT=$?; sleep 30"
+    subprocess.run(tmux.base + ["-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "140", "-y", "30",
+                                cmd], env=env, check=True, timeout=10)
+    orphan = live["orphan"]
+    try:
+        screen = tmux.wait_for_row("fleet-a", "1 orphan(s)", timeout=30)
+        rows = [ln for ln in screen.splitlines() if "fleet-" in ln or "dcgm-d" in ln]
+        assert "fleet-a" in rows[0], screen  # worst first
+        tmux.keys("/")
+        tmux.wait_for("filter: node name")
+        tmux.keys("-l", "dcgm")
+        deadline = time.monotonic() + 10
+        while "fleet-b" in (screen := tmux.screen()):
+            assert time.monotonic() < deadline, screen
+            time.sleep(0.1)
+        assert "dcgm-d" in screen
+        tmux.keys("Escape")
+        tmux.wait_for_row("fleet-b")  # the filter is cleared; the cursor stays on dcgm-d
+        tmux.keys("F3")  # search: jump to the next node that matches
+        tmux.wait_for("search: jump")
+        tmux.keys("-l", "fleet-a")
+        tmux.keys("Enter")
+        time.sleep(0.5)
+        tmux.keys("Enter")
+        tmux.wait_for_row(str(orphan), "orphan", timeout=20)
+        # the orphan holds the most memory: the first holder row, under the cursor
+        tmux.keys("k")
+        tmux.wait_for(f"Kill process {orphan}?")
+        tmux.keys("Tab")  # Cancel -> TERM
+        tmux.keys("Enter")
+        assert wait_gone(orphan, 30), tmux.screen()
+        tmux.wait_for("done:", timeout=30)
+        assert live["bystander"].poll() is None and live["worker"].poll() is None
+        tmux.keys("Escape")  # back to the fleet (a pause: ESC then q at once reads as alt+q)
+        tmux.wait_for("nodes,", timeout=10)
+        tmux.keys("q")
+        assert "FLEET-EXIT=0" in tmux.wait_for("FLEET-EXIT=")
+    finally:
+        tmux("kill-server", check=False)
