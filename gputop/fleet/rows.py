@@ -73,7 +73,7 @@ def build_rows(gputop: list[dict], dcgm: list[dict], seen: list[dict], at: float
 def _row(host, g, d, s, at, stale_after) -> NodeRow:
     src = "+".join(n for n, v in (("gputop", g or "gputop" in s), ("dcgm", d or "dcgm" in s)) if v)
     pick = lambda k: g.get(k, d.get(k))  # noqa: E731
-    seen = [v for v in (s.get("gputop"), s.get("dcgm")) if v is not None]
+    seen = [v for v in (s.get("gputop"), g.get("at"), d.get("at")) if v is not None]
     last = max(seen) if seen else None
     age = None if last is None else max(0.0, at - last)
     stale = (not g and not d) or (age is not None and age > stale_after)
