@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from gputop.commands._common import print_json, table
 from gputop.util.errors import UsageError
 from gputop.util.units import fmt_bytes, parse_duration
@@ -20,7 +22,7 @@ basic auth with --user and --password-file or $GPUTOP_PROMETHEUS_PASSWORD. Exit 
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--prometheus", metavar="URL", required=True,
+    p.add_argument("--prometheus", metavar="URL",
                    help="the Prometheus (or Thanos, VictoriaMetrics) base URL, e.g. http://prom:9090")
     p.add_argument("--json", action="store_true", help="print the rows once as JSON and exit")
     p.add_argument("--table", action="store_true", help="print the rows once as a table and exit")
@@ -42,6 +44,11 @@ def add_arguments(p) -> None:
     p.add_argument("--filter", metavar="TEXT", default="", help="only nodes whose name or problems contain TEXT")
     p.add_argument("--sort", default="worst", metavar="COL",
                    help="worst (default), host, gpus, util, mem, orphans, hits, age")
+    p.add_argument("--rules", choices=("auto", "on", "off"), default="auto",
+                   help="read the fleet's recording rules' series (packaging/prometheus/gputop-fleet-rules.yml): "
+                        "auto (default: when the server has them), on, off")
+    p.add_argument("--print-rules", action="store_true",
+                   help="print the fleet's recording rules (Prometheus rule_files YAML) and exit")
     p.add_argument("--node", metavar="HOST", help="--json/--table: one node's GPUs and holders instead")
 
 
@@ -64,12 +71,35 @@ def open_source(args):
         raise UsageError("--hot: a percentage above 0, at most 100")
     window = _seconds(args.window, "--window")
     prom = Prometheus(args.prometheus, auth_from(args), timeout=_seconds(args.timeout, "--timeout"))
-    settings = queries.Settings(hot=args.hot / 100.0, window=f"{int(window)}s")
-    return FleetSource(prom, settings, stale_after=_seconds(args.stale_after, "--stale-after"))
+    # as given when PromQL reads it the same ("15m"), so the default settings match the recording rules
+    span = args.window if re.fullmatch(r"[1-9][0-9]*[smhd]", args.window) else f"{int(window)}s"
+    settings = queries.Settings(hot=args.hot / 100.0, window=span)
+    return FleetSource(prom, settings, stale_after=_seconds(args.stale_after, "--stale-after"), rules=args.rules)
+
+
+RULES_HEADER = """\
+# gputop fleet's recording rules (issue 31): the three queries of a refresh, evaluated once per interval on
+# the server, so that each refresh of every 'gputop fleet' only reads their series. Made by
+# 'gputop fleet --print-rules'; add this file to rule_files in prometheus.yml (docs/fleet.md).
+"""
+
+
+def print_rules() -> int:
+    import yaml
+
+    from gputop.fleet.queries import recording_rules
+
+    print(RULES_HEADER + yaml.safe_dump(recording_rules(), sort_keys=False, width=10000), end="")
+    return 0
 
 
 def run(args) -> int:
     from gputop.fleet.rows import SORTS, filter_rows, sort_rows
+
+    if args.print_rules:
+        return print_rules()
+    if not args.prometheus:
+        raise UsageError("give the server: --prometheus URL (e.g. http://prometheus:9090)")
 
     if args.sort not in SORTS:
         raise UsageError(f"--sort {args.sort!r}: one of {', '.join(SORTS)}")
@@ -84,7 +114,7 @@ def run(args) -> int:
             rows = sort_rows(filter_rows(list(frame.rows), args.filter), args.sort)
             frame = frame.__class__(**{**frame.__dict__, "rows": tuple(rows)})
             if args.json:
-                print_json(frame.to_dict(source.prom.url), compact=None)
+                print_json(frame.to_dict(source.prom.url, source.recorded), compact=None)
             else:
                 print(_table(rows))
             return 0

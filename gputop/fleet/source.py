@@ -24,8 +24,8 @@ class Frame:
     error: GputopError | None = None  # this refresh failed: rows are the last good ones
     stale: bool = False  # the rows are older than this refresh
 
-    def to_dict(self, url: str) -> dict:
-        return {"prometheus": url, "at": self.at, "queries": self.queries, "took_s": round(self.took, 3),
+    def to_dict(self, url: str, recorded: bool | None = None) -> dict:
+        return {"prometheus": url, "recorded": bool(recorded), "at": self.at, "queries": self.queries, "took_s": round(self.took, 3),
                 "stale": self.stale, "error": str(self.error) if self.error else None,
                 "nodes": [r.to_dict() for r in self.rows]}
 
@@ -36,11 +36,22 @@ class FleetSource:
     settings: queries.Settings = field(default_factory=queries.Settings)
     stale_after: float = STALE_AFTER
     last: Frame | None = None
+    rules: str = "auto"  # "auto": read the recorded series when the server has them (asked once); "on", "off"
+    recorded: bool | None = None  # whether this source reads the recording rules' series (None: not asked)
 
     def __post_init__(self):
-        s = self.settings
-        self._texts = (queries.gputop_query(s), queries.dcgm_query(s), queries.seen_query(s))
+        self._texts = queries.raw_queries(self.settings)
         self._pool = ThreadPoolExecutor(max_workers=len(self._texts), thread_name_prefix="fleet-query")
+        if self.rules == "on" or (self.rules == "auto" and self.settings != queries.Settings()):
+            self.recorded = self.rules == "on"  # the rules are made with the default settings
+
+    def _use_rules(self) -> None:
+        """Once: does the server record the fleet rules? Their series are cheap to read."""
+        if self.recorded is None and self.rules == "auto":
+            found = {s.get("metric", {}).get("rule") for s in self.prom.query(queries.probe_query())}
+            self.recorded = set(queries.RECORDED) <= found
+        if self.recorded:
+            self._texts = queries.RECORDED
 
     def refresh(self) -> Frame:
         """Query once (the three queries in parallel, at one evaluation time). Never raises a GputopError:
@@ -49,6 +60,7 @@ class FleetSource:
         before = self.prom.queries
         at = time.time()
         try:
+            self._use_rules()
             futures = [self._pool.submit(self.prom.query, q, at) for q in self._texts]
             results = [f.result() for f in futures]
         except GputopError as e:

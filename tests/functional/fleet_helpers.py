@@ -49,7 +49,7 @@ class Prometheus:
     machine's name; a cluster's would each say their own)."""
 
     def __init__(self, dir: Path, jobs: dict[str, tuple[str, str]] | None = None, tsdb: Path | None = None,
-                 web_config: Path | None = None):
+                 web_config: Path | None = None, rules: Path | None = None):
         self.dir = Path(dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -59,8 +59,10 @@ class Prometheus:
                    "metric_relabel_configs": [{"target_label": "Hostname", "replacement": host}]}
                   for job, (target, host) in (jobs or {}).items()]
         cfg = self.dir / "prometheus.yml"
-        cfg.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                                       "scrape_configs": scrape}))
+        conf = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape}
+        if rules is not None:
+            conf["rule_files"] = [str(rules)]
+        cfg.write_text(yaml.safe_dump(conf))
         argv = [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tsdb or self.dir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
                 "--storage.tsdb.retention.time=30d"]
