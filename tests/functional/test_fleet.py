@@ -102,7 +102,10 @@ def test_a_node_with_orphans_comes_first_in_three_queries(live):
     assert first["host"] == "fleet-a", [n["host"] for n in data["nodes"]]
     assert first["orphans"] == 1 and first["orphan_mem"] == 8 * GIB
     assert "1 orphan(s)" in first["problems"]
-    assert data["queries"] <= 5 and data["queries"] == 3
+    # three queries, and once per run the probe for the recording rules (this server has none)
+    assert data["queries"] <= 5 and data["queries"] == 4 and data["recorded"] is False
+    _, off = fleet_json(live["prom"].url, "--rules", "off")
+    assert off["queries"] == 3
     assert rows["fleet-b"]["orphans"] == 0 and rows["fleet-b"]["holders"] == 1
     # a GPU at 95% with no process: hot with no process
     assert rows["fleet-c"]["hot_idle"] == 1 and rows["fleet-c"]["idle_gpus"] == 2
@@ -143,6 +146,24 @@ def test_drill_down_lists_the_gpus_and_holders_with_their_identity(live):
 
     assert holders[live["orphan"]]["start_time"] == pytest.approx(psutil.Process(live["orphan"]).create_time(),
                                                                   abs=0.02)
+
+
+def test_the_dashboards_fleet_row_runs_on_the_real_server(live):
+    """Every query of the Grafana dashboard's fleet row is valid PromQL there, and its table names the
+    node with an orphan."""
+    import httpx
+
+    from tests.conftest import ROOT
+
+    dash = json.loads((ROOT / "packaging" / "grafana" / "gputop-dashboard.json").read_text())
+    start = next(i for i, p in enumerate(dash["panels"]) if p["type"] == "row" and "Fleet" in p["title"])
+    targets = [t for p in dash["panels"][start + 1:] for t in p["targets"]]
+    assert len(targets) >= 8
+    for t in targets:
+        r = httpx.get(live["prom"].url + "/api/v1/query", params={"query": t["expr"]}, timeout=30).json()
+        assert r["status"] == "success", (t["expr"], r)
+        if t.get("legendFormat") == "orphans":
+            assert {x["metric"].get("Hostname") for x in r["data"]["result"]} == {"fleet-a"}
 
 
 def test_prometheus_down_is_one_line_and_exit_6():
