@@ -45,7 +45,7 @@ def first_frame(url: str, d: Path) -> float:
     env["TERM"] = "xterm-256color"
     t0 = time.perf_counter()
     subprocess.run(["tmux", "-S", str(sock), "-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", "160",
-                    "-y", "45", f"exec {GPUTOP} fleet --prometheus {url} --stale-after 1h"], env=env, check=True)
+                    "-y", "45", f"exec {GPUTOP} fleet --prometheus {url} --stale-after 1h --timeout 60"], env=env, check=True)
     try:
         while time.perf_counter() - t0 < 30:
             if "gpu0" in _tmux(sock, "capture-pane", "-p", "-t", "b"):
@@ -61,7 +61,7 @@ def tui_cpu(url: str, d: Path, window: float) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
     env["TERM"] = "xterm-256color"
     subprocess.run(["tmux", "-S", str(sock), "-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", "160",
-                    "-y", "45", f"exec {GPUTOP} fleet --prometheus {url} --refresh 2 --stale-after 1h"],
+                    "-y", "45", f"exec {GPUTOP} fleet --prometheus {url} --refresh 2 --stale-after 1h --timeout 60"],
                    env=env, check=True)
     try:
         pid = int(_tmux(sock, "display", "-p", "-t", "b", "#{pane_pid}").strip())
@@ -84,6 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=float, default=20.0, help="TUI CPU: seconds per window")
     ap.add_argument("--windows", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--rules", action="store_true", help="load the shipped recording rules into the server")
     args = ap.parse_args(argv)
     if not fh.PROMETHEUS or not shutil.which("tmux"):
         print("needs prometheus, promtool and tmux")
@@ -95,19 +96,24 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     fh.backfill(d / "om.txt", d / "tsdb")
     fill = time.perf_counter() - t
-    prom = fh.Prometheus(d / "prom", tsdb=d / "tsdb")
+    rules_file = ROOT / "packaging" / "prometheus" / "gputop-fleet-rules.yml" if args.rules else None
+    prom = fh.Prometheus(d / "prom", tsdb=d / "tsdb", rules=rules_file)
+    rules = [] if args.rules else ["--rules", "off"]
     print(f"{args.nodes} nodes x 8 GPUs ({len(info['dcgm_only'])} DCGM-only, {len(info['orphans'])} with an "
           f"orphan): OpenMetrics {gen:.1f}s, backfill {fill:.1f}s; load {os.getloadavg()[0]:.2f}")
     try:
-        run_measured([GPUTOP, "fleet", "--prometheus", prom.url, "--json"])  # warm the server's caches
+        run_measured([GPUTOP, "fleet", "--prometheus", prom.url, "--json", "--timeout", "60"])  # warm the server's caches
         walls, queries, took, n = [], [], [], 0
         for _ in range(args.rounds):
-            r = run_measured([GPUTOP, "fleet", "--prometheus", prom.url, "--json", "--stale-after", "1h"])
+            r = run_measured([GPUTOP, "fleet", "--prometheus", prom.url, "--json", "--stale-after", "1h",
+                              "--timeout", "60"] + rules)
             data = json.loads(r.stdout)
             walls.append(r.wall)
             queries.append(data["queries"])
             took.append(data["took_s"])
             n = len(data["nodes"])
+        if args.rules:
+            time.sleep(20)  # the rules' first evaluation (every 15 s)
         print(f"--json end to end: {_spread(walls)} s (goal <= 1 s), {n} rows; the queries alone "
               f"{_spread(took)} s; queries per refresh: max {max(queries)} (goal <= 5)")
         ff = [first_frame(prom.url, d) for _ in range(args.rounds)]
