@@ -56,7 +56,7 @@ class FleetApp(App):
     """
 
     def __init__(self, source: FleetSource, refresh: float = 2.0, filter_text: str = "", sort: str = "worst"):
-        from gputop.tui.app import css_path
+        from gputop.tui.css import css_path
 
         self.CSS_PATH = str(css_path())
         super().__init__()
