@@ -57,7 +57,7 @@ def first_frame(url: str, d: Path) -> float:
 
 
 def tui_cpu(url: str, d: Path, window: float) -> float:
-    sock = d / "cpu.sock"
+    sock = d / f"cpu{time.monotonic_ns()}.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
     env["TERM"] = "xterm-256color"
     subprocess.run(["tmux", "-S", str(sock), "-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", "160",
@@ -76,6 +76,26 @@ def tui_cpu(url: str, d: Path, window: float) -> float:
         return (b[0] - a[0]) / 1e9 / (t1 - t0) * 100.0
     finally:
         _tmux(sock, "kill-server")
+
+
+def client_cpu(url: str, rounds: int) -> list[float]:
+    """CPU seconds (all threads of this process) of one refresh's client side: the three answers read,
+    parsed and turned into rows (the server's time is not in it)."""
+    from gputop.fleet.client import Prometheus
+    from gputop.fleet.source import FleetSource
+
+    source = FleetSource(Prometheus(url, timeout=60), rules="off")
+    out = []
+    try:
+        source.refresh()
+        for _ in range(rounds):
+            c0 = time.process_time()
+            frame = source.refresh()
+            out.append(time.process_time() - c0)
+            assert frame.error is None and len(frame.rows) > 0
+    finally:
+        source.close()
+    return out
 
 
 def main(argv=None) -> int:
@@ -99,6 +119,8 @@ def main(argv=None) -> int:
     rules_file = ROOT / "packaging" / "prometheus" / "gputop-fleet-rules.yml" if args.rules else None
     prom = fh.Prometheus(d / "prom", tsdb=d / "tsdb", rules=rules_file)
     rules = [] if args.rules else ["--rules", "off"]
+    if args.rules:
+        time.sleep(20)  # the rules' first evaluation (every 15 s)
     print(f"{args.nodes} nodes x 8 GPUs ({len(info['dcgm_only'])} DCGM-only, {len(info['orphans'])} with an "
           f"orphan): OpenMetrics {gen:.1f}s, backfill {fill:.1f}s; load {os.getloadavg()[0]:.2f}")
     try:
@@ -112,10 +134,11 @@ def main(argv=None) -> int:
             queries.append(data["queries"])
             took.append(data["took_s"])
             n = len(data["nodes"])
-        if args.rules:
-            time.sleep(20)  # the rules' first evaluation (every 15 s)
         print(f"--json end to end: {_spread(walls)} s (goal <= 1 s), {n} rows; the queries alone "
               f"{_spread(took)} s; queries per refresh: max {max(queries)} (goal <= 5)")
+        cc = client_cpu(prom.url, args.rounds)
+        print(f"client CPU per refresh (in-process, --rules off): {_spread(cc)} s = "
+              f"{Ratio(cc).median / 2 * 100:.1f}% of a core at a 2 s refresh, before drawing")
         ff = [first_frame(prom.url, d) for _ in range(args.rounds)]
         print(f"TUI first frame: {_spread(ff)} s (goal <= 1.5 s)")
         cpu = [tui_cpu(prom.url, d, args.window) for _ in range(args.windows)]
