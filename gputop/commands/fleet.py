@@ -118,12 +118,29 @@ def run(args) -> int:
             else:
                 print(_table(rows))
             return 0
+        refresh = _seconds(args.refresh, "--refresh")
+        first = _first_refresh(source)  # while Textual loads and starts (the first frame's time)
         from gputop.tui.fleet_app import run_fleet_tui  # imports Textual
 
-        return run_fleet_tui(source, refresh=_seconds(args.refresh, "--refresh"), filter_text=args.filter,
-                             sort=args.sort)
+        return run_fleet_tui(source, refresh=refresh, filter_text=args.filter, sort=args.sort, first=first)
     finally:
         source.close()
+
+
+def _first_refresh(source):
+    from concurrent.futures import Future
+    import threading
+
+    fut: Future = Future()
+
+    def go():
+        try:
+            fut.set_result(source.refresh())
+        except BaseException as e:  # noqa: BLE001 - handed to the app's refresh thread
+            fut.set_exception(e)
+
+    threading.Thread(target=go, name="fleet-first", daemon=True).start()
+    return fut
 
 
 def _node(source, args) -> int:

@@ -77,15 +77,15 @@ def _row(host, g, d, s, at, stale_after) -> NodeRow:
     last = max(seen) if seen else None
     age = None if last is None else max(0.0, at - last)
     stale = (not g and not d) or (age is not None and age > stale_after)
-    lost = g.get("lost") if g else d.get("xid")
+    lost = g.get("lost", 0.0) if g else d.get("xid")
     row = NodeRow(
         host=host, source=src or "?", gpus=_int(pick("gpus")), lost=_int(lost), util=pick("util"),
         mem_used=pick("mem_used"), mem_total=pick("mem_total"), temp_max=pick("temp_max"),
         holders=_int(g.get("holders", 0.0 if g else None)), orphans=_int(g.get("orphans", 0.0 if g else None)),
         orphan_mem=g.get("orphan_mem", 0.0 if g else None), hot_idle=_int(g.get("hot_idle", 0.0 if g else None)),
-        idle_gpus=_int(g.get("idle_gpus", 0.0 if g else None)), guard_hits=g.get("guard_hits"),
-        findings=_int(g.get("findings")), unexplained=g.get("unexplained"), squatters=_int(g.get("squatters")),
-        idle_alloc=_int(g.get("idle_alloc")), up=None if "up" not in g else g["up"] >= 1,
+        idle_gpus=_int(g.get("idle_gpus", 0.0 if g else None)),
+        guard_hits=g.get("guard_hits", 0.0 if g else None), findings=_int(g.get("findings", 0.0 if g else None)), unexplained=g.get("unexplained"), squatters=_int(g.get("squatters")),
+        idle_alloc=_int(g.get("idle_alloc")), up=None if not g else g.get("up", 1.0) >= 1,
         last_seen=last, age=age, stale=stale)
     return _with_problems(row)
 

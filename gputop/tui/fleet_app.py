@@ -55,7 +55,8 @@ class FleetApp(App):
     #nodes { height: 1fr; }
     """
 
-    def __init__(self, source: FleetSource, refresh: float = 2.0, filter_text: str = "", sort: str = "worst"):
+    def __init__(self, source: FleetSource, refresh: float = 2.0, filter_text: str = "", sort: str = "worst",
+                 first=None):
         from gputop.tui.css import css_path
 
         self.CSS_PATH = str(css_path())
@@ -68,6 +69,7 @@ class FleetApp(App):
         self.frame: Frame | None = None
         self.shown: list[NodeRow] = []
         self._find_mode = "filter"
+        self._first = first  # a Future of the first refresh, started before Textual was imported
         self._halt = threading.Event()
         self._wake_up = threading.Event()
 
@@ -84,7 +86,8 @@ class FleetApp(App):
 
     def _refresh_loop(self) -> None:
         while not self._halt.is_set():
-            frame = self.source.refresh()
+            first, self._first = self._first, None
+            frame = first.result() if first is not None else self.source.refresh()
             if self._halt.is_set():
                 return
             self.call_from_thread(self.show_frame, frame)
@@ -212,9 +215,10 @@ class FleetApp(App):
             self.action_open_node()
 
 
-def run_fleet_tui(source: FleetSource, refresh: float = 2.0, filter_text: str = "", sort: str = "worst") -> int:
+def run_fleet_tui(source: FleetSource, refresh: float = 2.0, filter_text: str = "", sort: str = "worst",
+                  first=None) -> int:
     from gputop.tui.launch import require_terminal
 
     require_terminal()
-    FleetApp(source, refresh=refresh, filter_text=filter_text, sort=sort).run()
+    FleetApp(source, refresh=refresh, filter_text=filter_text, sort=sort, first=first).run()
     return 0
