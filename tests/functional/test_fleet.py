@@ -324,6 +324,25 @@ def test_drill_down_kill_through_remote_spares_the_bystander(live, ssh_env, monk
     assert live["worker"].poll() is None and live["bystander"].poll() is None
 
 
+def test_drill_down_reap_through_remote_takes_the_orphan_tree_only(live, ssh_env, monkeypatch):
+    from gputop.fleet.remote_actions import reap_args, run_remote
+
+    for k, v in ssh_env.items():
+        monkeypatch.setenv(k, v)
+    root = live["procs"].orphan("sleep 3602", "sleep 3602")
+    path = live["dir"] / "reap.yaml"
+    _scenario(path, [_gpu()], [{"pid": root, "gpu": 0, "memory": "1GiB"},
+                               {"pid": live["worker"].pid, "gpu": 0, "memory": "1GiB"}])
+    monkeypatch.setenv("GPUTOP_REMOTE_CMD", ssh_env["GPUTOP_REMOTE_CMD"].replace(
+        str(live["scenarios"]["fleet-a"]), str(path)))
+    r = run_remote("fleet-a", reap_args(live["worker"].pid))  # not an orphan root: refused, nothing killed
+    assert not r.ok and live["worker"].poll() is None, r
+    r = run_remote("fleet-a", reap_args(root))
+    assert r.ok, r
+    assert wait_gone(root, 15)
+    assert live["worker"].poll() is None and live["bystander"].poll() is None
+
+
 TMUX = __import__("shutil").which("tmux")
 
 
