@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Ratio, proc_cpu_ns, run_measured
+from benchmarks.common import Ratio, proc_cpu_ns, proc_cpu_seconds, run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -125,17 +125,21 @@ def main(argv=None) -> int:
           f"orphan): OpenMetrics {gen:.1f}s, backfill {fill:.1f}s; load {os.getloadavg()[0]:.2f}")
     try:
         run_measured([GPUTOP, "fleet", "--prometheus", prom.url, "--json", "--timeout", "60"])  # warm the server's caches
-        walls, queries, took, n = [], [], [], 0
+        walls, queries, took, n, cpus, server = [], [], [], 0, [], []
         for _ in range(args.rounds):
+            s0 = proc_cpu_seconds(prom.proc.pid)
             r = run_measured([GPUTOP, "fleet", "--prometheus", prom.url, "--json", "--stale-after", "1h",
                               "--timeout", "60"] + rules)
             data = json.loads(r.stdout)
+            server.append(proc_cpu_seconds(prom.proc.pid) - s0)
+            cpus.append(r.cpu)
             walls.append(r.wall)
             queries.append(data["queries"])
             took.append(data["took_s"])
             n = len(data["nodes"])
         print(f"--json end to end: {_spread(walls)} s (goal <= 1 s), {n} rows; the queries alone "
-              f"{_spread(took)} s; queries per refresh: max {max(queries)} (goal <= 5)")
+              f"{_spread(took)} s; queries per refresh: max {max(queries)} (goal <= 5); CPU: the --json process "
+              f"{_spread(cpus)} s, the server {_spread(server, '{:.2f}')} s (clock ticks) per run")
         cc = client_cpu(prom.url, args.rounds)
         print(f"client CPU per refresh (in-process, --rules off): {_spread(cc)} s = "
               f"{Ratio(cc).median / 2 * 100:.1f}% of a core at a 2 s refresh, before drawing")
