@@ -23,11 +23,21 @@ def _num(v) -> str:
     return "-" if v is None else str(v)
 
 
+def _age(age: float | None) -> str:
+    """Coarse, so that 1,000 rows are not redrawn every refresh for a second more (the exact age is in
+    --json and in a stale row's problem)."""
+    if age is None:
+        return "-"
+    if age < 60:
+        return "<1m"
+    return f"{age // 60:.0f}m" if age < 3600 else f"{age // 3600:.0f}h"
+
+
 def cells(r: NodeRow) -> tuple:
     """One row's cells; names and problems come from the series (anything): never markup, never raw."""
     util = "-" if r.util is None else f"{r.util * 100:.0f}%"
     mem = "-" if r.mem_used is None else f"{fmt_bytes(r.mem_used)}/{fmt_bytes(r.mem_total)}"
-    age = "-" if r.age is None else f"{r.age:.0f}s"
+    age = _age(r.age)
     problems = "; ".join(r.problems) or "ok"
     style = "bold red" if r.orphans or r.lost or r.stale else ("yellow" if r.problems else "")
     return (Text(visible(r.host), style=style), r.source, _num(r.gpus), util, mem, _num(r.orphans),
@@ -68,6 +78,7 @@ class FleetApp(App):
         self.reverse = False
         self.frame: Frame | None = None
         self.shown: list[NodeRow] = []
+        self._cells: list[tuple] = []  # what the table shows for each row of ``shown``
         self._find_mode = "filter"
         self._first = first  # a Future of the first refresh, started before Textual was imported
         self._halt = threading.Event()
@@ -91,7 +102,7 @@ class FleetApp(App):
             if self._halt.is_set():
                 return
             self.call_from_thread(self.show_frame, frame)
-            self._wake_up.wait(self.refresh_s)
+            self._wake_up.wait(max(0.1, self.refresh_s - frame.took))  # one refresh every refresh_s
             self._wake_up.clear()
 
     def on_unmount(self) -> None:
@@ -129,15 +140,19 @@ class FleetApp(App):
         table = self.query_one("#nodes", DataTable)
         keys = [r.host for r in rows]
         if keys == [r.host for r in self.shown]:  # same rows, same order: update the cells that changed
-            for old, new in zip(self.shown, rows):
+            drawn = self._cells
+            for i, (old, new) in enumerate(zip(self.shown, rows)):
                 if old != new:
-                    for col, (a, b) in enumerate(zip(cells(old), cells(new))):
+                    fresh = cells(new)
+                    for col, (a, b) in enumerate(zip(drawn[i], fresh)):
                         if a != b:
-                            table.update_cell_at((keys.index(new.host), col), b)
+                            table.update_cell_at((i, col), b)
+                    drawn[i] = fresh
         else:
             cursor = self.shown[table.cursor_row].host if self.shown and table.cursor_row < len(self.shown) else None
+            self._cells = [cells(r) for r in rows]
             table.clear()
-            table.add_rows([cells(r) for r in rows])
+            table.add_rows(self._cells)
             if cursor in keys:
                 table.move_cursor(row=keys.index(cursor))
         self.shown = rows
