@@ -64,7 +64,7 @@ def dcgm_query(s: Settings) -> str:
     """DCGM's numbers for the nodes gputop does not report (where both do, gputop's win, so DCGM's are not
     sent: a tenth of the answer at 1,000 nodes)."""
     used, free = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
-    only = " unless on (Hostname) group by (Hostname) (gputop_gpu_info)"
+    only = ' unless on (Hostname) gputop_gpu_info{gpu="0"}'
     return _tagged([(name, f"({expr}){only}") for name, expr in (
         ("gpus", f"count by (Hostname) ({used})"),
         ("util", "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL) / 100"),
