@@ -225,6 +225,48 @@ def test_the_view_keeps_its_last_rows_marked_stale_when_the_server_goes_slow(liv
         proxy.stop()
 
 
+def test_the_tui_says_stale_in_one_line_and_keeps_its_rows(live):
+    import asyncio
+
+    from gputop.fleet.client import Prometheus
+    from gputop.fleet.source import FleetSource
+    from gputop.tui.fleet_app import FleetApp
+
+    proxy = fh.Proxy(live["prom"].url)
+    source = FleetSource(Prometheus(proxy.url, timeout=1.0))
+
+    async def run():
+        app = FleetApp(source, refresh=0.5)
+        async with app.run_test(size=(140, 30)) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.1)
+                if app.frame is not None and app.frame.error is None:
+                    break
+            hosts = [r.host for r in app.shown]
+            assert hosts[0] == "fleet-a" and "dcgm-d" in hosts
+            proxy.mode = "hang"
+            for _ in range(100):
+                await pilot.pause(0.1)
+                if app.frame.error is not None:
+                    break
+            status = str(app.query_one("#status").render())
+            assert status.startswith("STALE, data from") and "did not answer within 1s" in status
+            assert "\n" not in status.strip()
+            assert [r.host for r in app.shown] == hosts  # the last rows stay
+            proxy.mode = "forward"
+            for _ in range(100):
+                await pilot.pause(0.1)
+                if app.frame.error is None:
+                    break
+            assert "STALE" not in str(app.query_one("#status").render())
+
+    try:
+        asyncio.run(run())
+    finally:
+        source.close()
+        proxy.stop()
+
+
 def test_a_node_that_stopped_being_scraped_is_marked(live):
     live["serves"]["fleet-e"].stop()
     deadline = time.time() + 40
