@@ -18,8 +18,8 @@ EPILOG = """\
 exit codes:
   0 success   1 action failed (or output not written)   2 bad usage or input   3 not found
   4 permission denied   5 refused by a safety rule
-  6 backend, tool, host or optional package unavailable (serve: gputop[serve], mcp: gputop[mcp],
-              fleet: gputop[fleet]); fleet: 4 the Prometheus refused the credentials
+  6 backend, tool, host or optional package unavailable (serve: gputop[serve], mcp: gputop[mcp])
+    fleet: gputop[fleet]; a Prometheus that refuses the credentials is 4, one down or too slow is 6
 
 environment:
   GPUTOP_BACKEND    auto|nvml|amd|intel|simulated (same as --backend)
@@ -35,6 +35,8 @@ environment:
   GPUTOP_RUN_ROOT   read logind's sessions (systemd/sessions/N) from this /run (testing; default /run)
   GPUTOP_REMOTE_CMD the gputop command on --remote/--hosts hosts (same as --remote-gputop)
   GPUTOP_SSH        the local ssh command (default: ssh)
+  GPUTOP_PROMETHEUS_TOKEN    fleet: a bearer token for the Prometheus (or --token-file)
+  GPUTOP_PROMETHEUS_PASSWORD fleet: the basic-auth password (or --password-file)
 """
 
 
