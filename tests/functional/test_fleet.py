@@ -431,6 +431,11 @@ def test_tui_in_tmux_orders_filters_drills_down_and_kills_through_remote(live, s
         assert wait_gone(orphan, 30), tmux.screen()
         tmux.wait_for("done:", timeout=30)
         assert live["bystander"].poll() is None and live["worker"].poll() is None
+        tmux.keys("t")  # the node's own TUI, through gputop --remote (ssh -t)
+        tmux.wait_for_row("fleetbystand", timeout=30)
+        tmux.wait_for("Guard", timeout=30)  # the node view's footer: not the fleet's
+        tmux.keys("q")
+        tmux.wait_for("t node TUI", timeout=30)  # back on the fleet's node screen
         tmux.keys("Escape")  # back to the fleet (a pause: ESC then q at once reads as alt+q)
         tmux.wait_for("nodes,", timeout=10)
         tmux.keys("q")
