@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 from gputop.commands._common import print_json, table
 from gputop.util.errors import UsageError
@@ -64,13 +65,17 @@ def _seconds(text: str, opt: str) -> float:
 
 def open_source(args):
     from gputop.fleet import queries
-    from gputop.fleet.client import Prometheus, auth_from
+    from gputop.fleet.client import Prometheus, auth_from, cleartext_warning
     from gputop.fleet.source import FleetSource
 
     if not 0 < args.hot <= 100:
         raise UsageError("--hot: a percentage above 0, at most 100")
     window = _seconds(args.window, "--window")
-    prom = Prometheus(args.prometheus, auth_from(args), timeout=_seconds(args.timeout, "--timeout"))
+    auth = auth_from(args)
+    warning = cleartext_warning(args.prometheus, auth)
+    if warning:
+        print(f"gputop: {warning}", file=sys.stderr)
+    prom = Prometheus(args.prometheus, auth, timeout=_seconds(args.timeout, "--timeout"))
     # as given when PromQL reads it the same ("15m"), so the default settings match the recording rules
     span = args.window if re.fullmatch(r"[1-9][0-9]*[smhd]", args.window) else f"{int(window)}s"
     settings = queries.Settings(hot=args.hot / 100.0, window=span)

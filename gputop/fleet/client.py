@@ -131,6 +131,15 @@ def _http_error(url: str, text: str) -> GputopError:
                                  "(e.g. http://host:9090)?")
 
 
+def cleartext_warning(url: str, auth: Auth) -> str | None:
+    """A warning when credentials would cross the network unencrypted (http:// to another host)."""
+    u = urlparse(url)
+    if (auth.token or auth.user) and u.scheme == "http" and u.hostname not in ("localhost", "127.0.0.1", "::1"):
+        return (f"warning: the credentials go to {u.hostname} over plain http, readable on the network: "
+                "use https:// (with --ca-file)")
+    return None
+
+
 def auth_from(args) -> Auth:
     """The credentials from ``gputop fleet``'s options and environment (secrets never on argv)."""
     token = read_secret(args.token_file, "token") if getattr(args, "token_file", None) else os.environ.get(ENV_TOKEN)

@@ -88,3 +88,13 @@ def test_hostile_names_reach_the_screen_escaped():
     (row,) = r.values()
     text = "".join(str(getattr(c, "plain", c)) for c in cells(row))
     assert "\x1b" not in text and "\x07" not in text and "\\x1b" in text
+
+
+def test_credentials_over_plain_http_to_another_host_are_warned_about():
+    from gputop.fleet.client import Auth, cleartext_warning
+
+    assert "plain http" in cleartext_warning("http://prom.example:9090", Auth(token="t"))
+    assert "plain http" in cleartext_warning("http://10.0.0.1:9090", Auth(user="u", password="p"))
+    assert cleartext_warning("https://prom.example:9090", Auth(token="t")) is None
+    assert cleartext_warning("http://127.0.0.1:9090", Auth(token="t")) is None
+    assert cleartext_warning("http://prom.example:9090", Auth()) is None
