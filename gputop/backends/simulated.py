@@ -332,12 +332,14 @@ class SimulatedBackend(Backend):
         util, util_mem = g["utilization"], g["memory_utilization"]
         if g["mig"] is not None:  # with MIG on, NVML has no GPU-wide utilisation: the scenario's, else N/A
             pass
-        elif not live:  # an idle GPU: nothing runs on it, whatever the scenario said while something did
-            util = 0.0
-            util_mem = 0.0 if util_mem is not None else None
-        elif util is None:
+        elif util is None or (not live and index in self._resets):
+            # From the live holders' SM% (0 with none left); a reset idles the GPU whatever the scenario
+            # said. A scenario's own figure with no holder stands: a GPU busy with no process it can see
+            # (another PID namespace, a miner) is a case gputop must show.
             sms = [h.sm for h in live if h.sm is not None]
-            util = min(100.0, sum(sms)) if sms else None
+            util = min(100.0, sum(sms)) if sms else (0.0 if not live else None)
+            if not live and util_mem is not None:
+                util_mem = 0.0
         return DeviceSample(
             index=index, name=g["name"], uuid=g["uuid"], pci_bus_id=g["pci_bus_id"],
             memory_total=g["memory_total"], memory_used=used, util_gpu=util,

@@ -17,4 +17,5 @@ COMMANDS: list[str] = [
     "install-units",
     "completion",
     "slurm",
+    "fleet",
 ]

@@ -19,6 +19,7 @@ exit codes:
   0 success   1 action failed (or output not written)   2 bad usage or input   3 not found
   4 permission denied   5 refused by a safety rule
   6 backend, tool, host or optional package unavailable (serve: gputop[serve], mcp: gputop[mcp])
+    fleet: gputop[fleet]; a Prometheus that refuses the credentials is 4, one down or too slow is 6
 
 environment:
   GPUTOP_BACKEND    auto|nvml|amd|intel|simulated (same as --backend)
@@ -34,11 +35,14 @@ environment:
   GPUTOP_RUN_ROOT   read logind's sessions (systemd/sessions/N) from this /run (testing; default /run)
   GPUTOP_REMOTE_CMD the gputop command on --remote/--hosts hosts (same as --remote-gputop)
   GPUTOP_SSH        the local ssh command (default: ssh)
+  GPUTOP_PROMETHEUS_TOKEN    fleet: a bearer token for the Prometheus (or --token-file)
+  GPUTOP_PROMETHEUS_PASSWORD fleet: the basic-auth password (or --password-file)
 """
 
 
 # Optional packages and the extra that installs them (pyproject.toml [project.optional-dependencies]).
-EXTRAS = {"prometheus_client": "serve", "starlette": "serve", "uvicorn": "serve", "mcp": "mcp"}
+EXTRAS = {"prometheus_client": "serve", "starlette": "serve", "uvicorn": "serve", "mcp": "mcp",
+          "prometheus_api_client": "fleet", "requests": "fleet"}
 
 
 def missing_extra(command: str | None, e: ModuleNotFoundError) -> str | None:

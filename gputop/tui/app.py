@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 from functools import partial
-from pathlib import Path
 from typing import Iterable
 
 from rich.text import Text
@@ -50,13 +49,7 @@ SIDE_PANEL_MIN_WIDTH = 120  # below this the side panel starts hidden (b shows i
 GC_GEN0 = 10_000
 
 
-def css_path() -> Path:
-    """The stylesheet: shipped in the package (gputop/styles), which in the source tree links to styles/."""
-    here = Path(__file__).resolve().parent
-    for p in (here.parent / "styles" / "gputop.tcss", here.parent.parent / "styles" / "gputop.tcss"):
-        if p.is_file():
-            return p
-    raise FileNotFoundError("gputop.tcss not found: reinstall gputop (pip install gputop)")
+from gputop.tui.css import css_path  # noqa: E402 - in its own module: the fleet view loads it without the app
 
 
 def demo_banner(demo) -> Text:

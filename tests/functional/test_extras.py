@@ -16,6 +16,7 @@ BLOCK = "import sys; sys.modules[{mod!r}] = None; from gputop.commands.cli impor
     ("uvicorn", ["serve", "--port", "0"], "serve"),
     ("prometheus_client", ["serve", "--port", "0"], "serve"),
     ("mcp", ["mcp"], "mcp"),
+    ("prometheus_api_client", ["fleet", "--prometheus", "http://127.0.0.1:9", "--json"], "fleet"),
 ])
 def test_a_missing_extra_is_named_in_one_line_with_exit_6(mod, argv, extra, scenario):
     scenario(holders=[])

@@ -1,0 +1,158 @@
+"""Issue 31's fleet goals, against a real Prometheus holding 1,000 nodes x 8 GPUs (a TSDB backfilled with
+``promtool tsdb create-blocks-from openmetrics``; every 10th node DCGM-only):
+
+- ``gputop fleet --json`` end to end (a fresh process) <= 1 s;
+- at most 5 queries per refresh (the JSON says how many it sent);
+- the TUI's first frame (tmux, from launch to the first node row on screen) <= 1.5 s;
+- the TUI's CPU at a 2 s refresh <= 5% of a core (schedstat of the app over a window).
+
+``python -m benchmarks.fleet [--rounds N] [--window S] [--nodes N]``; prints medians with spreads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import Ratio, proc_cpu_ns, proc_cpu_seconds, run_measured
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.functional import fleet_helpers as fh  # noqa: E402
+
+GPUTOP = str(Path(sys.executable).parent / "gputop")
+
+
+def _spread(xs: list[float], fmt: str = "{:.3f}") -> str:
+    r = Ratio(xs)
+    lo, hi = r.spread
+    return f"{fmt.format(r.median)} ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def _tmux(sock: Path, *args: str) -> str:
+    return subprocess.run(["tmux", "-S", str(sock), *args], capture_output=True, text=True, timeout=10).stdout
+
+
+def first_frame(url: str, d: Path) -> float:
+    sock = d / f"t{time.monotonic_ns()}.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
+    env["TERM"] = "xterm-256color"
+    t0 = time.perf_counter()
+    subprocess.run(["tmux", "-S", str(sock), "-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", "160",
+                    "-y", "45", f"exec {GPUTOP} fleet --prometheus {url} --stale-after 1h --timeout 60"], env=env, check=True)
+    try:
+        while time.perf_counter() - t0 < 30:
+            if "gpu0" in _tmux(sock, "capture-pane", "-p", "-t", "b"):
+                return time.perf_counter() - t0
+            time.sleep(0.01)
+        raise TimeoutError("no first frame within 30 s")
+    finally:
+        _tmux(sock, "kill-server")
+
+
+def tui_cpu(url: str, d: Path, window: float) -> float:
+    sock = d / f"cpu{time.monotonic_ns()}.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
+    env["TERM"] = "xterm-256color"
+    subprocess.run(["tmux", "-S", str(sock), "-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", "160",
+                    "-y", "45", f"exec {GPUTOP} fleet --prometheus {url} --refresh 2 --stale-after 1h --timeout 60"],
+                   env=env, check=True)
+    try:
+        pid = int(_tmux(sock, "display", "-p", "-t", "b", "#{pane_pid}").strip())
+        deadline = time.time() + 30
+        while "gpu0" not in _tmux(sock, "capture-pane", "-p", "-t", "b"):
+            assert time.time() < deadline, "no first frame"
+            time.sleep(0.05)
+        time.sleep(3)  # past start-up
+        a, t0 = proc_cpu_ns(pid), time.monotonic()
+        time.sleep(window)
+        b, t1 = proc_cpu_ns(pid), time.monotonic()
+        return (b[0] - a[0]) / 1e9 / (t1 - t0) * 100.0
+    finally:
+        _tmux(sock, "kill-server")
+
+
+def client_cpu(url: str, rounds: int) -> list[float]:
+    """CPU seconds (all threads of this process) of one refresh's client side: the three answers read,
+    parsed and turned into rows (the server's time is not in it)."""
+    from gputop.fleet.client import Prometheus
+    from gputop.fleet.source import FleetSource
+
+    source = FleetSource(Prometheus(url, timeout=60), rules="off")
+    out = []
+    try:
+        source.refresh()
+        for _ in range(rounds):
+            c0 = time.process_time()
+            frame = source.refresh()
+            out.append(time.process_time() - c0)
+            assert frame.error is None and len(frame.rows) > 0
+    finally:
+        source.close()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--window", type=float, default=20.0, help="TUI CPU: seconds per window")
+    ap.add_argument("--windows", type=int, default=3)
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--rules", action="store_true", help="load the shipped recording rules into the server")
+    args = ap.parse_args(argv)
+    if not fh.PROMETHEUS or not shutil.which("tmux"):
+        print("needs prometheus, promtool and tmux")
+        return 6
+    d = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    t = time.perf_counter()
+    info = fh.scale_openmetrics(d / "om.txt", nodes=args.nodes, gpus=8)
+    gen = time.perf_counter() - t
+    t = time.perf_counter()
+    fh.backfill(d / "om.txt", d / "tsdb")
+    fill = time.perf_counter() - t
+    rules_file = ROOT / "packaging" / "prometheus" / "gputop-fleet-rules.yml" if args.rules else None
+    prom = fh.Prometheus(d / "prom", tsdb=d / "tsdb", rules=rules_file)
+    rules = [] if args.rules else ["--rules", "off"]
+    if args.rules:
+        time.sleep(20)  # the rules' first evaluation (every 15 s)
+    print(f"{args.nodes} nodes x 8 GPUs ({len(info['dcgm_only'])} DCGM-only, {len(info['orphans'])} with an "
+          f"orphan): OpenMetrics {gen:.1f}s, backfill {fill:.1f}s; load {os.getloadavg()[0]:.2f}")
+    try:
+        run_measured([GPUTOP, "fleet", "--prometheus", prom.url, "--json", "--timeout", "60"])  # warm the server's caches
+        walls, queries, took, n, cpus, server = [], [], [], 0, [], []
+        for _ in range(args.rounds):
+            s0 = proc_cpu_seconds(prom.proc.pid)
+            r = run_measured([GPUTOP, "fleet", "--prometheus", prom.url, "--json", "--stale-after", "1h",
+                              "--timeout", "60"] + rules)
+            data = json.loads(r.stdout)
+            server.append(proc_cpu_seconds(prom.proc.pid) - s0)
+            cpus.append(r.cpu)
+            walls.append(r.wall)
+            queries.append(data["queries"])
+            took.append(data["took_s"])
+            n = len(data["nodes"])
+        print(f"--json end to end: {_spread(walls)} s (goal <= 1 s), {n} rows; the queries alone "
+              f"{_spread(took)} s; queries per refresh: max {max(queries)} (goal <= 5); CPU: the --json process "
+              f"{_spread(cpus)} s, the server {_spread(server, '{:.2f}')} s (clock ticks) per run")
+        cc = client_cpu(prom.url, args.rounds)
+        print(f"client CPU per refresh (in-process, --rules off): {_spread(cc)} s = "
+              f"{Ratio(cc).median / 2 * 100:.1f}% of a core at a 2 s refresh, before drawing")
+        ff = [first_frame(prom.url, d) for _ in range(args.rounds)]
+        print(f"TUI first frame: {_spread(ff)} s (goal <= 1.5 s)")
+        cpu = [tui_cpu(prom.url, d, args.window) for _ in range(args.windows)]
+        print(f"TUI CPU at a 2 s refresh: {_spread(cpu, '{:.2f}')} % of a core (goal <= 5%), "
+              f"{args.windows} windows of {args.window:g}s; load {os.getloadavg()[0]:.2f}")
+    finally:
+        prom.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
