@@ -63,6 +63,52 @@ def wait_comm(pid: int, name: str, timeout: float = 15.0, proc=None) -> bool:
     raise TimeoutError(f"pid {pid} never took the name {name!r}")
 
 
+# ---- running in parallel (pytest-xdist; docs/testing.md "Writing tests that run in parallel") -------------------
+# Several test processes run at once: xdist's workers, and other test runs on the same node. Anything the whole
+# machine shares (a user name, a fixed path, a daemon) gets a name that is unique to this process, or its tests
+# share one xdist_group so that they run on one worker, one after another.
+
+def worker() -> str:
+    """This test process's xdist worker ("gw0", "gw1", ...; "main" without xdist)."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def unique_name(prefix: str) -> str:
+    """``prefix`` made unique among the test processes running now on this machine (our PID): for user
+    names (at most 32 characters: keep ``prefix`` short), abstract socket names, tmux sessions."""
+    return f"{prefix}-{os.getpid()}"
+
+
+def _passwd_tool(cmd: list[str], ok: tuple[int, ...]) -> int:
+    """useradd/userdel, retried while another process holds the passwd lock (exit 10) or the shadow files."""
+    rc, err = -1, b""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = subprocess.run(cmd, capture_output=True)
+        rc, err = r.returncode, r.stderr
+        if rc in ok:
+            return rc
+        time.sleep(0.1)
+    raise AssertionError(f"{' '.join(cmd)} failed with exit {rc}: {err.decode(errors='replace').strip()}")
+
+
+def add_user(name: str, *options: str, shell: str = "/usr/sbin/nologin"):
+    """Create the real user ``name`` (no home), removing a leftover of that name first; its pwd entry.
+
+    Give ``name`` from unique_name(): test processes running at once must never share (or delete) a user.
+    Retries while another process holds the passwd lock. Needs root."""
+    import pwd
+
+    del_user(name)
+    _passwd_tool(["useradd", "--no-create-home", "--shell", shell, *options, name], ok=(0,))
+    return pwd.getpwnam(name)
+
+
+def del_user(name: str) -> None:
+    """Remove the user ``name`` (-f: even while a process of it runs); no error when there is none."""
+    _passwd_tool(["userdel", "-f", name], ok=(0, 6))
+
+
 def _default_sighup():
     # A test runner started under nohup would pass "SIGHUP ignored" on to every child, and gputop would
     # then (correctly) call them "detached with nohup". Tests want plain processes.

@@ -194,7 +194,10 @@ def _unprivileged() -> tuple[str, str] | None:
         except KeyError:
             continue
     if os.geteuid() == 0 and shutil.which("useradd"):
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "gputop-test"], check=True)
+        from tests.conftest import _passwd_tool
+
+        # shared by every test that needs "some other user" and never removed; exit 9: a parallel worker made it
+        _passwd_tool(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "gputop-test"], ok=(0, 9))
         return "gputop-test", str(pwd.getpwnam("gputop-test").pw_gid)
     return None
 

@@ -25,10 +25,14 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, add_user, del_user, unique_name
+
+# One real Slurm (and the node's one munged) per run: every test here runs on one xdist worker, one after another
+# (`--dist loadgroup`); the session fixture below then starts it once. A new test file that starts Slurm joins it.
+pytestmark = pytest.mark.xdist_group("slurm")
 
 BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel")
-USER = "gti16a"
+USER = unique_name("gti16a")  # unique to this test process (parallel workers and runs)
 
 
 def _missing() -> list[str]:
@@ -242,16 +246,6 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
-def _make_user() -> None:
-    try:
-        pwd.getpwnam(USER)
-        return
-    except KeyError:
-        pass
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", USER], check=True,
-                   capture_output=True)
-
-
 @pytest.fixture(scope="session")
 def slurm_node():
     if os.geteuid() != 0:
@@ -264,12 +258,7 @@ def slurm_node():
     base.chmod(0o755)
     node = SlurmNode(base)
     node.write()
-    made_user = False
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        _make_user()
-        made_user = True
+    add_user(USER, shell="/bin/sh")
     try:
         node.start()
     except Exception as e:
@@ -282,8 +271,7 @@ def slurm_node():
     for pid in node.seen:
         kill_tree(pid)
     _kill_marked(str(base))
-    if made_user:
-        subprocess.run(["userdel", USER], capture_output=True)
+    del_user(USER)
     shutil.rmtree(base, ignore_errors=True)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from gputop.actions.identity import TargetLock
 from gputop.core.procs import read_proc
-from tests.conftest import run_gputop, wait_gone
+from tests.conftest import add_user, del_user, run_gputop, unique_name, wait_gone
 from tests.functional.actions_helpers import (
     OtherUser, alive, orphan_python, records, spawn_ignoring_term, unique,
 )
@@ -216,16 +216,13 @@ def test_root_ignores_its_lock_directory_once_others_may_write_it(procs, scenari
 @pytest.fixture
 def third_user(request):
     """A second unprivileged user (useradd), besides OtherUser's: squats against an unprivileged gputop."""
-    import pwd
     import shutil
 
     if not shutil.which("useradd"):
         pytest.skip("useradd is missing")
-    name = "gt25sq"
-    subprocess.run(["userdel", "-f", name], capture_output=True)
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-    request.addfinalizer(lambda: subprocess.run(["userdel", "-f", name], capture_output=True))
-    pw = pwd.getpwnam(name)
+    name = unique_name("gt25sq")  # unique to this test process (parallel workers and runs)
+    pw = add_user(name)
+    request.addfinalizer(lambda: del_user(name))
     return ["setpriv", "--reuid", name, "--regid", str(pw.pw_gid), "--clear-groups"], pw.pw_uid
 
 
