@@ -163,15 +163,25 @@ def isolated_dirs(tmp_path_factory, monkeypatch):
     return base
 
 
+_PROCS_SEQ = iter(range(1, 1 << 30))
+PROCS_TOKEN = "GPUTOP_TEST_PROCS"  # in the environment of every process a Procs spawns (and its descendants)
+
+
 class Procs:
-    """Spawns real processes and makes sure they (and their descendants) are gone afterwards."""
+    """Spawns real processes and makes sure they (and their descendants) are gone afterwards.
+
+    Every process it spawns carries ``GPUTOP_TEST_PROCS=<token>`` in its environment (which descendants
+    inherit): ``wait_for`` takes only processes with this test's token, never another test's process with the
+    same command line (tests run in parallel: "sleep 731" may be two tests' marker at once)."""
 
     def __init__(self):
         self.pids: list[int] = []
+        self.token = f"{os.getpid()}-{next(_PROCS_SEQ)}"
 
     def spawn(self, cmd, **kw) -> subprocess.Popen:
         if isinstance(cmd, str):
             cmd = ["sh", "-c", cmd]
+        kw["env"] = {**(os.environ if kw.get("env") is None else kw["env"]), PROCS_TOKEN: self.token}
         kw.setdefault("stdin", subprocess.DEVNULL)
         kw.setdefault("stdout", subprocess.DEVNULL)
         kw.setdefault("stderr", subprocess.DEVNULL)
@@ -218,11 +228,21 @@ class Procs:
         while time.time() < deadline:
             for p in psutil.process_iter(["pid", "cmdline"]):
                 cmd = " ".join(p.info["cmdline"] or [])
-                if cmd.startswith(marker) and p.pid != os.getpid():
+                if cmd.startswith(marker) and p.pid != os.getpid() and self.mine(p.pid):
                     self.pids.append(p.pid)
                     return p.pid
             time.sleep(0.05)
-        raise TimeoutError(f"no process with {marker!r} in its cmdline")
+        raise TimeoutError(f"no process of this test with {marker!r} in its cmdline")
+
+    def mine(self, pid: int) -> bool:
+        """``pid`` descends from a process this Procs spawned (its environment has our token). A process whose
+        environment cannot be read (another user's, as non-root) is taken as before: by its command line."""
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            return True
+        return f"{PROCS_TOKEN}={self.token}".encode() in env
 
     def cleanup(self):
         procs = []
