@@ -160,6 +160,10 @@ def isolated_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GPUTOP_SYSTEM_CONFIG", str(base / "etc" / "config.yaml"))
     for var in ("GPUTOP_CONFIG", "GPUTOP_SCENARIO", "GPUTOP_BACKEND", "GPUTOP_AUDIT_LOG", "NO_COLOR"):
         monkeypatch.delenv(var, raising=False)
+    # An xdist worker has COLUMNS and LINES in its environment. shutil.get_terminal_size() (gputop's table width,
+    # Textual's terminal size) takes them before the terminal's own size: a TUI in tmux then never saw a resize.
+    for var in ("COLUMNS", "LINES"):
+        monkeypatch.delenv(var, raising=False)
     return base
 
 
