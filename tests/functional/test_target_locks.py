@@ -21,6 +21,10 @@ from tests.functional.actions_helpers import (
 )
 
 PY = sys.executable
+# One test here makes root's lock directory (/run/gputop/locks, the whole node's) world-writable for a moment;
+# root then stops trusting it, and a squatted name no longer keeps root's invocations apart. Run on one xdist
+# worker, one after another, so no squatted-name test runs inside that moment (seen: two SIGTERMs under -n 4).
+pytestmark = pytest.mark.xdist_group("root-locks")
 # Binds the abstract name given in hex (listening on it or not), says "bound", then holds it.
 SQUAT = ("import socket,sys,time; s=socket.socket(socket.AF_UNIX); s.bind(bytes.fromhex(sys.argv[1])); "
          "sys.argv[2]=='listen' and s.listen(1); print('bound', flush=True); time.sleep(600)")
