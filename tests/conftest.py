@@ -63,6 +63,52 @@ def wait_comm(pid: int, name: str, timeout: float = 15.0, proc=None) -> bool:
     raise TimeoutError(f"pid {pid} never took the name {name!r}")
 
 
+# ---- running in parallel (pytest-xdist; docs/testing.md "Writing tests that run in parallel") -------------------
+# Several test processes run at once: xdist's workers, and other test runs on the same node. Anything the whole
+# machine shares (a user name, a fixed path, a daemon) gets a name that is unique to this process, or its tests
+# share one xdist_group so that they run on one worker, one after another.
+
+def worker() -> str:
+    """This test process's xdist worker ("gw0", "gw1", ...; "main" without xdist)."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def unique_name(prefix: str) -> str:
+    """``prefix`` made unique among the test processes running now on this machine (our PID): for user
+    names (at most 32 characters: keep ``prefix`` short), abstract socket names, tmux sessions."""
+    return f"{prefix}-{os.getpid()}"
+
+
+def _passwd_tool(cmd: list[str], ok: tuple[int, ...]) -> int:
+    """useradd/userdel, retried while another process holds the passwd lock (exit 10) or the shadow files."""
+    rc, err = -1, b""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = subprocess.run(cmd, capture_output=True)
+        rc, err = r.returncode, r.stderr
+        if rc in ok:
+            return rc
+        time.sleep(0.1)
+    raise AssertionError(f"{' '.join(cmd)} failed with exit {rc}: {err.decode(errors='replace').strip()}")
+
+
+def add_user(name: str, *options: str, shell: str = "/usr/sbin/nologin"):
+    """Create the real user ``name`` (no home), removing a leftover of that name first; its pwd entry.
+
+    Give ``name`` from unique_name(): test processes running at once must never share (or delete) a user.
+    Retries while another process holds the passwd lock. Needs root."""
+    import pwd
+
+    del_user(name)
+    _passwd_tool(["useradd", "--no-create-home", "--shell", shell, *options, name], ok=(0,))
+    return pwd.getpwnam(name)
+
+
+def del_user(name: str) -> None:
+    """Remove the user ``name`` (-f: even while a process of it runs); no error when there is none."""
+    _passwd_tool(["userdel", "-f", name], ok=(0, 6))
+
+
 def _default_sighup():
     # A test runner started under nohup would pass "SIGHUP ignored" on to every child, and gputop would
     # then (correctly) call them "detached with nohup". Tests want plain processes.
@@ -114,18 +160,32 @@ def isolated_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GPUTOP_SYSTEM_CONFIG", str(base / "etc" / "config.yaml"))
     for var in ("GPUTOP_CONFIG", "GPUTOP_SCENARIO", "GPUTOP_BACKEND", "GPUTOP_AUDIT_LOG", "NO_COLOR"):
         monkeypatch.delenv(var, raising=False)
+    # An xdist worker has COLUMNS and LINES in its environment. shutil.get_terminal_size() (gputop's table width,
+    # Textual's terminal size) takes them before the terminal's own size: a TUI in tmux then never saw a resize.
+    for var in ("COLUMNS", "LINES"):
+        monkeypatch.delenv(var, raising=False)
     return base
 
 
+_PROCS_SEQ = iter(range(1, 1 << 30))
+PROCS_TOKEN = "GPUTOP_TEST_PROCS"  # in the environment of every process a Procs spawns (and its descendants)
+
+
 class Procs:
-    """Spawns real processes and makes sure they (and their descendants) are gone afterwards."""
+    """Spawns real processes and makes sure they (and their descendants) are gone afterwards.
+
+    Every process it spawns carries ``GPUTOP_TEST_PROCS=<token>`` in its environment (which descendants
+    inherit): ``wait_for`` takes only processes with this test's token, never another test's process with the
+    same command line (tests run in parallel: "sleep 731" may be two tests' marker at once)."""
 
     def __init__(self):
         self.pids: list[int] = []
+        self.token = f"{os.getpid()}-{next(_PROCS_SEQ)}"
 
     def spawn(self, cmd, **kw) -> subprocess.Popen:
         if isinstance(cmd, str):
             cmd = ["sh", "-c", cmd]
+        kw["env"] = {**(os.environ if kw.get("env") is None else kw["env"]), PROCS_TOKEN: self.token}
         kw.setdefault("stdin", subprocess.DEVNULL)
         kw.setdefault("stdout", subprocess.DEVNULL)
         kw.setdefault("stderr", subprocess.DEVNULL)
@@ -172,11 +232,21 @@ class Procs:
         while time.time() < deadline:
             for p in psutil.process_iter(["pid", "cmdline"]):
                 cmd = " ".join(p.info["cmdline"] or [])
-                if cmd.startswith(marker) and p.pid != os.getpid():
+                if cmd.startswith(marker) and p.pid != os.getpid() and self.mine(p.pid):
                     self.pids.append(p.pid)
                     return p.pid
             time.sleep(0.05)
-        raise TimeoutError(f"no process with {marker!r} in its cmdline")
+        raise TimeoutError(f"no process of this test with {marker!r} in its cmdline")
+
+    def mine(self, pid: int) -> bool:
+        """``pid`` descends from a process this Procs spawned (its environment has our token). A process whose
+        environment cannot be read (another user's, as non-root) is taken as before: by its command line."""
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            return True
+        return f"{PROCS_TOKEN}={self.token}".encode() in env
 
     def cleanup(self):
         procs = []

@@ -194,7 +194,10 @@ def _unprivileged() -> tuple[str, str] | None:
         except KeyError:
             continue
     if os.geteuid() == 0 and shutil.which("useradd"):
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "gputop-test"], check=True)
+        from tests.conftest import _passwd_tool
+
+        # shared by every test that needs "some other user" and never removed; exit 9: a parallel worker made it
+        _passwd_tool(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "gputop-test"], ok=(0, 9))
         return "gputop-test", str(pwd.getpwnam("gputop-test").pw_gid)
     return None
 
@@ -202,29 +205,96 @@ def _unprivileged() -> tuple[str, str] | None:
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
 
-def spawn_at_pid(procs, pid: int, cmd: list[str], tries: int = 200) -> subprocess.Popen:
+class ForkedAt:
+    """A process spawn_at_pid started (os.fork, then exec): the Popen calls the tests use of it."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (the procs fixture's cleanup)
+                self.returncode = -9
+                return self.returncode
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+def _fork_exec(exe: str, argv: list[str], env: dict, devnull: int) -> int:
+    """fork, and exec ``argv`` in the child (stdio on /dev/null, default SIGPIPE/SIGXFSZ as Popen gives)."""
+    import signal
+
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        try:
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            os.execve(exe, argv, env)
+        finally:
+            os._exit(127)
+    return child
+
+
+def spawn_at_pid(procs, pid: int, cmd: list[str], tries: int = 2000) -> ForkedAt:
     """Really reuse ``pid``: start ``cmd`` as a new process with exactly that PID (root: ns_last_pid).
 
     Another process on the host may take the PID first, so it retries; skips (with the reason) where the
-    kernel does not let us choose the next PID.
+    kernel does not let us choose the next PID. The PID is written and the fork made right after, with
+    everything prepared before: parallel test workers fork all the time, and a Popen between the two (as
+    this was) lost the PID to them every time under -n 4.
     """
     import pytest
 
+    from tests.conftest import PROCS_TOKEN
+
     if not os.access(NS_LAST_PID, os.W_OK):
         pytest.skip("cannot choose the next PID (/proc/sys/kernel/ns_last_pid is not writable): no real PID reuse")
-    for _ in range(tries):
-        if psutil.pid_exists(pid):
-            time.sleep(0.01)  # the old process (or its zombie) still holds the PID
-            continue
-        try:
-            NS_LAST_PID.write_text(str(pid - 1))
-        except OSError as e:
-            pytest.skip(f"cannot choose the next PID: {e}")
-        p = procs.spawn(cmd)
-        if p.pid == pid:
-            return p
-        p.kill()
-        p.wait()
+    exe = shutil.which(cmd[0]) or cmd[0]
+    env = {**os.environ, PROCS_TOKEN: procs.token}
+    want = str(pid - 1).encode()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        free_by = time.monotonic() + 30  # the old process's zombie may wait for init a while
+        for _ in range(tries):
+            while psutil.pid_exists(pid):
+                if time.monotonic() > free_by:
+                    pytest.skip(f"PID {pid} was not freed within 30 s: no real PID reuse")
+                time.sleep(0.01)
+            try:
+                fd = os.open(NS_LAST_PID, os.O_WRONLY)
+            except OSError as e:
+                pytest.skip(f"cannot choose the next PID: {e}")
+            try:
+                os.write(fd, want)
+                child = _fork_exec(exe, cmd, env, devnull)
+            finally:
+                os.close(fd)
+            procs.pids.append(child)
+            if child == pid:
+                return ForkedAt(child)
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+    finally:
+        os.close(devnull)
     pytest.skip(f"could not get PID {pid} back after {tries} tries (a busy host took it)")
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -34,13 +33,14 @@ def _default_sighup():
 
 @contextlib.contextmanager
 def make_user(name: str):
-    """A second real user (useradd, no home); removed afterwards. Needs root."""
-    subprocess.run(["userdel", name], capture_output=True)
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+    """A second real user (useradd, no home); removed afterwards. Needs root. ``name``: from
+    tests.conftest.unique_name (parallel test processes never share a user)."""
+    from tests.conftest import add_user, del_user
+
     try:
-        yield pwd.getpwnam(name)
+        yield add_user(name, shell="/bin/sh")
     finally:
-        subprocess.run(["userdel", name], capture_output=True)
+        del_user(name)
 
 
 def as_user(pw, cmd: list[str], env: dict, **kw) -> subprocess.Popen:

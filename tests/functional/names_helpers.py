@@ -42,18 +42,26 @@ def spawn_named(procs, name: str, *args: str, timeout: float = 20.0):
     return p
 
 
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
 def orphan_named(spawn, procs, shell: str, name: str, timeout: float = 15.0) -> int:
     """Start ``shell`` as a real orphan (``spawn(argv)`` starts ``setsid sh -c '<shell> & exit 0'``: its
     session leader exits at once); the PID of the process named ``name`` it leaves."""
     import psutil
 
     before = {p.pid for p in psutil.process_iter()}
-    spawn(["setsid", "sh", "-c", f"{shell} & exit 0"]).wait(timeout)
+    leader = spawn(["setsid", "sh", "-c", f"{shell} & exit 0"])
+    leader.wait(timeout)
     deadline = time.time() + timeout
     while time.time() < deadline:
         for p in psutil.process_iter(["pid", "name", "ppid"]):
-            if p.pid not in before and p.info["name"] == name[:15] and p.info["ppid"] == 1:
-                procs.pids.append(p.pid)
+            if p.pid not in before and p.info["name"] == name[:15] and p.info["ppid"] == 1 and _sid(p.pid) == leader.pid:
+                procs.pids.append(p.pid)  # in the session setsid made (another test's orphan of that name is not)
                 return p.pid
         time.sleep(0.05)
     raise TimeoutError(f"orphan {name!r} did not start")

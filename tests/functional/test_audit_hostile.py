@@ -17,11 +17,12 @@ import time
 import pytest
 
 from gputop.core import auditlog
+from tests.conftest import unique_name
 from tests.functional.audit_helpers import (NodeGuard, Shared, as_user, make_user, root_kill, root_kills_in,
                                             run_flood, slow_connections)
 
 FLOOD_SECONDS = float(os.environ.get("GPUTOP_TEST_FLOOD_SECONDS", "10"))
-USER = "gti25a"
+USER = unique_name("gti25a")
 
 
 @pytest.fixture

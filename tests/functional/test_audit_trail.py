@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gputop.core import auditlog
-from tests.conftest import ROOT, _default_sighup, run_gputop, wait_gone
+from tests.conftest import ROOT, _default_sighup, run_gputop, unique_name, wait_gone
 from tests.functional.audit_helpers import as_user, make_user
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts a tmpfs / creates a user)")
@@ -199,7 +199,7 @@ def test_node_server_stamps_the_kernels_uid_and_cuts_oversized_records(tmp_path,
     assert not sock.exists() and not auditlog.private_socket_path(sock).exists()
 
 
-USER = "gti15a"
+USER = unique_name("gti15a")
 
 
 @pytest.fixture

@@ -1,10 +1,9 @@
 """`gputop mcp --http`: writes over TCP need the serve token; through the Unix socket the server's own
-uid (SO_PEERCRED) may write. A second real user (gti12a) is created for the test."""
+uid (SO_PEERCRED) may write. A second real user (gti12a-PID) is created for the test."""
 
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import time
@@ -14,38 +13,22 @@ import pytest
 from gputop.core import auditlog
 from gputop.guard import state
 from gputop.core.requester import create_token
-from tests.conftest import wait_gone
+from tests.conftest import add_user, del_user, unique_name, wait_gone
 from tests.functional.mcphttp import McpHttp
 
-USER = "gti12a"
+USER = unique_name("gti12a")  # unique to this test process: parallel workers and runs never share it
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("useradd"),
                                 reason="needs root, setpriv and useradd to act as a second real user")
 
 
-def _retry(cmd: list[str], ok: tuple[int, ...]) -> int:
-    """useradd/userdel, retried: other test runs on the node may hold the passwd lock (exit 10)."""
-    rc = -1
-    for _ in range(40):
-        rc = subprocess.run(cmd, capture_output=True).returncode
-        if rc in ok:
-            return rc
-        time.sleep(0.25)
-    raise AssertionError(f"{cmd} failed with exit {rc}")
-
-
 @pytest.fixture
 def other_user():
-    # 6: no such user; 8: a process runs with its uid (another run's leftover under a reused uid): the
-    # existing user is ours by name and is used as it is (useradd 9: it exists). A uid range of its own
-    # keeps it clear of the users other test runs create.
-    _retry(["userdel", USER], ok=(0, 6, 8))
-    _retry(["useradd", "-M", "-s", "/usr/sbin/nologin", "-K", "UID_MIN=61200", "-K", "UID_MAX=61299",
-            "-K", "GID_MIN=61200", "-K", "GID_MAX=61299", USER], ok=(0, 9))
+    # A uid range of its own keeps it clear of the users other tests create (and of a uid one of them just freed).
+    pw = add_user(USER, "-K", "UID_MIN=61200", "-K", "UID_MAX=61299", "-K", "GID_MIN=61200", "-K", "GID_MAX=61299")
     try:
-        pw = pwd.getpwnam(USER)
         yield pw.pw_uid, pw.pw_gid
     finally:
-        _retry(["userdel", USER], ok=(0, 6, 8))
+        del_user(USER)
 
 
 @pytest.fixture

@@ -145,8 +145,11 @@ def test_dashboard_and_rules_use_only_metrics_gputop_exports(served):
 def test_a_process_keeps_its_series_when_it_turns_orphan(procs, scenario, tmp_path):
     pidfile = tmp_path / "child.pid"
     code = "import time; time.sleep(300)"
-    # a session leader (sh) that starts a child and exits after a while: the child turns orphan then
-    leader = procs.spawn(["setsid", "sh", "-c", f"{sys.executable} -c '{code}' & echo $! > {pidfile}; sleep 4"])
+    # a session leader (sh) that starts a child and exits when told (the go file): the child turns orphan then.
+    # (Told, not after a fixed 4 s: a loaded machine took longer than that to serve the first scrape.)
+    go = tmp_path / "go"
+    leader = procs.spawn(["setsid", "sh", "-c", f"{sys.executable} -c '{code}' & echo $! > {pidfile}; "
+                                                f"n=0; while [ ! -e {go} ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done"])
     deadline = time.time() + 20
     while not (pidfile.exists() and pidfile.read_text().strip()):
         assert time.time() < deadline
@@ -157,6 +160,7 @@ def test_a_process_keeps_its_series_when_it_turns_orphan(procs, scenario, tmp_pa
     try:
         before = _process_series(s.url, child)
         assert before["verdict"] == "not-orphan", before
+        go.touch()
         leader.wait(30)
         deadline = time.time() + 20
         while (after := _process_series(s.url, child))["verdict"] != "orphan":

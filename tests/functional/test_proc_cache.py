@@ -61,6 +61,13 @@ def test_sighup_mark_comes_from_stat_and_matches_status(procs):
         assert read_proc(p.pid, static=StaticCache()).sighup_ignored is expected
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime from /proc/PID/stat, read here (not by the code under test)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def test_idle_process_is_reused_and_a_busy_one_reparsed(procs):
     idle = procs.spawn(["sleep", "60"])
     busy = procs.spawn(["sh", "-c", "while :; do :; done"])
@@ -68,6 +75,11 @@ def test_idle_process_is_reused_and_a_busy_one_reparsed(procs):
     cache = StaticCache(ttl=60)
     a, b = read_proc(idle.pid, static=cache), read_proc(busy.pid, static=cache)
     time.sleep(0.1)
+    # until the busy one has really run (a loaded machine may not give it a tick in 0.1 s): its own stat line
+    ticks = _cpu_ticks(busy.pid)
+    deadline = time.monotonic() + 30
+    while _cpu_ticks(busy.pid) == ticks and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert read_proc(idle.pid, static=cache) is a  # byte-identical stat line: the same ProcInfo
     b2 = read_proc(busy.pid, static=cache)
     assert b2 is not b and b2.cpu_time > b.cpu_time  # CPU time moved: read fresh

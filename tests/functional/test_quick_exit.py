@@ -70,9 +70,12 @@ def test_a_command_outside_quick_exits_normally_with_the_collector_on(tmp_path):
 
 def test_a_live_thread_gets_a_normal_exit(one_gpu):
     # A thread still running when the command returns: the normal exit waits for it; os._exit would not.
+    # It runs until the main thread has finished (not for a fixed 0.5 s, which a command on a loaded machine
+    # outlived: the thread was gone before the command returned, and the quick exit was right to be taken).
     _, path = one_gpu
     thread = ("import threading, time\n"
-              "threading.Thread(target=lambda: (time.sleep(0.5), sys.stderr.write('thread done\\n'))).start()")
+              "threading.Thread(target=lambda: (threading.main_thread().join(), "
+              "sys.stderr.write('thread done\\n'))).start()")
     r = _run(["status", "--json", "--scenario", path], extra=thread)
     assert r.returncode == 0, r.stderr
     assert "thread done" in r.stderr and "teardown ran" in r.stderr

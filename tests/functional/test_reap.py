@@ -80,7 +80,7 @@ def test_apply_reaps_retry_loop_and_no_new_worker_survives(procs, scenario, cfg,
     time.sleep(0.5)  # a respawned worker would show up here
     assert with_marker(marker) == []
     assert alive(innocent.pid) and alive(innocent_orphan)
-    assert elapsed < 20
+    assert elapsed < 60  # bounded (grace 1 s, then SIGKILL), not a wait-for-ever; 20 s was missed on a loaded machine
     [rec] = records(action="reap")
     check_common(rec, action="reap", outcome="reaped")
     assert rec["target"]["pid"] == loop and rec["target"]["cmdline"] == root_ident["cmdline"]

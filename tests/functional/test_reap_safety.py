@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from gputop.util.errors import EXIT_NOT_FOUND
-from tests.conftest import run_gputop, wait_gone
+from tests.conftest import add_user, del_user, run_gputop, unique_name, wait_gone
 from tests.functional.actions_helpers import records, unique, with_marker, write_config
 
 PY = sys.executable
@@ -330,12 +330,11 @@ def test_escape_sequences_from_a_process_never_reach_the_terminal(procs, scenari
 
 # ---- a hidden session leader (hidepid) ------------------------------------------------------------
 
-USER = "gti11a"
+USER = unique_name("gti11a")  # unique to this test process (parallel workers and runs)
 
 
 @pytest.fixture
 def hidden_user(request):
-    import pwd
     import shutil
 
     if os.geteuid() != 0:
@@ -347,10 +346,9 @@ def hidden_user(request):
                            capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot mount /proc with hidepid=2 in a private mount namespace: {probe.stderr.strip()}")
-    subprocess.run(["userdel", "-f", USER], capture_output=True)
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
-    request.addfinalizer(lambda: subprocess.run(["userdel", "-f", USER], capture_output=True))
-    return pwd.getpwnam(USER)
+    pw = add_user(USER)
+    request.addfinalizer(lambda: del_user(USER))
+    return pw
 
 
 def test_a_session_leader_that_cannot_be_seen_is_not_gone(hidden_user, procs, tmp_path):

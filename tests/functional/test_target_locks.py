@@ -15,12 +15,16 @@ import pytest
 
 from gputop.actions.identity import TargetLock
 from gputop.core.procs import read_proc
-from tests.conftest import run_gputop, wait_gone
+from tests.conftest import add_user, del_user, run_gputop, unique_name, wait_gone
 from tests.functional.actions_helpers import (
     OtherUser, alive, orphan_python, records, spawn_ignoring_term, unique,
 )
 
 PY = sys.executable
+# One test here makes root's lock directory (/run/gputop/locks, the whole node's) world-writable for a moment;
+# root then stops trusting it, and a squatted name no longer keeps root's invocations apart. Run on one xdist
+# worker, one after another, so no squatted-name test runs inside that moment (seen: two SIGTERMs under -n 4).
+pytestmark = pytest.mark.xdist_group("root-locks")
 # Binds the abstract name given in hex (listening on it or not), says "bound", then holds it.
 SQUAT = ("import socket,sys,time; s=socket.socket(socket.AF_UNIX); s.bind(bytes.fromhex(sys.argv[1])); "
          "sys.argv[2]=='listen' and s.listen(1); print('bound', flush=True); time.sleep(600)")
@@ -216,16 +220,13 @@ def test_root_ignores_its_lock_directory_once_others_may_write_it(procs, scenari
 @pytest.fixture
 def third_user(request):
     """A second unprivileged user (useradd), besides OtherUser's: squats against an unprivileged gputop."""
-    import pwd
     import shutil
 
     if not shutil.which("useradd"):
         pytest.skip("useradd is missing")
-    name = "gt25sq"
-    subprocess.run(["userdel", "-f", name], capture_output=True)
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-    request.addfinalizer(lambda: subprocess.run(["userdel", "-f", name], capture_output=True))
-    pw = pwd.getpwnam(name)
+    name = unique_name("gt25sq")  # unique to this test process (parallel workers and runs)
+    pw = add_user(name)
+    request.addfinalizer(lambda: del_user(name))
     return ["setpriv", "--reuid", name, "--regid", str(pw.pw_gid), "--clear-groups"], pw.pw_uid
 
 

@@ -221,7 +221,13 @@ def open_app(scenario_path, *, readonly: bool = False, interval: float = 0.2):
 
 
 async def wait_screen(pilot, name: str, timeout: float = 10.0) -> bool:
-    return await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == name, timeout)
+    """The screen called ``name`` is on top and ready: when it has an AUTO_FOCUS, that focus is set (Textual
+    pushes a screen first and focuses it once mounted: on a loaded machine, many frames later)."""
+    def ready() -> bool:
+        screen = pilot.app.screen
+        return type(screen).__name__ == name and (screen.focused is not None or not screen.AUTO_FOCUS)
+
+    return await wait_until(pilot, ready, timeout)
 
 
 async def wait_row(pilot, key: str, timeout: float = 10.0) -> bool:

@@ -36,7 +36,7 @@ class Tmux:
     def screen(self) -> str:
         return self("capture-pane", "-p", "-t", "e2e", check=False)
 
-    def wait_for(self, text: str, timeout: float = 15.0) -> str:
+    def wait_for(self, text: str, timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < deadline:
@@ -46,7 +46,7 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"{text!r} never appeared on the screen:\n{screen}")
 
-    def wait_for_row(self, *parts: str, timeout: float = 15.0) -> str:
+    def wait_for_row(self, *parts: str, timeout: float = 30.0) -> str:
         """Wait for one screen line that holds every one of ``parts``."""
         deadline = time.monotonic() + timeout
         screen = ""

@@ -10,7 +10,7 @@ import pytest
 from gputop.tui.app import GputopApp
 from gputop.tui.keymap import KEYS, PLOT_KEYS
 from gputop.tui.process_tree import ProcessTree
-from tests.tui.helpers import FakeSampler, frozen_panel, run_async, screen_text, wait_until
+from tests.tui.helpers import FakeSampler, frozen_panel, run_async, screen_text, wait_screen, wait_until
 
 
 class CountingSampler(FakeSampler):
@@ -34,7 +34,7 @@ async def started(pilot):
 
 
 async def screen_is(pilot, name: str) -> bool:
-    return await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == name, timeout=5)
+    return await wait_screen(pilot, name)  # on top and focused
 
 
 async def close_to_main(pilot):

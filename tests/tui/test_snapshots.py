@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gputop.tui.app import GputopApp
-from tests.tui.helpers import FakeSampler, frozen_panel, frozen_snapshot, seed_history, wait_until
+from tests.tui.helpers import FakeSampler, frozen_panel, frozen_snapshot, seed_history, wait_screen, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -40,8 +40,8 @@ def ready(*keys: str, select: str | None = None, screen: str | None = None):
         for k in keys:
             await pilot.press(k)
             await pilot.pause()
-        if screen:  # some dialogs are opened from a worker: wait for them
-            assert await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == screen)
+        if screen:  # a key that opens a screen (some from a worker): wait until it is up and focused
+            assert await wait_screen(pilot, screen)
         await pilot.pause(0.1)
     return run_before
 
@@ -83,23 +83,23 @@ def test_reap_dialog(snap_compare):
 
 def test_reset_dialog(snap_compare):
     assert snap_compare(make_app(), terminal_size=(80, 24),
-                        run_before=ready("R", select="gpu2/2001"))
+                        run_before=ready("R", select="gpu2/2001", screen="ResetDialog"))
 
 
 def test_guard_dialog(snap_compare):
-    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=ready("g"))
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=ready("g", screen="GuardToggleDialog"))
 
 
 def test_help(snap_compare):
-    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=ready("question_mark"))
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=ready("question_mark", screen="HelpScreen"))
 
 
 def test_details(snap_compare):
-    assert snap_compare(make_app(), terminal_size=(100, 30), run_before=ready("d", select="gpu2/2001"))
+    assert snap_compare(make_app(), terminal_size=(100, 30), run_before=ready("d", select="gpu2/2001", screen="DetailsScreen"))
 
 
 def test_device_plot(snap_compare):
-    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=ready("p"))
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=ready("p", screen="PlotScreen"))
 
 
 def test_readonly_main_screen(snap_compare):
@@ -124,7 +124,7 @@ def test_main_screen_60x15(snap_compare):
 
 def test_reset_dialog_for_a_held_gpu(snap_compare):
     # Held by an ordinary process: "Kill holders and reset", the index box focused.
-    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=ready("R", select="gpu0/1101"))
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=ready("R", select="gpu0/1101", screen="ResetDialog"))
 
 
 def test_tagged_rows_and_sort_by_a_hidden_column(snap_compare):
