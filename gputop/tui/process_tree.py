@@ -482,10 +482,13 @@ class ProcessTree(Tree[Node]):
         label_at = sum(len(seg.text) for seg in segments) + len(label.plain) - len(line.node._label.plain)
         segments.extend(label.render(self.app.console))
         pad_width = max(self.virtual_size.width, width)
-        used = sum(seg.cell_length for seg in segments)
+        # Not Segment.cell_length (Rich's cell_len): its cache (4,096 entries) would keep every new row's
+        # strings, and under churn every row is new (issue 33). No control segments here.
+        used = sum(_width(seg.text) for seg in segments)
         if pad_width > used:
             segments.append(Segment(" " * (pad_width - used), line_style))
-        strip = Strip(segments)
+            used = pad_width
+        strip = Strip(segments, used)
         self._remember(y, line, is_hover, width, strip, label_at)
         return strip
 
@@ -525,8 +528,8 @@ class ProcessTree(Tree[Node]):
         if stale and id(node) in stale:
             # An off-screen row whose values changed: its width is that of its columns and command, which
             # do not change with the values; the width only sizes the (hidden) horizontal scroll range.
-            return EXPANDER + node._label.cell_len
-        return EXPANDER + self._label_of(node).cell_len
+            return EXPANDER + _width(node._label.plain)
+        return EXPANDER + _width(self._label_of(node).plain)  # (not Text.cell_len: see _width)
 
     def process_label(self, label) -> Text:  # never parse markup; keep one line
         if isinstance(label, str):
