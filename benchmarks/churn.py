@@ -56,7 +56,6 @@ class Churn:
         self.dir = Path(tempfile.mkdtemp(prefix="gputop-bench-churn-"))
         self.pids_file = self.dir / "pids.json"
         self.generation = -1
-        self.proc: subprocess.Popen | None = None
 
     def env(self, src: Path) -> dict[str, str]:
         env = dict(os.environ)
@@ -153,6 +152,25 @@ def start_all(churn: Churn, src: Path, size: tuple[int, int], tmux: Tmux, pids: 
             raise RuntimeError(f"{name} exited: {(logs / f'{name}.log').read_text()[-600:]}")
 
 
+def stop(pids: list[int], grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL for any still running after ``grace`` seconds (our own children: their PIDs
+    cannot be reused before we reap them)."""
+    for sig in (15, 9):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + grace
+        while any(vm_rss_kb(p) is not None for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
 def run(minutes: float, src: Path, gpus: int, holders: int, replace: int, every: float, backend: str,
         size: tuple[int, int]) -> dict:
     """RSS (KiB) of each app every 5 s for ``minutes``: {"samples": {app: [(seconds, kb)]}, ...}."""
@@ -176,12 +194,7 @@ def run(minutes: float, src: Path, gpus: int, holders: int, replace: int, every:
                         next_read += 5
                     time.sleep(0.1)
             finally:
-                for name in ("guard", "serve"):  # (the TUI goes with the tmux server)
-                    if name in pids:
-                        try:
-                            os.kill(pids[name], 15)
-                        except OSError:
-                            pass
+                stop([pids[name] for name in ("guard", "serve") if name in pids])  # (the TUI goes with tmux)
     return {"samples": samples, "replaced": churn.generation * replace, "backend": backend}
 
 
