@@ -6,6 +6,7 @@ expansion of every node survive a refresh. Names and command lines are wrapped i
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from rich.cells import cell_len
@@ -240,6 +241,8 @@ class ColumnHeader(Static):
             self.update(text, layout=False)
 
 
+LABEL_META = Style(meta={"label": True})  # what marks a row's label (see _build_line)
+_GPU_GROUP = re.compile(r"gpu\d+")  # the key of a GPU's group (rows.build)
 LINE_CACHE_ROWS = 64  # drawn lines kept (at least the tree's height: Tree grows it on resize)
 
 
@@ -469,15 +472,23 @@ class ProcessTree(Tree[Node]):
         if self.cursor_line == y:
             label_style += st["cursor"]
         label = self.render_label(line.node, line_style, label_style)
-        label.style = line_style  # what Tree's guides Text gives the label it appends
-        label.stylize(Style(meta={"node": line.node._id}))  # a click on the row (expander included) selects it
+        # What Tree's guides Text gives the label it appends. Its {"line": y} meta makes a click anywhere on the
+        # row select it (Tree's click handler reads only "line"). Tree's own render_line also marks the label
+        # {"node": id}; node ids are never reused, so under churn every new row made new Styles, which
+        # Textual's ANSI cache (16,384 entries) and Rich's kept: +12 MiB in ten minutes (issue 33). The label
+        # is marked with a fixed meta instead (its segments stay apart from the guides' as in Tree's).
+        label.style = line_style
+        label.stylize(LABEL_META)
         label_at = sum(len(seg.text) for seg in segments) + len(label.plain) - len(line.node._label.plain)
         segments.extend(label.render(self.app.console))
         pad_width = max(self.virtual_size.width, width)
-        used = sum(seg.cell_length for seg in segments)
+        # Not Segment.cell_length (Rich's cell_len): its cache (4,096 entries) would keep every new row's
+        # strings, and under churn every row is new (issue 33). No control segments here.
+        used = sum(_width(seg.text) for seg in segments)
         if pad_width > used:
             segments.append(Segment(" " * (pad_width - used), line_style))
-        strip = Strip(segments)
+            used = pad_width
+        strip = Strip(segments, used)
         self._remember(y, line, is_hover, width, strip, label_at)
         return strip
 
@@ -517,8 +528,8 @@ class ProcessTree(Tree[Node]):
         if stale and id(node) in stale:
             # An off-screen row whose values changed: its width is that of its columns and command, which
             # do not change with the values; the width only sizes the (hidden) horizontal scroll range.
-            return EXPANDER + node._label.cell_len
-        return EXPANDER + self._label_of(node).cell_len
+            return EXPANDER + _width(node._label.plain)
+        return EXPANDER + _width(self._label_of(node).plain)  # (not Text.cell_len: see _width)
 
     def process_label(self, label) -> Text:  # never parse markup; keep one line
         if isinstance(label, str):
@@ -549,6 +560,13 @@ class ProcessTree(Tree[Node]):
     def selected(self) -> Node | None:
         node = self.cursor_node
         return node.data if node is not None else None
+
+    def retained_sizes(self) -> dict[str, int]:
+        """How many entries each per-row structure holds (each is at most one per row: issue 33's check that
+        rows of processes that left are dropped)."""
+        return {"nodes": len(self.nodes_by_key), "labels": len(self._labels), "inputs": len(self._inputs),
+                "pending": len(self._pending), "stale": len(self._stale), "drawn": len(self._drawn),
+                "collapsed": len(self._collapsed), "lines": self.last_line + 1}
 
     @property
     def max_depth(self) -> int:
@@ -634,6 +652,8 @@ class ProcessTree(Tree[Node]):
         self._changed, self._structural, self._updated = [], False, []
         self._reconcile_children(self.root, groups, 0)
         structural = self._structural
+        if structural and self._collapsed:
+            self._forget_collapsed()
         self.last_line  # noqa: B018 -- lay the lines out now (Tree does on first use), so node.line is current
         self._label_updated()
         self._repaint(structural)
@@ -644,6 +664,13 @@ class ProcessTree(Tree[Node]):
                 self.move_cursor(node)
         if self.cursor_node is None and self.root.children:
             self.move_cursor(self.root.children[0])
+
+    def _forget_collapsed(self) -> None:
+        """Drop the collapsed state of rows that left (a process, an orphan root or a job: they come and go
+        for as long as the TUI is open), keeping that of the GPU groups (a few, and shown again when the
+        grouping comes back to GPUs)."""
+        keep = self.nodes_by_key
+        self._collapsed = {k for k in self._collapsed if k in keep or _GPU_GROUP.fullmatch(k)}
 
     def relabel(self) -> None:
         """Re-render every label (tags or width changed)."""
