@@ -129,6 +129,9 @@ def header_text(depth_pad: int, compact: bool, sort: str, reverse: bool) -> Text
     return out
 
 
+ROW_MARKS = {"squatter": "[squatter] ", "outside": "[outside its allocation] "}
+
+
 def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: bool) -> tuple:
     """What a row shows, as plain values: cheap to compute and compare on every refresh."""
     if node.kind == "group":
@@ -152,6 +155,12 @@ def row_cells(node: Node, depth: int, max_depth: int, tagged: bool, compact: boo
             "JOB": h.job.label() if h.job is not None else "-",
         }
         cmd = visible(h.cmd)
+        # Short flags before the command: a squatter or a process outside its job's allocation, and a
+        # zombie (the details pane, d, says why and names the parent that must wait for it; a holder found
+        # only through a device file says "dev" in the T column)
+        mark = ROW_MARKS.get(node.standing or "", "") + ("[zombie] " if h.notes is not None and h.notes.zombie else "")
+        if mark:
+            cmd = mark + cmd
     else:
         values = {"USER": user, "HOST-MEM": fmt_bytes(p.rss) if p is not None else ""}
         cmd = visible(p.cmd) if p is not None else ""

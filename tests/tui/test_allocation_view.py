@@ -72,3 +72,12 @@ def test_the_details_of_a_squatter_say_its_standing_and_why():
     text = details_text(h, h.proc, None, standing=snap.allocation.standing(h.pid)).plain
     assert "standing: squatter (a process of no job on GPU 1)" in text
     assert "standing" not in details_text(h, h.proc, None).plain  # no scheduler read: no line
+
+
+def test_a_squatters_row_and_an_outsiders_row_are_flagged_before_the_command():
+    from gputop.tui.process_tree import row_cells
+
+    groups = rows.build(alloc_snapshot())
+    cmds = {n.pid: row_cells(n, 0, 0, False, False)[6] for n in rows.walk(groups) if n.holder is not None}
+    assert cmds[10001].startswith("[squatter] ") and cmds[10002].startswith("[outside its allocation] ")
+    assert not cmds[10000].startswith("[") and not cmds[10003].startswith("[")  # inside, unallocated: no flag

@@ -68,7 +68,7 @@ async def test_k_on_a_zombie_offers_its_parent_and_a_bystander_survives(procs, s
     app = open_app(path)
     async with app.run_test(size=(120, 30)) as pilot:
         assert await wait_row(pilot, f"gpu0/{z}")
-        assert "[true] <defunct>" in screen_text(app)  # the zombie's row, as ps shows one
+        assert "[zombie] [true]" in screen_text(app)  # the zombie's row is flagged (its command ends in <defunct>, as ps shows)
         assert app.select_key(f"gpu0/{z}")
         await pilot.press("k")
         assert await wait_screen(pilot, "KillDialog")
