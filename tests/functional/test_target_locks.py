@@ -146,7 +146,11 @@ def test_ten_concurrent_root_kills_under_a_squatted_name_still_signal_once(procs
     results = [json.loads(p.communicate(timeout=60)[0])["results"][0] for p in runs]
     outcomes = sorted(r["outcome"] for r in results)
     assert outcomes.count("killed") == 1, outcomes
-    assert set(outcomes) <= {"killed", "exited", "not-found"}, [r["message"] for r in results]
+    # a kill that looks after the SIGKILL and before the parent's wait finds a zombie: refused, naming the
+    # parent (issue 28: a zombie's kill never claims success), never a second signal
+    late = [r for r in results if r["outcome"] == "refused"]
+    assert all(r.get("details", {}).get("rule") == "zombie" or "is a zombie" in r["message"] for r in late), late
+    assert set(outcomes) <= {"killed", "exited", "not-found", "refused"}, [r["message"] for r in results]
     assert wait_gone(miner.pid, 5) and alive(bystander.pid) and squatter.poll() is None
     recs = records(action="kill", pid=miner.pid)
     assert sum(1 for r in recs if any(s["signal"] in ("SIGTERM", "SIGKILL") for s in r["signals"])) == 1
