@@ -12,7 +12,9 @@ import os
 import time
 
 from gputop.core.devholders import DeviceScan, nvidia_control_nodes
-from gputop.core.ledger import CTX_DEVICE_FILE, MPS_SERVER, SOURCE_DEVICE_FILE, HolderNotes, zombie_text
+from gputop.core.ledger import (
+    CTX_DEVICE_FILE, MPS_SERVER, NOISE_BYTES, SOURCE_DEVICE_FILE, HolderNotes, zombie_text,
+)
 from gputop.core.model import GpuUse, Holder
 from gputop.core.orphans import UNKNOWN, Verdict
 from gputop.core.procs import ProcTable, ns_pids
@@ -29,14 +31,19 @@ def _runs_mps(info) -> bool:
 
 
 class LedgerSampling:
-    """``scan_every``: seconds between two device-file scans; a refresh in between keeps the holders the
-    last scan found that still run (same PID and start time). ``full_every``: see DeviceScan."""
+    """``scan_every``: seconds between two device-file scans while some GPU's used memory is not explained
+    by its listed holders (or is unknown); ``quiet_every`` while every GPU's is, as on most refreshes of a
+    healthy node: a scan stats every host process's descriptors (87 ms at 10,000 processes), which at
+    5 s would cost a monitor left open more than the rest of its refresh. A refresh in between keeps the
+    holders the last scan found that still run (same PID and start time). ``full_every``: see DeviceScan."""
 
     def __init__(self, proc_root: str, verdicts, full_every: float = 30.0, scan_every: float = 5.0,
-                 clock=time.monotonic):
+                 clock=time.monotonic, quiet_every: float = 60.0):
         self.proc_root = proc_root
         self.verdicts = verdicts  # the sampler's VerdictCache: a zombie's parent is judged by the same rules
         self.full_every, self.scan_every, self.clock = full_every, scan_every, clock
+        self.quiet_every = quiet_every
+        self._used: dict[int, int | None] = {}  # GPU -> its used memory, this sample
         self.scan: DeviceScan | None = None  # made on the first sample that has a device node
         self._found: dict[int, tuple[frozenset[int], float]] = {}  # the last scan: pid -> (rdevs, start time)
         self._found_for: frozenset[int] = frozenset()  # the nodes it looked for
@@ -47,8 +54,9 @@ class LedgerSampling:
         self._holding: dict[int, set[int]] = {}  # GPU -> the processes holding its node, this sample
         self._file_only: set[int] = set()  # processes with a use found only through a device file
 
-    def node(self, gi: int, backend, local: int) -> None:
-        """Note GPU ``gi``'s device node, if its backend knows it."""
+    def node(self, gi: int, backend, local: int, used: int | None = None) -> None:
+        """Note GPU ``gi``'s device node, if its backend knows it, and its used memory."""
+        self._used[gi] = used
         try:
             rdev = backend.device_node(local)
         except Exception:  # a backend that cannot say: no device-file holders for this GPU
@@ -56,11 +64,27 @@ class LedgerSampling:
         if rdev is not None:
             self._nodes[rdev] = gi
 
-    def _holders(self, rdevs: frozenset[int], table: ProcTable) -> dict[int, frozenset[int]]:
-        """pid -> the nodes it holds: a new scan every scan_every seconds (or when the nodes change), else
+    def _unexplained(self, nodes: dict[int, int], uses: dict[int, list[GpuUse]]) -> bool:
+        """Whether some GPU's used memory is unknown, or more than its listed holders' (by NOISE_BYTES)."""
+        listed: dict[int, int] = {}
+        unknown: set[int] = set()
+        for have in uses.values():
+            for u in have:
+                if u.used_memory is None:
+                    unknown.add(u.gpu)
+                else:
+                    listed[u.gpu] = listed.get(u.gpu, 0) + u.used_memory
+        for gi in nodes.values():
+            used = self._used.get(gi)
+            if used is None or gi in unknown or used - listed.get(gi, 0) >= NOISE_BYTES:
+                return True
+        return False
+
+    def _holders(self, rdevs: frozenset[int], table: ProcTable, every: float) -> dict[int, frozenset[int]]:
+        """pid -> the nodes it holds: a new scan every ``every`` seconds (or when the nodes change), else
         the last scan's holders that still run as the same process."""
         now = self.clock()
-        if rdevs == self._found_for and now - self._scanned_at < self.scan_every:
+        if rdevs == self._found_for and now - self._scanned_at < every:
             out = {}
             for pid, (held, start) in self._found.items():
                 info = table.get(pid)
@@ -82,11 +106,14 @@ class LedgerSampling:
         nodes, self._nodes = self._nodes, {}
         self._holding, self._file_only, self.searched = {}, set(), ()
         if not nodes:
+            self._used = {}
             return
+        every = self.scan_every if self._unexplained(nodes, uses) else self.quiet_every
+        self._used = {}
         holding, file_only = self._holding, self._file_only
         ctl = self._control_nodes(nodes)
         cuda_only = []
-        for pid, held in self._holders(frozenset(nodes) | ctl, table).items():
+        for pid, held in self._holders(frozenset(nodes) | ctl, table, every).items():
             if pid not in uses and held <= ctl:
                 cuda_only.append(pid)
             for rdev in held:

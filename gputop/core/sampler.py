@@ -279,7 +279,7 @@ class Sampler:
                 warnings.append(f"GPU {gi}: process list failed: {e}")
                 procs = []
             self._add_uses(gi, procs, table, uses, visible, getattr(backend, "list_source", "nvml"))
-            self._ledger.node(gi, backend, local)
+            self._ledger.node(gi, backend, local, dev.memory_used)
         self._ledger.add_device_file_uses(uses, visible, warnings, table)
         for b in self.backends:
             try:
