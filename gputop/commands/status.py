@@ -120,57 +120,10 @@ def render(snap: Snapshot, chains: bool = False) -> str:
     if not snap.devices:
         out.append(no_gpu_message(list(snap.backends)))
     else:
-        rows = []
-        for d in snap.devices:
-            if d.lost:
-                rows.append([str(d.index), d.name or "?", "LOST", "", "", "", "", d.backend])
-                continue
-            mem = f"{fmt_bytes(d.memory_used)} / {fmt_bytes(d.memory_total)}"
-            power = ("N/A" if d.power_w is None and d.power_limit_w is None else
-                     f"{fmt_opt(d.power_w, '{:.0f}W')}/{fmt_opt(d.power_limit_w, '{:.0f}W')}")
-            rows.append([str(d.index), d.name or "N/A", _pct(d.util_gpu), mem,
-                         fmt_opt(d.temperature, "{:.0f}C"), power, _pct(d.fan_pct), d.backend])
-            rows.extend(instance_rows(snap, d))
-        alloc = snap.allocation is not None  # a scheduler's node: whom each GPU is allocated to
-        if alloc:  # the JOB cell on each GPU's row; a MIG device's row under it has none of its own
-            jobs = {str(d.index): alloc_cell(snap, d.index) for d in snap.devices}
-            for r in rows:
-                r.append(jobs.get(r[0], ""))
-        out.append(table(rows, ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "FAN", "BACKEND",
-                                *(["JOB"] if alloc else [])], right={0, 2, 4, 6}))
-        out.extend(f"  {line}" for line in ledger_lines(snap))  # the memory ledger (docs/memory-ledger.md)
+        out.extend(_gpu_table(snap))
     if snap.holders:
         out.append("")
-        owners = any(h.owner is not None for h in snap.holders)  # not read off Linux: no column
-        jobs = any(getattr(h, "job", None) is not None for h in snap.holders)  # a Slurm node: a JOB column
-        rows = []
-        for h in snap.holders:
-            rows.append([
-                str(h.pid), h.user or "?", *([job_cell(h)] if jobs else []), h.ctx, gpu_cell(h), fmt_bytes(h.gpu_memory),
-                _pct(h.sm_util), fmt_opt(h.cpu_percent, "{:.0f}%"), fmt_duration(h.runtime),
-                h.verdict.kind, *([standing_cell(snap, h.pid)] if snap.allocation is not None else []),
-                *([owner_cell(h.owner)] if owners else []), h.cmd,
-            ])
-        headers = ["PID", "USER", *(["JOB"] if jobs else []), "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME",
-                   "VERDICT", *(["STANDING"] if snap.allocation is not None else []),
-                   *(["OWNER"] if owners else []), "COMMAND"]
-        shift = 1 if jobs else 0
-        out.append(table(fit_last(rows, headers), headers, right={0, 4 + shift, 5 + shift, 6 + shift, 7 + shift}))
-        for h in snap.holders:
-            # Not-orphan with an orphan test on record: an ownership rule (systemd unit, live login) overruled it.
-            if h.verdict.kind != "not-orphan" or h.verdict.orphan_reason:
-                out.append(f"  pid {h.pid}: {h.verdict.kind}: {visible(h.verdict.reason)}")
-            st = snap.allocation.standing(h.pid) if snap.allocation is not None else None
-            if st is not None and st.kind in FLAGGED:
-                out.append(f"  pid {h.pid}: {st.kind}: {visible(st.reason)}")
-            note = holder_note(h)
-            if note is not None:
-                out.append(f"  pid {h.pid}: {visible(note)}")
-            if chains and h.chain:
-                owned = h.chain_owners or (None,) * len(h.chain)
-                out.append(f"  pid {h.pid} chain: " + " <- ".join(
-                    f"{c.pid}({visible(c.name)})" + (f"[{visible(o.label)}]" if o is not None and o.kind != NONE else "")
-                    for c, o in zip(h.chain, owned)))
+        out.extend(_holder_table(snap, chains))
     if snap.roots:
         out.append("")
         out.append("orphan trees (reap with 'gputop reap --apply'):")
@@ -180,6 +133,67 @@ def render(snap: Snapshot, chains: bool = False) -> str:
     for w in snap.warnings:
         out.append(f"warning: {visible(w)}")
     return "\n".join(out)
+
+
+def _gpu_table(snap: Snapshot) -> list[str]:
+    """The GPU table (a row per MIG device under its GPU, a JOB column on a scheduler's node), then the
+    memory ledger's lines (docs/memory-ledger.md)."""
+    rows = []
+    for d in snap.devices:
+        if d.lost:
+            rows.append([str(d.index), d.name or "?", "LOST", "", "", "", "", d.backend])
+            continue
+        mem = f"{fmt_bytes(d.memory_used)} / {fmt_bytes(d.memory_total)}"
+        power = ("N/A" if d.power_w is None and d.power_limit_w is None else
+                 f"{fmt_opt(d.power_w, '{:.0f}W')}/{fmt_opt(d.power_limit_w, '{:.0f}W')}")
+        rows.append([str(d.index), d.name or "N/A", _pct(d.util_gpu), mem,
+                     fmt_opt(d.temperature, "{:.0f}C"), power, _pct(d.fan_pct), d.backend])
+        rows.extend(instance_rows(snap, d))
+    alloc = snap.allocation is not None  # a scheduler's node: whom each GPU is allocated to
+    if alloc:  # the JOB cell on each GPU's row; a MIG device's row under it has none of its own
+        jobs = {str(d.index): alloc_cell(snap, d.index) for d in snap.devices}
+        for r in rows:
+            r.append(jobs.get(r[0], ""))
+    return [table(rows, ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "FAN", "BACKEND",
+                         *(["JOB"] if alloc else [])], right={0, 2, 4, 6}),
+            *(f"  {line}" for line in ledger_lines(snap))]
+
+
+def _holder_table(snap: Snapshot, chains: bool) -> list[str]:
+    """The holder table, then a line per holder with something to say: its verdict's reason, its standing,
+    the ledger's note, its chain (``chains``)."""
+    out = []
+    owners = any(h.owner is not None for h in snap.holders)  # not read off Linux: no column
+    jobs = any(getattr(h, "job", None) is not None for h in snap.holders)  # a Slurm node: a JOB column
+    rows = []
+    for h in snap.holders:
+        rows.append([
+            str(h.pid), h.user or "?", *([job_cell(h)] if jobs else []), h.ctx, gpu_cell(h), fmt_bytes(h.gpu_memory),
+            _pct(h.sm_util), fmt_opt(h.cpu_percent, "{:.0f}%"), fmt_duration(h.runtime),
+            h.verdict.kind, *([standing_cell(snap, h.pid)] if snap.allocation is not None else []),
+            *([owner_cell(h.owner)] if owners else []), h.cmd,
+        ])
+    headers = ["PID", "USER", *(["JOB"] if jobs else []), "TYPE", "GPU", "GPU-MEM", "SM", "CPU", "TIME",
+               "VERDICT", *(["STANDING"] if snap.allocation is not None else []),
+               *(["OWNER"] if owners else []), "COMMAND"]
+    shift = 1 if jobs else 0
+    out.append(table(fit_last(rows, headers), headers, right={0, 4 + shift, 5 + shift, 6 + shift, 7 + shift}))
+    for h in snap.holders:
+        # Not-orphan with an orphan test on record: an ownership rule (systemd unit, live login) overruled it.
+        if h.verdict.kind != "not-orphan" or h.verdict.orphan_reason:
+            out.append(f"  pid {h.pid}: {h.verdict.kind}: {visible(h.verdict.reason)}")
+        st = snap.allocation.standing(h.pid) if snap.allocation is not None else None
+        if st is not None and st.kind in FLAGGED:
+            out.append(f"  pid {h.pid}: {st.kind}: {visible(st.reason)}")
+        note = holder_note(h)
+        if note is not None:
+            out.append(f"  pid {h.pid}: {visible(note)}")
+        if chains and h.chain:
+            owned = h.chain_owners or (None,) * len(h.chain)
+            out.append(f"  pid {h.pid} chain: " + " <- ".join(
+                f"{c.pid}({visible(c.name)})" + (f"[{visible(o.label)}]" if o is not None and o.kind != NONE else "")
+                for c, o in zip(h.chain, owned)))
+    return out
 
 
 def instance_rows(snap: Snapshot, d) -> list[list[str]]:
