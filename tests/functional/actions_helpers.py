@@ -94,6 +94,15 @@ def load_json(out: str):
 
 def with_marker(marker: str) -> list[int]:
     """Live (non-zombie) processes whose command line contains ``marker``, other than this one."""
+    for _ in range(20):
+        try:
+            return _with_marker(marker)
+        except FileNotFoundError:  # psutil let a process that exited mid-scan through (seen under -n 4): scan again
+            time.sleep(0.01)
+    return _with_marker(marker)
+
+
+def _with_marker(marker: str) -> list[int]:
     out = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
