@@ -94,6 +94,15 @@ def load_json(out: str):
 
 def with_marker(marker: str) -> list[int]:
     """Live (non-zombie) processes whose command line contains ``marker``, other than this one."""
+    for _ in range(20):
+        try:
+            return _with_marker(marker)
+        except FileNotFoundError:  # psutil let a process that exited mid-scan through (seen under -n 4): scan again
+            time.sleep(0.01)
+    return _with_marker(marker)
+
+
+def _with_marker(marker: str) -> list[int]:
     out = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
@@ -272,7 +281,8 @@ def spawn_at_pid(procs, pid: int, cmd: list[str], tries: int = 2000) -> ForkedAt
     env = {**os.environ, PROCS_TOKEN: procs.token}
     want = str(pid - 1).encode()
     devnull = os.open(os.devnull, os.O_RDWR)
-    try:
+    counter = int(NS_LAST_PID.read_text())  # put back afterwards: a counter left at an old PID hands recently
+    try:                                    # freed PIDs to other tests' processes (one "gone" PID came back)
         free_by = time.monotonic() + 30  # the old process's zombie may wait for init a while
         for _ in range(tries):
             while psutil.pid_exists(pid):
@@ -295,7 +305,17 @@ def spawn_at_pid(procs, pid: int, cmd: list[str], tries: int = 2000) -> ForkedAt
             os.waitpid(child, 0)
     finally:
         os.close(devnull)
+        _forward_pid_counter(counter)
     pytest.skip(f"could not get PID {pid} back after {tries} tries (a busy host took it)")
+
+
+def _forward_pid_counter(to: int) -> None:
+    """Move the node's next-PID counter back to ``to`` when it is behind it (spawn_at_pid rewound it)."""
+    try:
+        if int(NS_LAST_PID.read_text()) < to:
+            NS_LAST_PID.write_text(str(to))
+    except (OSError, ValueError):
+        pass
 
 
 def gone_and_reaped(pid: int, timeout: float = 5.0) -> bool:

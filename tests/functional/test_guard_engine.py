@@ -86,6 +86,7 @@ def test_brief_policy_kills_a_busy_xmrig_after_five_minutes_and_spares_training(
     assert recs[-1]["target"]["pid"] == xmrig.pid and recs[-1]["force"] is True
 
 
+@pytest.mark.xdist_group("pid-reuse")  # rewinds the node's PID counter: one such test at a time
 def test_a_new_process_on_a_reused_pid_starts_its_own_duration(procs, scenario, clock):
     from tests.functional.actions_helpers import spawn_at_pid
 

@@ -142,6 +142,7 @@ def test_refuses_a_kernel_thread(scenario, cfg):
     assert [(x["details"]["rule"], x["signals"]) for x in records(pid=kt)] == [("kthread", [])] * 2
 
 
+@pytest.mark.xdist_group("pid-reuse")  # rewinds the node's PID counter: one such test at a time
 def test_pid_reused_after_the_checks_is_never_signalled(procs, scenario, cfg):
     from gputop.core.config import load_config
     from gputop.core.sampler import Sampler

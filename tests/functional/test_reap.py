@@ -276,6 +276,7 @@ while True:
 """
 
 
+@pytest.mark.xdist_group("pid-reuse")  # rewinds the node's PID counter: one such test at a time
 def test_root_pid_reused_between_check_and_scan_never_takes_the_new_process(procs, scenario, cfg):
     from tests.functional.actions_helpers import SwapAfterSample, gone_and_reaped, spawn_at_pid
 
