@@ -9,6 +9,7 @@ import time
 
 from gputop.core.procs import StaticCache, read_proc
 from gputop.core.sampler import Sampler
+from tests.conftest import wait_comm
 
 
 class FakeClock:
@@ -99,6 +100,7 @@ def test_command_line_is_reread_after_ttl_and_identity_change_is_never_cached(pr
     cache = StaticCache(ttl=5, clock=clock)
     # The same PID, start time and name (sh) before and after exec: only the command line changes.
     p = procs.spawn(["sh", "-c", "read x; exec sh -c 'sleep 60; :'"], stdin=-1)
+    assert wait_comm(p.pid, "sh", proc=p)  # exec'd (under load the first read could see the fork's argv)
     first = read_proc(p.pid, static=cache)
     assert first.cmdline[:2] == ("sh", "-c") and first.name == "sh"
     _exec_and_wait(p, ("sh", "-c", "sleep 60; :"))
@@ -115,6 +117,7 @@ def test_an_exec_that_changes_the_name_rereads_the_command_line_at_once(procs):
     clock = FakeClock()
     cache = StaticCache(ttl=5, clock=clock)
     p = procs.spawn(["sh", "-c", "read x; exec sleep 60"], stdin=-1)
+    assert wait_comm(p.pid, "sh", proc=p)
     first = read_proc(p.pid, static=cache)
     assert first.cmdline[:2] == ("sh", "-c")
     _exec_and_wait(p, ("sleep", "60"))
@@ -155,6 +158,7 @@ def test_a_holders_chain_is_its_ancestors_up_to_init(procs, scenario):
 
     job = procs.orphan("sleep 63", "sleep 63")
     mine = procs.spawn(["sleep", "64"])
+    assert wait_comm(mine.pid, "sleep", proc=mine)  # exec'd: a holder read mid-exec is not the one pinned
     path = scenario([{"pid": job, "gpu": 0, "memory": "1GiB"}, {"pid": mine.pid, "gpu": 1, "memory": "1GiB"},
                      {"pid": 1, "gpu": 1, "memory": "1GiB"}])
     snap = Sampler([SimulatedBackend(path)]).sample()
