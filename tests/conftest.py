@@ -249,10 +249,16 @@ class Procs:
         return f"{PROCS_TOKEN}={self.token}".encode() in env
 
     def cleanup(self):
+        # Only what is this test's: a PID in self.pids whose process exited may have been reused by another
+        # test's process since (parallel workers fork all the time, and spawn_at_pid rewinds the PID
+        # counter), so a PID is killed only when the process carries our token or is our own child; the
+        # children of such a process are ours.
         procs = []
         for pid in self.pids:
             try:
                 p = psutil.Process(pid)
+                if not (self.mine(pid) or p.ppid() == os.getpid()):
+                    continue
                 procs.append(p)
                 procs.extend(p.children(recursive=True))
             except psutil.Error:
