@@ -43,6 +43,15 @@ export GPUTOP_BACKEND=${GPUTOP_BACKEND:-nvml}
 
 FAILS=0
 PIDS=()
+# The start time (field 22 of /proc/PID/stat) of a live process; empty when it is gone or a zombie (exited,
+# not yet waited for by init): with the PID, the process's identity (a PID reused since is not it).
+start_of() {
+    local st
+    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 0
+    set -- $st
+    [ "$1" = Z ] || [ "$1" = X ] || echo "${20}"
+}
+
 pass() { echo "PASS $*"; }
 fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
 
@@ -179,6 +188,7 @@ printf '%s\n' "$CODE2" >"$WORK/loop.py"
 setsid sh -c "bash -c 'while true; do rm -f \"$WORK/loop.ready\"; \"$PY\" \"$WORK/loop.py\"; sleep 0.2; done' >\"$WORK/loop.log\" 2>&1 & exit 0" </dev/null
 if LOOPW=$(wait_ready "$WORK/loop.ready"); then
     LOOP=$(ps -o ppid= -p "$LOOPW" | tr -d ' ')
+    LOOP_START=$(start_of "$LOOP")
     PIDS+=("$LOOP" "$LOOPW")
     pass "started an orphaned retry loop, pid $LOOP, with CUDA worker pid $LOOPW"
 else
@@ -209,7 +219,8 @@ done
 [ -n "$ORPHAN" ] && { if gone_from_gpu "$ORPHAN"; then pass "nvidia-smi no longer lists pid $ORPHAN"; else fail "nvidia-smi still lists pid $ORPHAN"; fi; }
 if [ -n "$LOOP" ]; then
     sleep 3  # a surviving loop would have started a new worker by now
-    if kill -0 "$LOOP" 2>/dev/null; then fail "retry loop pid $LOOP survived"; else pass "retry loop pid $LOOP is gone"; fi
+    if [ -n "$LOOP_START" ] && [ "$(start_of "$LOOP")" = "$LOOP_START" ]; then fail "retry loop pid $LOOP survived"
+    else pass "retry loop pid $LOOP is gone"; fi
     NEWW=$(cat "$WORK/loop.ready" 2>/dev/null)
     if [ -n "$NEWW" ] && [ "$NEWW" != "$LOOPW" ]; then
         PIDS+=("$NEWW")
