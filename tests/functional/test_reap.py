@@ -32,8 +32,8 @@ def retry_loop(procs, marker: str, supervisor: bool = False) -> tuple[int, int]:
     trap = "trap : TERM; " if supervisor else ""
     inner = (f'bash -c "{trap}while true; do {PY} -c \'import time; time.sleep(600)  # {marker}-worker\'; '
              f'done; : {marker}-loop"')
-    procs.spawn(["setsid", "sh", "-c", f"{inner} & exit 0"]).wait(10)
-    deadline = time.time() + 10
+    procs.spawn(["setsid", "sh", "-c", f"{inner} & exit 0"]).wait(30)
+    deadline = time.time() + 30  # only bounds a failure: under four workers on two cores a start took > 10 s
     while time.time() < deadline:
         loops = with_marker(f"{marker}-loop")
         workers = [p for p in with_marker(f"{marker}-worker") if p not in loops]
