@@ -65,6 +65,10 @@ class PodDevice:
 def list_devices(path: str, timeout: float = DEFAULT_TIMEOUT) -> list[PodDevice]:
     """Every (pod, container, device id) of ``v1.PodResourcesLister/List`` on the Unix socket ``path``.
     Raises RuntimeError (one line) when grpc is missing or the call fails."""
+    # gRPC's fork handlers abort a process that forks while gRPC's threads run ("epoll_wait error: Bad file
+    # descriptor", SIGABRT), and gputop forks (scontrol, ssh) from a process that read the kubelet; its
+    # children exec at once and never use gRPC, so the handlers are not wanted. Read when grpc is imported.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     try:
         import grpc
 

@@ -17,6 +17,9 @@ import pytest
 from tests.conftest import run_gputop
 from tests.functional.test_ownership_cgroups import Cgroups
 
+# The stand-in kubelet runs in this test process: with gRPC's fork handlers on, a later fork by any test
+# of this worker (subprocess) aborted the child (SIGABRT, "epoll_wait error: Bad file descriptor").
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 grpc = pytest.importorskip("grpc", reason="the k8s extra (grpcio) is not installed")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
                                 reason="needs root on Linux to make cgroups")
@@ -80,7 +83,7 @@ def test_pods_sharing_a_gpu_their_processes_and_squatters(procs, scenario, cgrou
         assert p.returncode == 0, p.stderr
         doc = json.loads(p.stdout)
     finally:
-        server.stop(0)
+        server.stop(0).wait(10)  # its threads gone before this worker forks again
     alloc = {g["index"]: g["allocation"] for g in doc["gpu"]["gpus"]}
     assert alloc[0]["members"] == ["ml/train-a", "ml/train-b"] and alloc[0]["source"] == "kubernetes"
     assert alloc[1]["members"] == ["ml/train-b"] and "container worker" in alloc[1]["detail"]
@@ -105,7 +108,7 @@ def test_a_kubelet_that_does_not_answer_in_time_makes_the_allocation_unknown(pro
                                                "GPUTOP_POD_LOG_ROOT": str(tmp_path)})
         took = time.monotonic() - t0
     finally:
-        server.stop(0)
+        server.stop(0).wait(10)  # its threads gone before this worker forks again
     doc = json.loads(p.stdout)
     assert "DEADLINE_EXCEEDED" in doc["allocation"]["error"] and took < 5
     assert doc["holders"][0]["standing"]["kind"] == "unknown"
