@@ -303,7 +303,11 @@ def marked(marker: str) -> list[int]:
 def _kill_marked(text: str) -> None:
     for p in psutil.process_iter(["pid", "cmdline"]):
         if text in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
-            for q in [p] + p.children(recursive=True):
+            try:
+                family = [p] + p.children(recursive=True)
+            except psutil.Error:  # it exited meanwhile (its PID maybe reused): nothing of ours to kill
+                continue
+            for q in family:
                 try:
                     q.kill()
                 except psutil.Error:
