@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import time
 
+import pytest
+
 
 def screen_text(app) -> str:
     """The screen as plain text, one line per row (what a user reads)."""
@@ -257,3 +259,13 @@ def run_async(fn):
         return asyncio.run(fn(*args, **kwargs))
 
     return wrapper
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    """The snapshot tests' clock in UTC (their screens show times); ``pytestmark = usefixtures("utc")``."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

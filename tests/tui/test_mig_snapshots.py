@@ -12,18 +12,12 @@ from gputop.backends.base import BackendStatus, DeviceSample, MigInstance
 from gputop.core.model import GpuUse, Holder, Snapshot
 from gputop.core.orphans import NOT_ORPHAN, Verdict
 from gputop.tui.app import GputopApp
+from tests.tui.helpers import utc  # noqa: F401 (the fixture, used through pytestmark)
 from tests.tui.helpers import AT, FakeSampler, _p, frozen_panel, seed_history, screen_text, wait_until, run_async
 
 GiB = 1024**3
 
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")
 
 
 def mig_snapshot() -> Snapshot:

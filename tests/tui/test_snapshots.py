@@ -11,16 +11,10 @@ import time
 import pytest
 
 from gputop.tui.app import GputopApp
+from tests.tui.helpers import utc  # noqa: F401 (the fixture, used through pytestmark)
 from tests.tui.helpers import FakeSampler, frozen_panel, frozen_snapshot, seed_history, wait_screen, wait_until
 
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")
 
 
 def make_app(readonly: bool = False) -> GputopApp:
