@@ -776,13 +776,14 @@ class NvmlBackend(Backend):
 
 
 def _check_display(call, index: int, h) -> None:
-    """ResetError when GPU ``index`` drives a display; ``call(name, *args)`` is the backend's C call."""
-    for what, name in (("active", "nvmlDeviceGetDisplayActive"), ("mode", "nvmlDeviceGetDisplayMode")):
-        state = ctypes.c_int()  # nvmlEnableState_t
-        if call(name, h, ctypes.byref(state)) != NVML_SUCCESS:
-            continue  # unknown: nvidia-smi will refuse if it must
-        if state.value == FEATURE_ENABLED:
-            raise ResetError(f"nvml: GPU {index} drives a display (display {what})", kind="display")
+    """ResetError when GPU ``index`` drives a display (a display is initialised on it: DisplayActive);
+    ``call(name, *args)`` is the backend's C call. Not DisplayMode: a headless H200 answers Enabled there
+    (driver 580, docs/hardware.md), which would refuse every reset of a data-centre GPU."""
+    state = ctypes.c_int()  # nvmlEnableState_t
+    if call("nvmlDeviceGetDisplayActive", h, ctypes.byref(state)) != NVML_SUCCESS:
+        return  # unknown: nvidia-smi will refuse if it must
+    if state.value == FEATURE_ENABLED:
+        raise ResetError(f"nvml: GPU {index} drives a display (display active)", kind="display")
 
 
 def _text(v) -> str:

@@ -122,6 +122,8 @@ def _gpu_line(i: int, g: dict) -> str:
     lost = g.get("lost", False)
     fields.append(f"lost={2 if lost == 'handle' else 1 if lost else 0}")
     fields.append(f"display={1 if g.get('display') else 0}")
+    if "display_mode" in g:
+        fields.append(f"display_mode={1 if g['display_mode'] else 0}")
     if g.get("minor") is not None:  # the device node's minor (nvmlDeviceGetMinorNumber); absent: the index
         fields.append(f"minor={int(g['minor'])}")
     errors = g.get("errors") or {}
@@ -173,7 +175,8 @@ def write_fake_nvml_config(path: str | os.PathLike, gpus: list[dict], holders: l
     pci_bus_id, memory_total / memory_used / memory_reserved (bytes or "80GiB"; memory_used "auto" = the
     holders' sum), utilization ("auto" = holders' SM%), memory_utilization, temperature, power and
     power_limit (watts), fan, clock_sm, clock_mem, max_clock_sm, max_clock_mem, pstate, lost (True: calls
-    return GPU_IS_LOST; "handle": getting the handle fails too), display (True: drives a display),
+    return GPU_IS_LOST; "handle": getting the handle fails too), display (True: drives a display: DisplayActive), display_mode (DisplayMode;
+    default True, as a headless H200 answers),
     errors ({field: NVML error name or code}, e.g. {"temp": "UNKNOWN"}), minor (the node's minor number). A key given as None makes that
     field NOT_SUPPORTED; a missing key takes a default. MIG: mig (True/False: MIG-capable, mode on/off;
     absent: not capable), mig_pending, mig_denied (True: the parent's process lists answer NO_PERMISSION),

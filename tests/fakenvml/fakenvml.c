@@ -11,7 +11,9 @@
  *         mem_reserved=BYTES  util=PCT|auto  mem_util=PCT  temp=C  power_mw=MW  power_limit_mw=MW
  *         fan=PCT  clock_sm=MHZ  clock_mem=MHZ  max_clock_sm=MHZ  max_clock_mem=MHZ  pstate=N
  *         lost=0|1|2 (1: calls on the device return GPU_IS_LOST; 2: getting its handle fails too)
- *         display=0|1  errors=FIELD:CODE,FIELD:CODE (force an NVML error code for one field)
+ *         display=0|1 (nvmlDeviceGetDisplayActive: a display is initialised on it)
+ *         display_mode=0|1 (nvmlDeviceGetDisplayMode; default 1: a headless H200 answers 1, seen 2026-12-04)
+ *         errors=FIELD:CODE,FIELD:CODE (force an NVML error code for one field)
  *         minor=N (nvmlDeviceGetMinorNumber; absent: the device's index)
  *         mig=0|1 (MIG-capable, mode disabled|enabled; absent: not capable)  mig_pending=0|1
  *         mig_denied=1 (MIG on: the parent's process lists answer NO_PERMISSION, as to an unprivileged user)
@@ -117,7 +119,7 @@ struct gpu {
     long long f[NUMERIC_FIELDS];
     int has[NUMERIC_FIELDS];
     int err[NFIELDS];
-    int lost, display;
+    int lost, display, display_mode;
     int mig_capable, mig_mode, mig_pending, mig_denied, mig_procs_err;
     int has_minor;       /* minor=N: nvmlDeviceGetMinorNumber answers N; absent: the index */
     unsigned int minor;
@@ -196,6 +198,7 @@ static void parse_gpu(struct config *c, char *rest) {
     int i = c->ngpus++;
     struct gpu *g = &c->gpus[i];
     memset(g, 0, sizeof *g);
+    g->display_mode = 1; /* a headless data-centre GPU answers Enabled (a real H200, driver 580) */
     snprintf(g->name, sizeof g->name, "Fake GPU %d", i);
     snprintf(g->uuid, sizeof g->uuid, "GPU-fa4e0000-0000-4000-8000-%012d", i);
     snprintf(g->pci, sizeof g->pci, "00000000:%02X:00.0", 0x10 + i);
@@ -210,6 +213,7 @@ static void parse_gpu(struct config *c, char *rest) {
         else if (strcmp(k, "pci") == 0) copy_str(g->pci, sizeof g->pci, v);
         else if (strcmp(k, "lost") == 0) g->lost = atoi(v);
         else if (strcmp(k, "display") == 0) g->display = atoi(v);
+        else if (strcmp(k, "display_mode") == 0) g->display_mode = atoi(v);
         else if (strcmp(k, "mig") == 0) { g->mig_capable = 1; g->mig_mode = atoi(v); g->mig_pending = g->mig_mode; }
         else if (strcmp(k, "mig_pending") == 0) g->mig_pending = atoi(v);
         else if (strcmp(k, "mig_denied") == 0) g->mig_denied = atoi(v);
@@ -839,16 +843,18 @@ static nvmlReturn_t pstate(nvmlDevice_t h, int *p) {
 API nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t h, int *p) { LOCKED(pstate(h, p)); }
 API nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t h, int *p) { LOCKED(pstate(h, p)); }
 
-static nvmlReturn_t display(nvmlDevice_t h, int *state) {
+/* Active: a display is initialised on the GPU (an X server or console on it). Mode: whether one may be; a
+ * headless H200 answered 1 (Enabled) with no display attached (nvidia-smi: "Disp.A Off"). */
+static nvmlReturn_t display(nvmlDevice_t h, int *state, int mode) {
     struct gpu *g;
     nvmlReturn_t r = dev(h, F_DISPLAY, &g);
     if (r) return r;
     if (!state) return NVML_ERROR_INVALID_ARGUMENT;
-    *state = g->display ? 1 : 0;
+    *state = mode ? (g->display_mode || g->display ? 1 : 0) : (g->display ? 1 : 0);
     return NVML_SUCCESS;
 }
-API nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t h, int *state) { LOCKED(display(h, state)); }
-API nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t h, int *state) { LOCKED(display(h, state)); }
+API nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t h, int *state) { LOCKED(display(h, state, 0)); }
+API nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t h, int *state) { LOCKED(display(h, state, 1)); }
 
 static nvmlReturn_t const_state(nvmlDevice_t h, int *state, int value) {
     struct gpu *g;
