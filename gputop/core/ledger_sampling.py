@@ -24,6 +24,16 @@ NVIDIA_MAJOR = 195
 MPS_COMM = MPS_SERVER[:15]  # comm holds 15 characters: "nvidia-cuda-mps"
 
 
+def own_pid(proc_root: str) -> int | None:
+    """This process's PID as ``proc_root`` numbers it (``self`` of a procfs resolves in the PID namespace
+    that procfs belongs to, so a host's /proc mounted in a container names our host PID); None when it has
+    no ``self`` (a fixture tree)."""
+    try:
+        return int(os.readlink(os.path.join(proc_root, "self")))
+    except (OSError, ValueError):
+        return None
+
+
 def _runs_mps(info) -> bool:
     """Its argv[0] names the MPS server too (comm alone is cut, and the user's to set). Only a note rests
     on it (the clients named): no action trusts it."""
@@ -53,6 +63,9 @@ class LedgerSampling:
         self._nodes: dict[int, int] = {}  # rdev -> global GPU index, this sample
         self._holding: dict[int, set[int]] = {}  # GPU -> the processes holding its node, this sample
         self._file_only: set[int] = set()  # processes with a use found only through a device file
+        # gputop itself: NVML opens every GPU's node (a real H200: /dev/nvidia0 three times), so without
+        # this each face would list itself as a holder of every GPU (docs/hardware.md, 2026-12-04).
+        self.own_pid = own_pid(proc_root)
 
     def node(self, gi: int, backend, local: int, used: int | None = None) -> None:
         """Note GPU ``gi``'s device node, if its backend knows it, and its used memory."""
@@ -114,6 +127,8 @@ class LedgerSampling:
         ctl = self._control_nodes(nodes)
         cuda_only = []
         for pid, held in self._holders(frozenset(nodes) | ctl, table, every).items():
+            if pid == self.own_pid:
+                continue
             if pid not in uses and held <= ctl:
                 cuda_only.append(pid)
             for rdev in held:

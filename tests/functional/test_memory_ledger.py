@@ -485,3 +485,27 @@ def test_the_guard_kills_a_device_file_holder_on_unexplained_memory_and_spares_t
     assert [(h["pid"], h["outcome"]) for h in out] == [(leaker.pid, "terminated")], out
     assert wait_gone(leaker.pid)
     assert alive(other.pid) and alive(listed.pid)
+
+
+def test_gputop_itself_is_never_a_device_file_holder(procs, scenario, tmp_path):
+    """NVML opens every GPU's node in the process that asks it (a real H200: /dev/nvidia0 three times, so
+    `gputop status` listed itself as a holder, docs/hardware.md). The sampler's own process is left out;
+    another process holding the same node is still found."""
+    from gputop.core.config import Config
+    from gputop.core.sampler import Sampler
+
+    node, minor = make_node(tmp_path)
+    other = holder(procs, node, "ledger-other")
+    path = scenario(gpus=gpus(minor, used=(2 * GiB,)))
+    fd = os.open(node, os.O_PATH)  # this process holds the node, as NVML's handle would
+    try:
+        sampler = Sampler.open("simulated", str(path), Config())
+        try:
+            snap = sampler.sample()
+        finally:
+            sampler.close()
+    finally:
+        os.close(fd)
+    pids = {h.pid for h in snap.holders}
+    assert other.pid in pids
+    assert os.getpid() not in pids
