@@ -598,3 +598,40 @@ def test_a_holder_reported_by_thread_id_stays_its_process_while_its_records_are_
     """, env)
     assert out["pids"] == [[p.pid]] * 3
     assert out["kept"]  # the records were reused, and the holder is still the process
+
+
+def _shape(v):
+    """What kind of answer an NVML call gave: its error code, or its value's type (a struct's fields)."""
+    if isinstance(v, str) and v.startswith(("ERROR ", "EXC ")):
+        return v.split()[:2]
+    if isinstance(v, dict):
+        return {k: _shape(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_shape(v[0])] if v else []
+    return type(v).__name__
+
+
+def test_the_fake_answers_every_question_as_a_real_h200_did(nvml, procs):
+    """scripts/nvml-probe.py's answers from a real H200 (driver 580.159.04, 2026-12-04, one CUDA process
+    holding 3.6 GiB; tests/fakenvml/h200-probe.json) against the fake set up as that GPU: every call
+    succeeds or fails alike, with the same fields, and the memory arithmetic agrees (v1 counts the
+    reserved memory as used; v2 does not)."""
+    real = json.loads((ROOT / "tests" / "fakenvml" / "h200-probe.json").read_text())["devices"][0]
+    holder = procs.sleeper("h200-holder")
+    env = nvml([{"name": "NVIDIA H200", "memory_total": real["memory_v1"]["total"],
+                 "memory_reserved": real["memory_v2"]["reserved"], "fan": None, "mig": False,
+                 "clock_mem": 3201, "max_clock_mem": 3201}],
+               [{"pid": holder.pid, "gpu": 0, "memory": real["compute_procs"][0]["usedGpuMemory"], "sm": 1}])
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "nvml-probe.py")], capture_output=True, text=True,
+                       env=_env(env), timeout=60)
+    assert r.returncode == 0, r.stderr
+    fake = json.loads(r.stdout)["devices"][0]
+    differ = {k: (_shape(real[k]), _shape(fake.get(k))) for k in real
+              if _shape(real[k]) != _shape(fake.get(k))}
+    assert not differ, differ
+    for dev in (real, fake):
+        v1, v2 = dev["memory_v1"], dev["memory_v2"]
+        assert v1["used"] == v2["used"] + v2["reserved"]
+        assert v2["free"] == v2["total"] - v2["reserved"] - v2["used"] == v1["free"]
+    assert fake["display_mode"] == real["display_mode"] == 1 and fake["display_active"] == real["display_active"] == 0
+    assert fake["mig_mode"] == real["mig_mode"] == [0, 0]
