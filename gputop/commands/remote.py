@@ -459,7 +459,7 @@ def _rows(host: str, value, what: str, bad: list[str]) -> list[dict]:
 def merged_dict(results: list[HostResult]) -> dict:
     """One JSON document with the host on every row. A remote host's answer is not trusted: rows that
     are not objects are dropped (and said so), and the host field is always the name we asked."""
-    hosts, gpus, holders, roots, warnings = [], [], [], [], []
+    hosts, gpus, holders, roots, warnings, ledger, instances = [], [], [], [], [], [], []
     for r in results:
         entry = {"host": r.host, "ok": r.ok, "seconds": round(r.seconds, 3)}
         if r.ok:
@@ -469,6 +469,8 @@ def merged_dict(results: list[HostResult]) -> dict:
             bad: list[str] = []
             gpu = s.get("gpu")
             gpus += _rows(r.host, gpu.get("gpus") if isinstance(gpu, dict) else gpu, "gpu", bad)
+            instances += _rows(r.host, gpu.get("instances") if isinstance(gpu, dict) else None, "MIG device", bad)
+            ledger += _rows(r.host, s.get("ledger"), "ledger", bad)
             holders += _rows(r.host, s.get("holders"), "holder", bad)
             roots += _rows(r.host, s.get("roots"), "root", bad)
             ws = s.get("warnings") or []
@@ -478,7 +480,8 @@ def merged_dict(results: list[HostResult]) -> dict:
         else:
             entry["error"] = {"kind": r.kind, "message": r.message}
         hosts.append(entry)
-    return {"hosts": hosts, "gpus": gpus, "holders": holders, "roots": roots, "warnings": warnings}
+    return {"hosts": hosts, "gpus": gpus, "holders": holders, "roots": roots, "warnings": warnings,
+            "ledger": ledger, "instances": instances}
 
 
 def _num(v):
@@ -507,7 +510,9 @@ def render_merged(results: list[HostResult]) -> str:
                 f"{fmt_bytes(_num(g.get('memory_used')))} / {fmt_bytes(_num(g.get('memory_total')))}",
                 fmt_opt(_num(g.get("temperature_c")), "{:.0f}C"), fmt_opt(_num(g.get("power_w")), "{:.0f}W"),
             ])
+            rows.extend(_instance_rows(merged["instances"], g))
         out.append(table(rows, ["HOST", "GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER"], right={1, 3, 5, 6}))
+        out.extend(_ledger_lines(merged["ledger"]))
     if merged["holders"]:
         out.append("")
         rows = []
@@ -530,6 +535,35 @@ def render_merged(results: list[HostResult]) -> str:
         for r in failed:
             out.append(f"{r.host}: {r.kind}: {visible(r.message)}")  # ssh's or the remote's stderr
     return "\n".join(out)
+
+
+def _instance_rows(instances: list[dict], g: dict) -> list[list[str]]:
+    """A row per MIG device of the host's GPU ``g``, under it, as ``status`` shows them on one node."""
+    from gputop.util.units import fmt_bytes, fmt_opt
+
+    rows = []
+    for m in instances:
+        if m["host"] != g["host"] or m.get("gpu") != g.get("index") or g.get("index") is None:
+            continue
+        label = " ".join(str(m.get(k)) for k in ("profile", "name") if isinstance(m.get(k), str))[:40]
+        rows.append([g["host"], f"{g['index']}:{m.get('mig_index')}", f"- MIG {label}".rstrip(),
+                     fmt_opt(_num(m.get("utilization_gpu")), "{:.0f}%"),
+                     f"{fmt_bytes(_num(m.get('memory_used')))} / {fmt_bytes(_num(m.get('memory_total')))}", "", ""])
+    return rows
+
+
+def _ledger_lines(ledger: list[dict]) -> list[str]:
+    """Each host's memory ledger lines (unexplained memory, zombies, driver-held), as ``status`` prints
+    them; a ledger entry that does not parse is left out."""
+    from gputop.core.ledger import GpuLedger
+
+    out = []
+    for entry in ledger:
+        lg = GpuLedger.from_dict({k: v for k, v in entry.items() if k != "host"})
+        line = lg.line() if lg is not None else None
+        if line is not None:
+            out.append(f"  {entry['host']} GPU {lg.gpu} {line}")
+    return out
 
 
 def run_status_hosts(args) -> int:

@@ -131,6 +131,28 @@ class GpuLedger:
             text += f"; zombie holder(s): pid {', '.join(map(str, self.zombies))}"
         return text
 
+    @classmethod
+    def from_dict(cls, d) -> "GpuLedger | None":
+        """A ledger from its JSON (``{"gpu": N, **to_dict()}``), as another node's ``status --json`` sends
+        it (not trusted): None unless every field has its type."""
+        if not isinstance(d, dict):
+            return None
+
+        def whole(v, none_ok=False):
+            return (v is None and none_ok) or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+
+        def pids(key):
+            v = d.get(key, [])
+            return tuple(v) if isinstance(v, list) and all(whole(x) for x in v) else None
+
+        listed_pids, unknown, files, zombies = (pids(k) for k in (
+            "listed_pids", "listed_unknown_pids", "device_file_pids", "zombies"))
+        if (not whole(d.get("gpu")) or not whole(d.get("used"), True) or not whole(d.get("listed"))
+                or not whole(d.get("unexplained"), True) or None in (listed_pids, unknown, files, zombies)):
+            return None
+        return cls(d["gpu"], d["used"], d["listed"], listed_pids, unknown, files, zombies, d["unexplained"],
+                   d.get("searched") is True)
+
     def to_dict(self) -> dict:
         return {"used": self.used, "listed": self.listed, "listed_pids": list(self.listed_pids),
                 "listed_unknown_pids": list(self.listed_unknown),

@@ -98,3 +98,31 @@ def test_merged_rows_carry_the_host():
     assert m["hosts"][1]["error"] == {"kind": "unreachable", "message": "Connection refused"}
     text = remote.render_merged([ok, bad])
     assert "1/2 host(s) answered" in text and "n2: unreachable: Connection refused" in text
+
+
+def test_status_hosts_shows_each_nodes_ledger_and_mig_devices():
+    """`status --hosts` prints the lines one node's `status` prints under its GPU table: MIG devices under
+    their GPU, and the memory ledger's (unexplained memory, driver-held). A remote's ledger entry with a
+    wrong type is left out, not a traceback."""
+    G = 1 << 30
+    led = {"gpu": 0, "used": 10 * G, "listed": 4 * G, "listed_pids": [7], "listed_unknown_pids": [],
+           "device_file_pids": [9], "unexplained": 6 * G, "zombies": [], "searched": True}
+    held = {"gpu": 1, "used": 3 * G, "listed": 0, "listed_pids": [], "listed_unknown_pids": [],
+            "device_file_pids": [], "unexplained": 3 * G, "zombies": [], "searched": True}
+    mig = {"gpu": 1, "mig_index": 0, "profile": "3g.71gb", "name": "NVIDIA H200 MIG 3g.71gb\x1b[2J",
+           "memory_total": 71 * G, "memory_used": G, "utilization_gpu": None}
+    ok = remote.HostResult("n1", status={"host": "n1", "gpu": {"gpus": [{"index": 0}, {"index": 1}],
+                                                               "instances": [mig, "junk"]},
+                                         "holders": [], "roots": [], "warnings": [],
+                                         "ledger": [led, held, {"gpu": "0", "used": "x"}]})
+    m = remote.merged_dict([ok])
+    assert [x["gpu"] for x in m["ledger"]] == [0, 1, "0"] and len(m["instances"]) == 1
+    text = remote.render_merged([ok])
+    assert "n1 GPU 0 ledger: 10GiB used = 4.0GiB by 1 listed + ? by 1 device-file holder(s) (pid 9) + " \
+           "6.0GiB unexplained" in text, text
+    assert "n1 GPU 1 ledger: 3.0GiB used and no process holds GPU 1: held by the driver" in text, text
+    lines = text.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("n1") and " 1:0 " in line)
+    assert "- MIG 3g.71gb" in lines[row] and "\x1b" not in text and "N/A" in lines[row]
+    assert lines[row - 1].split()[:2] == ["n1", "1"]  # under its GPU
+    assert "entr(ies)" in text  # the junk instance was dropped and said so
