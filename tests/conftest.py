@@ -238,15 +238,29 @@ class Procs:
             time.sleep(0.05)
         raise TimeoutError(f"no process of this test with {marker!r} in its cmdline")
 
-    def mine(self, pid: int) -> bool:
+    def mine(self, pid: int, unreadable: bool = True) -> bool:
         """``pid`` descends from a process this Procs spawned (its environment has our token). A process whose
-        environment cannot be read (another user's, as non-root) is taken as before: by its command line."""
+        environment cannot be read (another user's, as non-root) is taken as ``unreadable`` says: True for
+        wait_for (then matched by its command line), False for cleanup (never kill what is not surely ours)."""
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = f.read().split(b"\0")
         except OSError:
-            return True
+            return unreadable
         return f"{PROCS_TOKEN}={self.token}".encode() in env
+
+    def _strays(self) -> list[psutil.Process]:
+        """Processes with our token that no longer descend from one we know: a ``sleep 600`` whose ``sh -c``
+        parent died, or a double fork (Slurm tests leaked these)."""
+        out = []
+        me = os.getpid()
+        for pid in psutil.pids():
+            if pid != me and pid not in self.pids and self.mine(pid, unreadable=False):
+                try:
+                    out.append(psutil.Process(pid))
+                except psutil.Error:
+                    pass
+        return out
 
     def cleanup(self):
         # Only what is this test's: a PID in self.pids whose process exited may have been reused by another
@@ -263,6 +277,7 @@ class Procs:
                 procs.extend(p.children(recursive=True))
             except psutil.Error:
                 pass
+        procs.extend(self._strays())
         for p in procs:
             try:
                 p.kill()
