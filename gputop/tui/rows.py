@@ -139,6 +139,46 @@ def _insert(parent: Node, group: str, h: Holder, gpu: int | None, index: dict | 
     index[(id(cur), key)] = node
 
 
+def _merge_tops(g: Node) -> None:
+    """One row per process in a group. A holder's chain is cut at MAX_ANCESTORS, so two holders under one
+    launcher can be cut at different heights: 526>527>848>851 and 527>848>915>916 drew 527 and 848 twice
+    (seen on a real node). A top row whose process is already a row deeper in the group is folded into
+    that row (same process, same orphan root). Recurses into sub-groups (MIG devices)."""
+    deeper: dict[str, Node] = {}  # (no nested function: a recursive closure is a cycle for the collector)
+    stack = []
+    for top in g.children:
+        if top.kind == "group":
+            _merge_tops(top)
+        else:
+            stack.extend(top.children)
+    while stack:
+        n = stack.pop()
+        if n.kind != "group":
+            deeper.setdefault(n.key, n)
+            stack.extend(n.children)
+    kept = []
+    for top in g.children:
+        into = deeper.get(top.key) if top.kind == "ancestor" else None
+        if into is None or into is top or into.root != top.root:
+            kept.append(top)
+        else:
+            _fold(top, into)
+    g.children = kept
+
+
+def _fold(src: Node, dst: Node) -> None:
+    """Put ``src``'s rows under ``dst`` (the same process), merging rows of the same process."""
+    if src.holder is not None and dst.holder is None:
+        dst.kind, dst.holder = "holder", src.holder
+    have = {c.key: c for c in dst.children}
+    for c in src.children:
+        same = have.get(c.key)
+        if same is None:
+            dst.children.append(c)
+        else:
+            _fold(c, same)
+
+
 def _rank(node: Node, sort: str, reverse: bool):
     vals = []
     if node.holder is not None:
@@ -291,6 +331,7 @@ def build(snapshot: Snapshot, *, grouping: str = GROUP_GPU, sort: str = "gpu-mem
         groups = _root_groups(snapshot, holders, filter_text)
     mig_order = {_instance_key(m): i for i, m in enumerate(getattr(snapshot, "instances", ()))}
     for g in groups:
+        _merge_tops(g)
         for c in g.children:
             _rank(c, sort, reverse)
         desc = SORTS[sort][1] != reverse

@@ -181,3 +181,32 @@ def test_key_names_and_characters_written_out_are_textuals():
     for key in keymap.KEY_CHARACTERS:
         assert keymap.KEY_CHARACTERS[key] == key_to_character(key), key
     assert {b.key for b in keymap.bindings()} == set(keys)  # one binding a key, none lost
+
+
+def test_two_holders_cut_at_different_heights_share_one_row_per_ancestor():
+    """The shape a real H200 node showed: holder A under 526>527>848, holder B under 527>848>915 (each chain
+    cut at MAX_ANCESTORS). Each process is one row: B's 527 is folded into A's, whichever comes first."""
+    from dataclasses import replace
+
+    from gputop.backends.base import DeviceSample
+    from gputop.core.model import GpuUse, Holder
+    from gputop.core.orphans import NOT_ORPHAN, Verdict
+    from tests.tui.helpers import AT, GiB, _p
+
+    base = frozen_snapshot()
+    p526 = _p(526, 1, "timeout", "timeout 540 bash run.sh", 526, AT - 100)
+    p527 = _p(527, 526, "bash", "bash run.sh", 526, AT - 100)
+    p848 = _p(848, 527, "bash", "bash run.sh", 526, AT - 90)
+    p915 = _p(915, 848, "timeout", "timeout 60 python3 shot.py", 526, AT - 10)
+    a = Holder(851, (GpuUse(0, "C", 3 * GiB, 1.0),), _p(851, 848, "python3", "python3 hold.py", 526, AT - 80),
+               (p848, p527, p526), Verdict(NOT_ORPHAN, "session leader pid 526 is alive"), 1.0, 80.0)
+    b = Holder(916, (GpuUse(0, "C", GiB, None),), _p(916, 915, "python3", "python3 shot.py", 526, AT - 9),
+               (p915, p848, p527, p526), Verdict(NOT_ORPHAN, "session leader pid 526 is alive"), 1.0, 9.0)
+    dev = DeviceSample(0, "NVIDIA H200", memory_total=140 * GiB, memory_used=4 * GiB, backend="simulated",
+                       backend_index=0)
+    for holders in ((a, b), (b, a)):
+        snap = replace(base, devices=(dev,), holders=holders, roots=())
+        k = keys(build(snap))
+        assert k == ["gpu0", "gpu0/526", "gpu0/527", "gpu0/848", "gpu0/851", "gpu0/915", "gpu0/916"] or \
+            k == ["gpu0", "gpu0/526", "gpu0/527", "gpu0/848", "gpu0/915", "gpu0/916", "gpu0/851"], k
+        assert sorted(k) == sorted(set(k))
