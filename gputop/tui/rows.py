@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gputop.core.ledger import GpuLedger, gpu_ledgers, holder_note
+from gputop.core.ledger import SOURCE_DEVICE_FILE, GpuLedger, gpu_ledgers, holder_note
 from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.core.procs import ProcInfo
 from gputop.core.model import Holder, Snapshot
@@ -199,8 +199,10 @@ def _rank(node: Node, sort: str, reverse: bool):
 
 def _group_title(head: str, holders: list[Holder], total: int | None = None) -> str:
     """``total``: how many the group holds when a filter hides some (``2 of 3 shown``)."""
-    mems = [h.gpu_memory for h in holders]
-    mem = "" if not holders else (" · N/A" if any(m is None for m in mems) else f" · {fmt_bytes(sum(mems))}")
+    # A device-file holder's memory is unknown by nature (the ledger suffix counts them): it does not make
+    # the listed holders' sum unknown (on a real node any nvidia-smi or monitor is one).
+    mems = [h.gpu_memory for h in holders if h.source != SOURCE_DEVICE_FILE]
+    mem = "" if not mems else (" · N/A" if any(m is None for m in mems) else f" · {fmt_bytes(sum(mems))}")
     n = len(holders)
     if total is not None and total != n:
         return f"{head} · {n} of {total} holder{'s' if total != 1 else ''} shown{mem}"

@@ -50,6 +50,9 @@ async def test_the_device_pane_and_the_tree_show_the_ledger(procs, scenario, tmp
         text = screen_text(app)
         assert "6.0GiB unexplained" in text and f"(pid {h.pid})" in text
         assert "1 via device file (dev)" in text  # the GPU group's title
+        # ... which still sums the listed holders: a device-file holder (any nvidia-smi on a real node) does
+        # not turn it into N/A
+        assert "GPU 0 Sim · 2 holders · 4.0GiB" in text, text
         row = next(line for line in text.splitlines() if f" {h.pid} " in line and "python" in line)
         assert " dev " in row and "N/A" in row  # T column: found through the device file; memory unknown
 
