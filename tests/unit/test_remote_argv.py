@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import stat
+import sys
 
 import pytest
 
 from gputop.commands import remote
 from gputop.util.errors import UsageError
+from tests.conftest import run_gputop
 
 
 def test_split_finds_remote_among_global_options():
@@ -98,3 +102,18 @@ def test_merged_rows_carry_the_host():
     assert m["hosts"][1]["error"] == {"kind": "unreachable", "message": "Connection refused"}
     text = remote.render_merged([ok, bad])
     assert "1/2 host(s) answered" in text and "n2: unreachable: Connection refused" in text
+
+
+# ---- --remote after the subcommand ----------------------------------------------------------------
+
+def test_remote_after_the_subcommand_runs_it_there(tmp_path):
+    seen = tmp_path / "argv.json"
+    fake = tmp_path / "ssh"  # stands in for ssh: records what it was asked to run
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(seen)!r}, 'w'))\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    for argv in (["status", "--remote", "node07", "--json"], ["status", "--json", "--remote=node07"]):
+        r = run_gputop(*argv, env={"GPUTOP_SSH": str(fake)})
+        assert r.returncode == 0, r.stderr
+        got = json.loads(seen.read_text())
+        assert "node07" in got and got[-2:] == ["status", "--json"] or " ".join(got).endswith("status --json"), got
+        assert "--remote" not in " ".join(got), got
