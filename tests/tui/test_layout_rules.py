@@ -39,22 +39,17 @@ def test_the_app_is_layout_and_message_routing():
 
 
 # ---- Textual's private names (issue 27) ------------------------------------------------------------
-# What tui/ still reads or overrides of Textual's privates, per module: (module, name or import). The render
-# fast path of ProcessTree (issue 13) is most of it; compositor.py and driver.py subclass Textual's private
-# Compositor and XTermParser-based driver. Each entry is to go (see docs/tui.md); a new one fails the test,
-# and so does an entry that is no longer needed (take it out of the list).
+# What tui/ still reads or overrides of Textual's privates, per module: (module, name or import).
+# compositor.py and driver.py subclass Textual's private Compositor and XTermParser-based driver.
+# ProcessTree's render fast path (issue 13) uses only Textual's public API since issue 27 (tui/tree_lines.py).
+# Each entry is to go (see docs/tui.md); a new one fails the test, and so does an entry that is no longer
+# needed (take it out of the list).
 KNOWN_TEXTUAL_PRIVATES = {
     ("compositor.py", "_compositor"), ("compositor.py", "_dirty_regions"), ("compositor.py", "_regions_to_spans"),
     ("compositor.py", "import from textual._compositor"),
     ("driver.py", "_debug"), ("driver.py", "_timeout_time"), ("driver.py", "import from textual._loop"),
     ("driver.py", "import from textual._parser"), ("driver.py", "import from textual._time"),
     ("driver.py", "import from textual._xterm_parser"),
-    ("process_tree.py", "_allow_expand"), ("process_tree.py", "_cache"), ("process_tree.py", "_children"),
-    ("process_tree.py", "_dirty_lines"), ("process_tree.py", "_expanded"), ("process_tree.py", "_hover"),
-    ("process_tree.py", "_label"), ("process_tree.py", "_line"), ("process_tree.py", "_line_cache"),
-    ("process_tree.py", "_pseudo_class_state"), ("process_tree.py", "_render_line"),
-    ("process_tree.py", "_selected"), ("process_tree.py", "_styles_cache"), ("process_tree.py", "_tree_lines"),
-    ("process_tree.py", "_updates"),
 }
 
 

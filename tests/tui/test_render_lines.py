@@ -27,10 +27,10 @@ def _lines_differing(tree: ProcessTree) -> list[int]:
     style, width = tree.rich_style, tree.size.width
     bad = []
     for y in range(tree.last_line + 1):
-        tree._line_cache.clear()
+        tree._line_cache.clear()  # Tree's own (its rendering is the reference here)
         theirs = _segments(Tree._render_line(tree, y, 0, width, style))
-        tree._line_cache.clear()
-        ours = _segments(tree._render_line(y, 0, width, style))
+        tree.lines.clear()
+        ours = _segments(tree.lines.line(y, width, style).crop(0, width))
         if theirs != ours:  # text, colours, attributes and the click metadata of every segment
             bad.append(y)
     return bad
