@@ -51,6 +51,15 @@ async def test_every_line_matches_what_tree_would_draw(size):
                 await pilot.press(k)
             await pilot.pause()
             assert _lines_differing(tree) == [], keys
+        # The mouse over a row (Tree marks the node under it; ProcessTree reads hover_line), then focus.
+        for offset in ((12, 4), (12, 2), (12, 0)):  # a holder, its parent, a GPU group (all its guides)
+            await pilot.hover(ProcessTree, offset=offset)
+            await pilot.pause()
+            assert tree.hover_line >= 0
+            assert _lines_differing(tree) == [], offset
+        tree.focus()
+        await pilot.pause()
+        assert _lines_differing(tree) == [], "focused, hovered"
 
 
 def _screen(app) -> list[str]:
