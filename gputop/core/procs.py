@@ -365,12 +365,9 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
     key = (pid, start_ticks)
     half = state in ("Z", "X") and live_threads(base)
     cached = static.get(key) if static is not None and not half else None
-    if cached is not None:
-        last = static._last.get(pid)
-        if last is not None and last[2] == key and last[0][last[0].index(b"(") + 1: last[0].rindex(b")")] \
-                != stat[lpar + 1: rpar]:
-            cached = None  # its name changed under the same identity: an exec, so its command line is new too
-            # (the protect rules compare the name with argv[0]: gputop.core.disguise)
+    if cached is not None and _renamed(static, pid, key, stat[lpar + 1: rpar]):
+        cached = None  # its name changed under the same identity: an exec, so its command line is new too
+        # (the protect rules compare the name with argv[0]: gputop.core.disguise)
     if cached is not None:
         cmdline, uid = cached
     else:
@@ -386,20 +383,9 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
                 os.close(dfd)
         cmdline, uid, sighup, tgid = _read_static(dfd, base, half, sighup)
         if static is not None:
-            static.put(key, cmdline, uid)
-            if tgid is not None:
-                static.tgids[pid] = tgid
-            if static.cgroups is not None:  # the owner, read through the same pinned dir
-                cgroup = _read("cgroup", dfd)
-                if cgroup:
-                    static.cgroups[(pid, start)] = cgroup
-    name = comm
-    if len(comm) >= 15 and cmdline:  # comm is truncated to 15 bytes
-        exe_name = os.path.basename(cmdline[0])
-        if exe_name.startswith(comm):
-            name = exe_name
+            _keep_static(static, dfd, key, start, cmdline, uid, tgid)
     info = ProcInfo(
-        pid=pid, ppid=ppid, name=name, cmdline=cmdline, start_time=start, uid=uid,
+        pid=pid, ppid=ppid, name=_full_name(comm, cmdline), cmdline=cmdline, start_time=start, uid=uid,
         user=user_name(uid) if uid is not None else None, sid=sid, state=state,
         sighup_ignored=sighup, kthread=bool(flags & PF_KTHREAD),  # not "ppid == 2": in a PID namespace that is a user process
         rss=rss, cpu_time=cpu, half_exited=half, pgid=pgid, start_ticks=start_ticks,
@@ -407,6 +393,34 @@ def _parse_linux(pid: int, proc_root: str, base: str, stat: bytes, static: Stati
     if static is not None:
         static.remember(pid, stat, info, key)
     return info
+
+
+def _renamed(static: StaticCache, pid: int, key: tuple[int, int], comm: bytes) -> bool:
+    """Whether the process's name (comm, as bytes) changed since the last scan, under the same identity."""
+    last = static._last.get(pid)
+    return last is not None and last[2] == key and last[0][last[0].index(b"(") + 1: last[0].rindex(b")")] != comm
+
+
+def _keep_static(static: StaticCache, dfd: int, key: tuple[int, int], start: float, cmdline: tuple[str, ...],
+                 uid: int | None, tgid: int | None) -> None:
+    """Cache what does not change under one identity: command line, uid, thread group, cgroup."""
+    pid = key[0]
+    static.put(key, cmdline, uid)
+    if tgid is not None:
+        static.tgids[pid] = tgid
+    if static.cgroups is not None:  # the owner, read through the same pinned dir
+        cgroup = _read("cgroup", dfd)
+        if cgroup:
+            static.cgroups[(pid, start)] = cgroup
+
+
+def _full_name(comm: str, cmdline: tuple[str, ...]) -> str:
+    """comm is truncated to 15 bytes: argv[0]'s basename when it starts with comm, else comm."""
+    if len(comm) >= 15 and cmdline:
+        exe_name = os.path.basename(cmdline[0])
+        if exe_name.startswith(comm):
+            return exe_name
+    return comm
 
 
 def _read_static(dfd: int, base: str, half: bool,

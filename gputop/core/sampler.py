@@ -256,8 +256,6 @@ class Sampler:
         note = self._hidepid[0]
         if note:
             warnings.append(note)
-        devices: list[DeviceSample] = []
-        instances: list[MigInstance] = []
         uses: dict[int, list[GpuUse]] = {}
         visible: dict[int, bool] = {}
         table = ProcTable(self.proc_root, static=self._static)
@@ -266,6 +264,25 @@ class Sampler:
             self._static.begin()  # one clock reading for this refresh's freshness checks
         if self._owners is not None:
             self._owners.begin()
+        devices, instances = self._read_gpus(table, uses, visible, warnings)
+        holders = self._holders(table, uses, visible, now, warnings)
+        self._end_refresh(holders, uses)
+        allocation = self._allocation(devices, holders, now)
+        if allocation is not None and allocation.error:
+            warnings.append(f"GPU allocation unknown: {allocation.error}")
+        return Snapshot(
+            at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
+            roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
+            warnings=tuple(warnings), platform=self.platform, allocation=allocation,
+            instances=tuple(instances), searched=self._ledger.searched,
+        )
+
+    def _read_gpus(self, table: ProcTable, uses: dict[int, list[GpuUse]], visible: dict[int, bool],
+                   warnings: list[str]) -> tuple[list[DeviceSample], list[MigInstance]]:
+        """Each backend's devices, MIG instances and GPU processes (into ``uses`` and ``visible``), then
+        the holders found by the device-file scan, and the backends' warnings."""
+        devices: list[DeviceSample] = []
+        instances: list[MigInstance] = []
         for gi, (backend, local) in enumerate(device_map(self.backends)):
             dev = read_device(gi, backend, local)
             devices.append(dev)
@@ -286,8 +303,11 @@ class Sampler:
                 warnings.extend(b.warnings())
             except Exception:
                 pass
+        return devices, instances
 
-        holders = self._holders(table, uses, visible, now, warnings)
+    def _end_refresh(self, holders: list[Holder], uses: dict[int, list[GpuUse]]) -> None:
+        """Forget what this refresh no longer saw: the last uses, session leaders, job references and the
+        caches' stale entries."""
         self._last_uses, self._uses_now = self._uses_now, {}
         self._leaders, self._leaders_seen = self._leaders_seen, set()
         self.verdicts.end(uses)
@@ -298,15 +318,6 @@ class Sampler:
             self._static.prune()
         if self._owners is not None:
             self._owners.prune()
-        allocation = self._allocation(devices, holders, now)
-        if allocation is not None and allocation.error:
-            warnings.append(f"GPU allocation unknown: {allocation.error}")
-        return Snapshot(
-            at=now, host=self.host, devices=tuple(devices), holders=tuple(holders),
-            roots=tuple(_roots(holders, table)), backends=tuple(self.statuses),
-            warnings=tuple(warnings), platform=self.platform, allocation=allocation,
-            instances=tuple(instances), searched=self._ledger.searched,
-        )
 
     def _allocation(self, devices, holders, now: float):
         """Whom the scheduler gave each GPU to: Slurm's allocation on a Slurm node, else the kubelet's

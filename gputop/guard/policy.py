@@ -267,21 +267,7 @@ def _parse_value(kind: str, op: str, value: object, ctype: str):
     _finite(value, ctype)
     listy = op in ("contains_any", "in", "not_in")
     if kind == "string":
-        if listy:
-            if isinstance(value, str):
-                value = [value]
-            if not isinstance(value, list) or not value or not all(isinstance(x, (str, int)) and
-                                                                   not isinstance(x, bool) for x in value):
-                raise ValueError(f"{ctype} {op} needs a non-empty list of strings, got {_type_name(value)}")
-            return tuple(str(x) for x in value)
-        if not isinstance(value, (str, int)) or isinstance(value, bool):
-            raise ValueError(f"{ctype} {op} needs a string, got {_type_name(value)}")
-        if op == "matches":
-            try:  # bounded (RE2): a command line is chosen by another user
-                return saferegex.compile(str(value))
-            except saferegex.PatternError as e:
-                raise ValueError(f"bad regex {value!r}: {e}") from None
-        return str(value)
+        return _parse_string(op, value, ctype, listy)
     if kind == "percent":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{ctype} needs a number of percent (0-100), got {_type_name(value)}")
@@ -306,25 +292,49 @@ def _parse_value(kind: str, op: str, value: object, ctype: str):
             raise ValueError(f"{ctype} needs true or false, got {_type_name(value)}")
         return value
     if kind == "gpu":
-        if listy:
-            if isinstance(value, (int, str)) and not isinstance(value, bool):
-                value = [value]
-            try:  # GPU indexes, or MIG devices ("0:GI5", "0:GI5/CI0", "MIG-..."): gputop.guard.mig_place
-                if not isinstance(value, list) or not value:
-                    raise ValueError
-                return tuple(parse_place(x) for x in value)
-            except ValueError:
-                raise ValueError(f"gpu {op} needs a list of GPU indexes such as [0, 1] (or MIG devices such as "
-                                 f"'0:GI5'), got {_type_name(value)}") from None
-        try:
-            return parse_place(value)
-        except ValueError as e:
-            raise ValueError(f"gpu {op} needs {e}, got {_type_name(value)}") from None
+        return _parse_gpu(op, value, listy)
     if kind == "window":
         return parse_window(value)
     if kind == "standing":
         return _parse_standing(op, value)
     raise ValueError(f"internal: unknown kind {kind}")  # pragma: no cover
+
+
+def _parse_string(op: str, value: object, ctype: str, listy: bool):
+    """A string condition's value: a tuple of strings for a list operator, a bounded regex for matches."""
+    if listy:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value or not all(isinstance(x, (str, int)) and
+                                                               not isinstance(x, bool) for x in value):
+            raise ValueError(f"{ctype} {op} needs a non-empty list of strings, got {_type_name(value)}")
+        return tuple(str(x) for x in value)
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise ValueError(f"{ctype} {op} needs a string, got {_type_name(value)}")
+    if op == "matches":
+        try:  # bounded (RE2): a command line is chosen by another user
+            return saferegex.compile(str(value))
+        except saferegex.PatternError as e:
+            raise ValueError(f"bad regex {value!r}: {e}") from None
+    return str(value)
+
+
+def _parse_gpu(op: str, value: object, listy: bool):
+    """A gpu condition's value: a place, or a tuple of places for a list operator (gputop.guard.mig_place)."""
+    if listy:
+        if isinstance(value, (int, str)) and not isinstance(value, bool):
+            value = [value]
+        try:  # GPU indexes, or MIG devices ("0:GI5", "0:GI5/CI0", "MIG-..."): gputop.guard.mig_place
+            if not isinstance(value, list) or not value:
+                raise ValueError
+            return tuple(parse_place(x) for x in value)
+        except ValueError:
+            raise ValueError(f"gpu {op} needs a list of GPU indexes such as [0, 1] (or MIG devices such as "
+                             f"'0:GI5'), got {_type_name(value)}") from None
+    try:
+        return parse_place(value)
+    except ValueError as e:
+        raise ValueError(f"gpu {op} needs {e}, got {_type_name(value)}") from None
 
 
 def _parse_standing(op: str, value: object) -> object:

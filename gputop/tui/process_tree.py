@@ -10,11 +10,9 @@ import re
 from functools import lru_cache
 
 from rich.cells import cell_len
-from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
-from textual.geometry import Region
 from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import Static, Tree
@@ -22,6 +20,7 @@ from textual.widgets.tree import TreeNode
 
 from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.tui.rows import SORTS, Node
+from gputop.tui.tree_lines import LINE_CACHE_ROWS, TreeLines  # noqa: F401 -- LINE_CACHE_ROWS: the tests' bound
 from gputop.util.units import fmt_bytes, fmt_duration
 from gputop.util.textsafe import visible
 
@@ -204,7 +203,7 @@ def cells_width(cells: tuple) -> int:
     return _width(head) + 1 + sum(_width(v) + 1 for v in values) + _width(cmd)
 
 
-# The label of a row not drawn yet: its Text is built from its cells when it is first drawn (see _label_of),
+# The label of a row not drawn yet: its Text is built from its cells when it is first drawn (see label_text),
 # so that a thousand rows off screen hold no Text (peak RSS, issue 13).
 _UNDRAWN = Text()
 
@@ -212,20 +211,6 @@ _UNDRAWN = Text()
 def row_text(node: Node, depth: int, max_depth: int, tagged: bool, compact: bool) -> Text:
     """One row: tag and verdict flags, PID, the aligned columns, and the command."""
     return text_from_cells(row_cells(node, depth, max_depth, tagged, compact))
-
-
-def _splice(strip: Strip, at: int, text: str) -> Strip:
-    """``strip`` with the characters from offset ``at`` replaced by ``text`` (same length and cells)."""
-    out, pos, end = [], 0, at + len(text)
-    for seg in strip:
-        seg_text = seg.text
-        seg_end = pos + len(seg_text)
-        if seg_end > at and pos < end and not seg.control:
-            a, b = max(at, pos), min(end, seg_end)
-            seg = Segment(seg_text[: a - pos] + text[a - at: b - at] + seg_text[b - pos:], seg.style, seg.control)
-        out.append(seg)
-        pos = seg_end
-    return Strip(out, strip.cell_length)
 
 
 @lru_cache(maxsize=64)
@@ -250,9 +235,16 @@ class ColumnHeader(Static):
             self.update(text, layout=False)
 
 
-LABEL_META = Style(meta={"label": True})  # what marks a row's label (see _build_line)
 _GPU_GROUP = re.compile(r"gpu\d+")  # the key of a GPU's group (rows.build)
-LINE_CACHE_ROWS = 64  # drawn lines kept (at least the tree's height: Tree grows it on resize)
+
+
+def node_depth(node: TreeNode) -> int:
+    """How deep a node is under the (hidden) root: 0 for a group."""
+    d = -1
+    while node.parent is not None:
+        d += 1
+        node = node.parent
+    return d
 
 
 class ProcessTree(Tree[Node]):
@@ -268,9 +260,6 @@ class ProcessTree(Tree[Node]):
 
     def __init__(self, **kw):
         super().__init__("processes", **kw)
-        # Tree keeps 1,024 drawn lines, and a refresh that changes a row's TIME gives it a new cache key:
-        # stale strips piled up to ~1 MiB (peak RSS, issue 13). Tree grows this to its height on resize.
-        self._line_cache.maxsize = LINE_CACHE_ROWS
         self.show_root = False
         self.guide_depth = GUIDE
         self.nodes_by_key: dict[str, TreeNode[Node]] = {}
@@ -287,236 +276,38 @@ class ProcessTree(Tree[Node]):
         # when the line is drawn (scrolled into view), so a refresh costs per row in view, not per row.
         self._stale: dict[int, tuple[TreeNode[Node], int]] = {}
         self._updated: list[tuple[TreeNode[Node], int]] = []  # (node, depth) given new data in this reconcile
-        self._line_styles_cache: dict | None = None  # see _line_styles
         self._structural = False  # a node was added or removed: every line may have moved
-        # id(node) -> (cells, shape, strip, offset of TIME in the strip's text, index of TIME in the cells)
-        self._drawn: dict[int, tuple] = {}
+        self._texts: dict[int, Text] = {}  # id(node) -> its label's Text, built when it is first drawn
+        # The lines: drawn here (Tree's own rendering is not used; its line cache of 1,024 strips piled up
+        # stale ones, ~1 MiB of peak RSS: issue 13). This keeps LINE_CACHE_ROWS or the tree's height.
+        self.lines = TreeLines(self, self._labels, self._stale, width_of=_width, time_column=_time_column,
+                               value_offset=value_offset)
 
     # Every label gets a 2-cell expander slot, blank on leaves, so that columns line up.
     def render_label(self, node: TreeNode[Node], base_style: Style, style: Style) -> Text:
-        label = self._label_of(node).copy()
+        label = self.label_text(node).copy()
         label.stylize(style)
-        if node._allow_expand:
+        if node.allow_expand:
             prefix = (self.ICON_NODE_EXPANDED if node.is_expanded else self.ICON_NODE, base_style)
         else:
             prefix = (" " * EXPANDER, base_style)
         return Text.assemble(prefix, label)
 
-    # ---- line rendering ---------------------------------------------------------------------------
-    # Every second the TIME column of each visible holder changes, so its line is rendered again. Tree's
-    # own _render_line looks up six component styles, builds a guides Text, copies the label twice and
-    # appends it for every such line; here the styles are worked out once per style change, and a line
-    # is guide segments plus the label rendered once. The output is the same (the snapshot tests check).
+    # ---- line rendering: gputop.tui.tree_lines ------------------------------------------------------
 
     def render_lines(self, crop):
-        # Tree.render_line reads self.rich_style (a walk over the ancestors' styles) for every line: here
-        # it is read once per frame.
-        self._frame_style = self.rich_style
-        try:
-            self._pseudo_class_state = self.get_pseudo_class_state()  # as Tree.render_lines, before _shape
-            self._splice_styled(crop)
-            return super().render_lines(crop)
-        finally:
-            self._frame_style = None
-
-    def _splice_styled(self, crop) -> None:
-        """A line whose only change is its TIME is spliced in the line Textual styled last time too (its
-        widget cache): the line is neither rendered (see _respliced) nor styled again. Only where the styled
-        line has the characters of the drawn one at the same offsets (no padding, border or side scroll)."""
-        cache = self._styles_cache
-        dirty, styled = cache._dirty_lines, cache._cache
-        if not dirty or not self._drawn or any(self.styles.gutter) or self.scroll_offset.x:
-            return
-        scroll_y, width = self.scroll_offset.y, self.size.width
-        tree_lines = self._tree_lines
-        for y in crop.line_range:
-            old = styled.get(y)
-            if y not in dirty or old is None or y + scroll_y >= len(tree_lines):
-                continue
-            line = tree_lines[y + scroll_y]
-            drawn = self._drawn.get(id(line.node))
-            if drawn is None or (self._stale and id(line.node) in self._stale):
-                continue
-            is_hover = self.hover_line >= 0 and any(node._hover for node in line.path)
-            cache_key = self._cache_key(y + scroll_y, line, is_hover, width)
-            if cache_key in self._line_cache or old.text != drawn[2].text[:width]:
-                continue
-            strip = self._respliced(y + scroll_y, line, is_hover, width)
-            if strip is None:
-                continue
-            at, text = self._drawn[id(line.node)][3], strip.text
-            if at + 8 > width:  # TIME (7 cells) reaches past the edge: cropped there
-                continue
-            self._line_cache[cache_key] = strip
-            cell = text[at:at + len(drawn[0][4][drawn[4]])]
-            styled[y] = _splice(old, at, cell)
-            dirty.discard(y)
-
-    def _cache_key(self, y: int, line, is_hover: bool, width: int) -> tuple:
-        return (y, is_hover, width, self._updates, self._pseudo_class_state,
-                tuple(node._updates for node in line.path))
+        return self.lines.render_lines(crop, super().render_lines)
 
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        style = self.__dict__.get("_frame_style") or self.rich_style
-        return self._render_line(y + scroll_y, scroll_x, scroll_x + self.size.width, style)
+        return self.lines.render_line(y)
 
-    def _line_styles(self) -> dict:
-        key = (self._updates, self._pseudo_class_state, self.has_focus)
-        cached = self._line_styles_cache
-        if cached is not None and cached["key"] == key:
-            return cached
-        base = self.get_component_rich_style("tree--guides", partial=True)
-        st = {
-            "key": key,
-            "base_hidden": self.get_component_styles("tree--guides").color.a == 0,
-            "hover_hidden": self.get_component_styles("tree--guides-hover").color.a == 0,
-            "selected_hidden": self.get_component_styles("tree--guides-selected").color.a == 0,
-            "guide": base,
-            "guide_hover": base + self.get_component_rich_style("tree--guides-hover", partial=True),
-            "guide_selected": base + self.get_component_rich_style("tree--guides-selected", partial=True),
-            "highlight_line": self.get_component_rich_style("tree--highlight-line"),
-            "label": self.get_component_rich_style("tree--label", partial=True),
-            "highlight": self.get_component_rich_style("tree--highlight", partial=True),
-            "cursor": self.get_component_rich_style("tree--cursor", partial=False),
-            "guides": {},
-        }
-        self._line_styles_cache = st
-        return st
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        if "lines" in self.__dict__:  # (not yet inside Tree.__init__)
+            self.lines.styles_changed()
 
-    def _guides(self, st: dict, style: Style, hidden: bool) -> tuple[str, str, str, str]:
-        key = (style, hidden)
-        out = st["guides"].get(key)
-        if out is None:
-            if self.show_guides and not hidden:
-                lines = self.LINES["bold"] if style.bold else (
-                    self.LINES["double"] if style.underline2 else self.LINES["default"])
-            else:
-                lines = ("  ", "  ", "  ", "  ")
-            depth = max(0, self.guide_depth - 2)
-            out = st["guides"][key] = tuple(f"{c[0]}{c[1] * depth} " for c in lines)  # type: ignore[assignment]
-        return out  # type: ignore[return-value]
-
-    def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Strip:
-        tree_lines = self._tree_lines
-        width = self.size.width
-        if y >= len(tree_lines):
-            return Strip.blank(width, base_style)
-        line = tree_lines[y]
-        if self._stale and id(line.node) in self._stale:
-            self._label_of(line.node)  # format a stale row now, before its cache key is taken
-        is_hover = self.hover_line >= 0 and any(node._hover for node in line.path)
-        cache_key = self._cache_key(y, line, is_hover, width)
-        strip = self._line_cache.get(cache_key)
-        if strip is None:
-            strip = self._respliced(y, line, is_hover, width)
-            if strip is None:
-                strip = self._build_line(y, line, is_hover, width, base_style)
-            self._line_cache[cache_key] = strip
-        return strip.crop(x1, x2)
-
-    # ---- a row whose only change is its TIME ------------------------------------------------------
-    # Every second each visible holder's TIME advances, and nothing else in the row changes most of the
-    # time. Such a row is not rendered again: the characters of its TIME cell are replaced in the strip
-    # drawn last time (same styles, same cell widths), which costs a walk over a dozen segments instead
-    # of Rich's render of the whole row.
-
-    def _shape(self, y: int, line, is_hover: bool, width: int) -> tuple:
-        """Everything a drawn row depends on but its own cells (compared before reusing its strip)."""
-        node = line.node
-        return (y, is_hover, width, self._updates, self._pseudo_class_state, self.has_focus, line.last,
-                self.cursor_line == y, self.hover_line == y, node._allow_expand, node._expanded,
-                tuple((n._updates, n._hover, n._selected, n.is_last) for n in line.path[:-1]),
-                node._hover, node._selected, self.__dict__.get("_frame_style"), self.compact)
-
-    def _respliced(self, y: int, line, is_hover: bool, width: int) -> Strip | None:
-        """The row's last strip with only its TIME cell rewritten, when that is all that changed."""
-        node = line.node
-        drawn = self._drawn.get(id(node))
-        if drawn is None or node.data is None:
-            return None
-        cells = self._labels.get(node.data.key)
-        old_cells, shape, strip, at, ti = drawn
-        if cells is None or cells[0] != "row" or ti is None or len(cells[4]) != len(old_cells[4]):
-            return None
-        old_values, values = old_cells[4], cells[4]
-        if cells[:4] != old_cells[:4] or cells[5:] != old_cells[5:] or \
-                values[:ti] != old_values[:ti] or values[ti + 1:] != old_values[ti + 1:]:
-            return None
-        new, old = values[ti], old_values[ti]
-        if len(new) != len(old) or not (new.isascii() and old.isascii()) or \
-                shape != self._shape(y, line, is_hover, width):
-            return None
-        strip = _splice(strip, at, new)
-        self._drawn[id(node)] = (cells, shape, strip, at, ti)
-        return strip
-
-    def _build_line(self, y: int, line, is_hover: bool, width: int, base_style: Style) -> Strip:
-        st = self._line_styles()
-        has_focus = self.has_focus
-        line_style = (st["highlight_line"] if is_hover else base_style) + Style(meta={"line": y})
-        path = line.path
-        hover = path[0]._hover
-        selected = path[0]._selected and has_focus
-        segments: list[Segment] = []
-        guide_style, hidden = st["guide"], True
-        for node in path[1:]:
-            hidden = st["base_hidden"]
-            if hover:
-                guide_style, hidden = st["guide_hover"], st["hover_hidden"]
-            if selected:
-                guide_style, hidden = st["guide_selected"], st["selected_hidden"]
-            if node is not path[-1]:
-                space, vertical, _, _ = self._guides(st, guide_style, hidden)
-                segments.append(Segment(space if node.is_last else vertical, line_style + guide_style))
-            hover = hover or node._hover
-            selected = (selected or node._selected) and has_focus
-        if len(path) > 1:
-            _, _, terminator, cross = self._guides(st, guide_style, hidden)
-            segments.append(Segment(terminator if line.last else cross, line_style + guide_style))
-
-        label_style = st["label"]
-        if self.hover_line == y:
-            label_style += st["highlight"]
-        if self.cursor_line == y:
-            label_style += st["cursor"]
-        label = self.render_label(line.node, line_style, label_style)
-        # What Tree's guides Text gives the label it appends. Its {"line": y} meta makes a click anywhere on the
-        # row select it (Tree's click handler reads only "line"). Tree's own render_line also marks the label
-        # {"node": id}; node ids are never reused, so under churn every new row made new Styles, which
-        # Textual's ANSI cache (16,384 entries) and Rich's kept: +12 MiB in ten minutes (issue 33). The label
-        # is marked with a fixed meta instead (its segments stay apart from the guides' as in Tree's).
-        label.style = line_style
-        label.stylize(LABEL_META)
-        label_at = sum(len(seg.text) for seg in segments) + len(label.plain) - len(line.node._label.plain)
-        segments.extend(label.render(self.app.console))
-        pad_width = max(self.virtual_size.width, width)
-        # Not Segment.cell_length (Rich's cell_len): its cache (4,096 entries) would keep every new row's
-        # strings, and under churn every row is new (issue 33). No control segments here.
-        used = sum(_width(seg.text) for seg in segments)
-        if pad_width > used:
-            segments.append(Segment(" " * (pad_width - used), line_style))
-            used = pad_width
-        strip = Strip(segments, used)
-        self._remember(y, line, is_hover, width, strip, label_at)
-        return strip
-
-    def _remember(self, y: int, line, is_hover: bool, width: int, strip: Strip, label_at: int) -> None:
-        """Keep a holder row's strip, its cells and where its TIME cell starts (see _respliced)."""
-        node = line.node
-        cells = self._labels.get(node.data.key) if node.data is not None else None
-        if cells is None or cells[0] != "row":
-            self._drawn.pop(id(node), None)
-            return
-        time_at = _time_column(self.compact)
-        if time_at is None:
-            self._drawn.pop(id(node), None)
-            return
-        ti = time_at[0]
-        at = label_at + value_offset(cells, ti)
-        self._drawn[id(node)] = (cells, self._shape(y, line, is_hover, width), strip, at, ti)
-
-    def _label_of(self, tnode: TreeNode[Node]) -> Text:
+    def label_text(self, tnode: TreeNode[Node]) -> Text:
+        """A row's label (without the expander), its Text built from its cells if they changed since."""
         stale = self.__dict__.get("_stale")  # get_label_width runs inside Tree.__init__, before it is set
         if stale:
             entry = stale.pop(id(tnode), None)
@@ -524,9 +315,12 @@ class ProcessTree(Tree[Node]):
                 self._cells(tnode, tnode.data, entry[1])
         pending = self.__dict__.get("_pending")
         cells = pending.pop(id(tnode), None) if pending else None
+        texts = self.__dict__.get("_texts")
         if cells is not None:
-            tnode._label = text_from_cells(cells)
-        return tnode._label
+            texts[id(tnode)] = text = text_from_cells(cells)
+            return text
+        text = texts.get(id(tnode)) if texts is not None else None
+        return text if text is not None else tnode.label
 
     def get_label_width(self, node: TreeNode[Node]) -> int:  # what render_label would draw, without drawing it
         pending = self.__dict__.get("_pending")
@@ -537,8 +331,8 @@ class ProcessTree(Tree[Node]):
         if stale and id(node) in stale:
             # An off-screen row whose values changed: its width is that of its columns and command, which
             # do not change with the values; the width only sizes the (hidden) horizontal scroll range.
-            return EXPANDER + _width(node._label.plain)
-        return EXPANDER + _width(self._label_of(node).plain)  # (not Text.cell_len: see _width)
+            return EXPANDER + _width(self._texts.get(id(node), _UNDRAWN).plain)
+        return EXPANDER + _width(self.label_text(node).plain)  # (not Text.cell_len: see _width)
 
     def process_label(self, label) -> Text:  # never parse markup; keep one line
         if isinstance(label, str):
@@ -574,7 +368,8 @@ class ProcessTree(Tree[Node]):
         """How many entries each per-row structure holds (each is at most one per row: issue 33's check that
         rows of processes that left are dropped)."""
         return {"nodes": len(self.nodes_by_key), "labels": len(self._labels), "inputs": len(self._inputs),
-                "pending": len(self._pending), "stale": len(self._stale), "drawn": len(self._drawn),
+                "pending": len(self._pending), "stale": len(self._stale), "drawn": len(self.lines.drawn),
+                "texts": len(self._texts), "versions": len(self.lines.versions),
                 "collapsed": len(self._collapsed), "lines": self.last_line + 1}
 
     @property
@@ -662,10 +457,15 @@ class ProcessTree(Tree[Node]):
         self._reconcile_children(self.root, groups, 0)
         structural = self._structural
         if structural and self._collapsed:
-            self._forget_collapsed()
+            # Drop the collapsed state of rows that left (a process, an orphan root or a job: they come and
+            # go for as long as the TUI is open), keeping that of the GPU groups (a few, and shown again when
+            # the grouping comes back to GPUs).
+            keep = self.nodes_by_key
+            self._collapsed = {k for k in self._collapsed if k in keep or _GPU_GROUP.fullmatch(k)}
         self.last_line  # noqa: B018 -- lay the lines out now (Tree does on first use), so node.line is current
         self._label_updated()
-        self._repaint(structural)
+        self.lines.repaint(self._changed, structural)
+        self._changed = []
         # Put the cursor back on the same row (by key) if inserts or removals above moved it.
         if self.cursor_key is not None:
             node = self.nodes_by_key.get(self.cursor_key)
@@ -674,65 +474,31 @@ class ProcessTree(Tree[Node]):
         if self.cursor_node is None and self.root.children:
             self.move_cursor(self.root.children[0])
 
-    def _forget_collapsed(self) -> None:
-        """Drop the collapsed state of rows that left (a process, an orphan root or a job: they come and go
-        for as long as the TUI is open), keeping that of the GPU groups (a few, and shown again when the
-        grouping comes back to GPUs)."""
-        keep = self.nodes_by_key
-        self._collapsed = {k for k in self._collapsed if k in keep or _GPU_GROUP.fullmatch(k)}
-
     def relabel(self) -> None:
         """Re-render every label (tags or width changed)."""
         self._labels.clear()
         self._changed, self._structural = [], False
-        self._updated = [(node, self._depth(node)) for node in self.nodes_by_key.values()]
+        self._updated = [(node, node_depth(node)) for node in self.nodes_by_key.values()]
         self.last_line  # noqa: B018 -- lay the lines out now
         self._label_updated()
-        self._repaint(False)
-
-    def _in_view(self) -> range:
-        """The lines on screen: the rows formatted now (the others are formatted when they are drawn)."""
-        top = self.scroll_offset.y
-        return range(top, top + self.size.height)
+        self.lines.repaint(self._changed, False)
+        self._changed = []
 
     def _label_updated(self) -> None:
-        """Format the rows in view that were given new data; mark the others stale (formatted when drawn)."""
-        view = self._in_view()
-        stale = self._stale
+        """Format the rows in view (on screen) that were given new data; mark the others stale (formatted
+        when drawn)."""
+        top = self.scroll_offset.y
+        view = range(top, top + self.size.height)
+        stale, bump = self._stale, self.lines.bump
         for tnode, depth in self._updated:
-            if tnode._line in view:
+            if tnode.line in view:
                 stale.pop(id(tnode), None)
                 if self._cells(tnode, tnode.data, depth):
                     self._changed.append(tnode)
             else:
                 stale[id(tnode)] = (tnode, depth)
-                tnode._updates += 1  # no cached line of it is drawn again
+                bump(tnode)  # no cached line of it is drawn again
         self._updated = []
-
-    def _repaint(self, structural: bool) -> None:
-        """Repaint what changed: the whole tree after an insert or removal, else only the changed lines.
-
-        Most refreshes change a few columns of some rows (TIME, CPU%); repainting only those lines keeps
-        Textual's compositor from re-rendering every visible row every second.
-        """
-        if structural:
-            self.refresh()
-        elif self._changed:
-            top, height = self.scroll_offset.y, self.size.height
-            width = self.scrollable_content_region.width  # not the scroll bar: it did not change
-            lines = {tnode.line for tnode in self._changed}
-            regions = [Region(0, line - top, width, 1) for line in sorted(lines) if top <= line < top + height]
-            if regions:
-                self.refresh(*regions)  # one call (each refresh walks Textual's dirty-region bookkeeping)
-        self._changed = []
-
-    @staticmethod
-    def _depth(node: TreeNode) -> int:
-        d = -1
-        while node.parent is not None:
-            d += 1
-            node = node.parent
-        return d
 
     def _cells(self, tnode: TreeNode[Node], node: Node, depth: int) -> bool:
         """Work out a row's cells; if they changed, queue its Text (built when drawn). True if changed."""
@@ -745,9 +511,9 @@ class ProcessTree(Tree[Node]):
             return False
         self._labels[node.key] = cells
         # Batched: TreeNode.set_label schedules one refresh per node; here the tree repaints once after
-        # the whole reconcile (the line cache is keyed on each node's _updates).
+        # the whole reconcile (the line cache is keyed on each row's version).
         self._pending[id(tnode)] = cells
-        tnode._updates += 1
+        self.lines.bump(tnode)
         return True
 
     def _time_only(self, node: Node, depth: int, tagged: bool, old: tuple | None) -> tuple | None:
@@ -798,11 +564,12 @@ class ProcessTree(Tree[Node]):
                 self._inputs.pop(n.data.key, None)
             self._pending.pop(id(n), None)
             self._stale.pop(id(n), None)
-            self._drawn.pop(id(n), None)
+            self._texts.pop(id(n), None)
+            self.lines.forget(n)
             stack.extend(n.children)
 
     def _reconcile_children(self, parent: TreeNode[Node], wanted: list[Node], depth: int) -> None:
-        children = parent._children
+        children = parent.children
         if not wanted and not children:  # a leaf stays a leaf (most rows)
             return
         wanted_list = [w.key for w in wanted]
@@ -811,7 +578,7 @@ class ProcessTree(Tree[Node]):
             existing = dict(zip(present, children))
         else:
             self._replace_children(parent, wanted_list)
-            existing = {c.data.key: c for c in parent._children}
+            existing = {c.data.key: c for c in parent.children}
         updated = self._updated
         for i, w in enumerate(wanted):
             tnode = existing.get(w.key)
@@ -821,6 +588,7 @@ class ProcessTree(Tree[Node]):
                 tnode = parent.add(_UNDRAWN, data=w, before=i,
                                    expand=w.key not in self._collapsed, allow_expand=bool(w.children))
                 self._pending[id(tnode)] = cells  # its Text is built when it is drawn
+                self.lines.bump(tnode)
                 self.nodes_by_key[w.key] = tnode
                 self._labels[w.key] = cells
                 self._structural = True

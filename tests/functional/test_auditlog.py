@@ -14,7 +14,7 @@ from gputop import actions
 from gputop.core import auditlog
 from gputop.core.config import Config
 from gputop.util.errors import EXIT_USAGE
-from tests.conftest import run_gputop
+from tests.conftest import run_gputop, wait_gone
 from tests.functional.actions_helpers import alive, records, write_config
 
 
@@ -116,3 +116,49 @@ def test_empty_log_says_where_it_looked():
     r = run_gputop("log")
     assert r.returncode == 0 and "no audit records" in r.stdout and "audit.jsonl" in r.stdout
     assert records() == []
+
+
+# ---- gputop log: your own log when the node trail has not got your latest action ------------------
+
+def _old_node_trail() -> str:
+    node = os.environ["GPUTOP_NODE_AUDIT_LOG"]
+    os.makedirs(os.path.dirname(node), exist_ok=True)
+    old = time.time() - 86400
+    rec = {"at": old, "time": "x", "host": "n", "face": "guard", "action": "guard-start", "outcome": "ok",
+           "actor": {"user": "root", "uid": 0}, "peer": {"uid": 0, "user": "root"}, "received": "2026-01-01"}
+    with open(node, "w") as f:
+        f.write(json.dumps(rec) + "\n")
+    return node
+
+
+def test_log_shows_your_own_action_when_the_guard_is_not_running(procs, scenario):
+    node = _old_node_trail()  # readable (we are root), but the guard that writes it is not running
+    victim = procs.sleeper("gt-log-victim")
+    bystander = procs.sleeper("gt-log-bystander")
+    scenario(holders=[{"pid": victim.pid, "gpu": 0, "memory": "1GiB"}])
+    k = run_gputop("kill", "--pid", str(victim.pid))
+    assert k.returncode == 0, k.stderr + k.stdout
+    assert wait_gone(victim.pid) and bystander.poll() is None
+    r = run_gputop("log")
+    assert r.returncode == 0, r.stderr
+    assert f"pid {victim.pid}" in r.stdout and "guard-start" not in r.stdout, r.stdout
+    assert "has not got your latest action" in r.stderr and "your own log" in r.stderr, r.stderr
+    n = run_gputop("log", "--node")  # the node trail is still there for whoever asks for it
+    assert "guard-start" in n.stdout and f"pid {victim.pid}" not in n.stdout
+    assert node in n.stderr or n.stderr == ""
+
+
+def test_log_shows_the_node_trail_when_it_has_your_latest_action(scenario):
+    node = _old_node_trail()
+    from gputop.core import auditlog
+
+    own = auditlog.log_path()
+    own.parent.mkdir(parents=True, exist_ok=True)
+    mine = {"at": time.time(), "time": "t", "host": "h", "face": "cli", "action": "kill", "outcome": "terminated",
+            "target": {"pid": 4242, "name": "x"}}
+    own.write_text(json.dumps(mine) + "\n")
+    with open(node, "a") as f:  # the service took it (it adds its stamps)
+        f.write(json.dumps({**mine, "peer": {"uid": 0, "user": "root"}, "received": "2026-01-02"}) + "\n")
+    r = run_gputop("log")
+    assert r.returncode == 0 and "guard-start" in r.stdout and "pid 4242" in r.stdout, r.stdout
+    assert "node audit trail" in r.stderr and "has not got" not in r.stderr, r.stderr

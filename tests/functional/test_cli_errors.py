@@ -301,3 +301,64 @@ def test_try_scenario_script(tmp_path):
 
 def test_reap_watch_interval_zero_is_refused():
     one_line(run_gputop("reap", "--watch", "--interval", "0"), EXIT_USAGE, "--interval 0 is under the floor of 0.1 s")
+
+
+# ---- intervals: negative or under the floor (0.1 s) is refused, with the floor named ---------------
+
+@pytest.mark.parametrize("argv,says", [
+    (["--interval", "-1", "status"], "--interval must not be negative (got -1)"),
+    (["--interval", "0.05", "status"], "--interval 0.05 is under the floor of 0.1 s"),
+    (["--interval", "nan", "status"], "--interval must be a number of seconds"),
+    (["--interval", "0", "status", "--json"], "--interval 0 is under the floor of 0.1 s"),
+    (["guard", "run", "--interval", "0.01"], "--interval 0.01 is under the floor of 0.1 s"),
+    (["guard", "run", "--interval", "-1"], "--interval: bad duration '-1'"),
+    (["reap", "--watch", "--interval", "0.01"], "--interval 0.01 is under the floor of 0.1 s"),
+])
+def test_an_interval_under_the_floor_is_refused(argv, says, scenario):
+    scenario()
+    one_line(run_gputop(*argv), EXIT_USAGE, says)
+
+
+def test_the_floor_itself_is_accepted(scenario):
+    scenario()
+    assert run_gputop("--interval", "0.1", "status", "--json").returncode == EXIT_OK
+
+
+def test_a_bad_guard_interval_in_the_config_names_the_key(scenario, tmp_path):
+    scenario()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("guard:\n  interval: 0.01\n")
+    one_line(run_gputop("--config", str(cfg), "guard", "run"), EXIT_USAGE, "guard.interval 0.01 is under the floor")
+
+
+# ---- config: the line and the key of a bad value; a file that is not UTF-8 ------------------------
+
+@pytest.mark.parametrize("text,line,key", [
+    ("reap: {grace: sixty}\n", 1, "reap.grace"),
+    ("interval: 2\nreap:\n  interval: 30\n  grace: sixty\n", 4, "reap.grace"),
+    ("kill_timeout: soon\n", 1, "kill_timeout"),
+    ("max_chain: many\n", 1, "max_chain"),
+])
+def test_a_bad_config_value_names_the_line_and_the_key(tmp_path, scenario, text, line, key):
+    scenario()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    err = one_line(run_gputop("--config", str(cfg), "status"), EXIT_USAGE, f"{cfg} line {line}: {key}")
+    assert "sixty" in err or "soon" in err or "many" in err
+
+
+def test_a_config_that_is_not_utf8_says_so_without_a_chmod_hint(tmp_path, scenario):
+    scenario()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(b"# caf\xe9\nprotect: [x]\n")
+    cfg.chmod(0o644)
+    err = one_line(run_gputop("--config", str(cfg), "status"), EXIT_USAGE, "is not UTF-8", "line 1", "0xe9")
+    assert "chmod" not in err
+
+
+def test_a_scenario_and_a_policy_that_are_not_utf8_say_so(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"gpus: []\n# \xff\n")
+    err = one_line(run_gputop("--scenario", str(bad), "status"), EXIT_USAGE, "is not UTF-8", "line 2")
+    assert "syntax" not in err
+    one_line(run_gputop("guard", "--policy-file", str(bad)), EXIT_USAGE, "is not UTF-8", "line 2")

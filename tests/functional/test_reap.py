@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -14,7 +16,7 @@ from gputop import actions
 from gputop.core.config import load_config
 from gputop.util.errors import EXIT_PERMISSION, EXIT_REFUSED
 from gputop.core.sampler import Sampler
-from tests.conftest import run_gputop, wait_gone
+from tests.conftest import _default_sighup, run_gputop, wait_gone
 from tests.functional.actions_helpers import (
     OtherUser, alive, check_common, ident, orphan_python, records, unique, with_marker, write_config,
 )
@@ -420,3 +422,23 @@ def test_a_nohup_detached_member_anywhere_in_the_tree_keeps_the_tree(procs, scen
     else:
         assert r.returncode == 0, (r.stdout, r.stderr)
         assert wait_gone(holder) and wait_gone(sibling) and wait_gone(root)
+
+
+# ---- Ctrl-C on reap --watch: 130; SIGTERM (a service stop) stays a clean 0 -----------------------
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_ctrl_c_on_the_watchdog_exits_130(scenario, sig, code):
+    scenario()
+    p = subprocess.Popen([sys.executable, "-m", "gputop", "reap", "--watch", "--interval", "0.2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sighup)
+    try:
+        first = p.stdout.readline()  # the banner: the watchdog is in its loop
+        assert first.startswith("watchdog:"), first
+        time.sleep(0.3)
+        p.send_signal(sig)
+        assert p.wait(30) == code, p.stderr.read()
+        assert "Traceback" not in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

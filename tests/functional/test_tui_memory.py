@@ -138,6 +138,6 @@ def test_the_tree_keeps_a_bounded_number_of_drawn_lines():
             assert row_line(app, 20000) is not None
             bound = max(LINE_CACHE_ROWS, tree.size.height)
             assert bound < 11 * N  # else the refreshes below could not exceed it
-            assert len(tree._line_cache) <= bound
+            assert len(tree.lines.cache) <= bound
 
     check()

@@ -1,5 +1,6 @@
 """The TUI's shape (issue 27): the app is layout and message routing, tui/ reads processes only through
-gputop.core, and no function grows past a screenful. Read from the source (imports inside functions too)."""
+gputop.core, and uses no Textual private. Read from the source (imports inside functions too). The length of
+functions and the methods of classes, here as everywhere in gputop: tests/unit/test_code_shape.py."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from pathlib import Path
 
 import gputop.tui
 
+from tests.unit.test_code_shape import modules
+
 TUI = Path(gputop.tui.__file__).parent
-MAX_FUNCTION_LINES = 60
 MAX_APP_METHODS = 30
 
 
 def _modules():
-    for path in sorted(TUI.rglob("*.py")):
-        yield path, ast.parse(path.read_text(), str(path))
+    return modules(TUI)
 
 
 def test_no_module_of_the_tui_imports_psutil():
@@ -28,14 +29,6 @@ def test_no_module_of_the_tui_imports_psutil():
     assert found == [], f"psutil in gputop/tui (read processes through gputop.core): {found}"
 
 
-def test_no_function_of_the_tui_is_over_a_screenful():
-    long = [f"{path.relative_to(TUI)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for path, tree in _modules() for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
-    assert long == []
-
-
 def test_the_app_is_layout_and_message_routing():
     tree = ast.parse((TUI / "app.py").read_text())
     app = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GputopApp")
@@ -46,25 +39,18 @@ def test_the_app_is_layout_and_message_routing():
 
 
 # ---- Textual's private names (issue 27) ------------------------------------------------------------
-# What tui/ still reads or overrides of Textual's privates, per module: (module, name or import). The render
-# fast path of ProcessTree (issue 13) is most of it; compositor.py and driver.py subclass Textual's private
-# Compositor and XTermParser-based driver. Each entry is to go (see docs/tui.md); a new one fails the test,
-# and so does an entry that is no longer needed (take it out of the list).
+# What tui/ still reads or overrides of Textual's privates, per module: (module, name or import).
+# compositor.py and driver.py subclass Textual's private Compositor and XTermParser-based driver.
+# ProcessTree's render fast path (issue 13) uses only Textual's public API since issue 27 (tui/tree_lines.py).
+# Each entry is to go (see docs/tui.md); a new one fails the test, and so does an entry that is no longer
+# needed (take it out of the list).
 KNOWN_TEXTUAL_PRIVATES = {
     ("compositor.py", "_compositor"), ("compositor.py", "_dirty_regions"), ("compositor.py", "_regions_to_spans"),
     ("compositor.py", "import from textual._compositor"),
     ("driver.py", "_debug"), ("driver.py", "_timeout_time"), ("driver.py", "import from textual._loop"),
     ("driver.py", "import from textual._parser"), ("driver.py", "import from textual._time"),
     ("driver.py", "import from textual._xterm_parser"),
-    ("process_tree.py", "_allow_expand"), ("process_tree.py", "_cache"), ("process_tree.py", "_children"),
-    ("process_tree.py", "_dirty_lines"), ("process_tree.py", "_expanded"), ("process_tree.py", "_hover"),
-    ("process_tree.py", "_label"), ("process_tree.py", "_line"), ("process_tree.py", "_line_cache"),
-    ("process_tree.py", "_pseudo_class_state"), ("process_tree.py", "_render_line"),
-    ("process_tree.py", "_selected"), ("process_tree.py", "_styles_cache"), ("process_tree.py", "_tree_lines"),
-    ("process_tree.py", "_updates"),
 }
-MAX_CLASS_METHODS = 30
-KNOWN_BIG_CLASSES = {"ProcessTree": 41}  # issue 27: to be split (a line renderer, a reconciler); not to grow
 
 
 def _kind(found: str) -> tuple[str, str]:
@@ -123,14 +109,3 @@ def test_the_private_check_catches_aliases_strings_overrides_and_imports_but_not
     assert found == sorted(["import from textual._compositor", "import textual._loop", "_line_cache",
                             "_render_line", "_tree_lines", "_line_cache", "_hover", "_updates",
                             "_cursor_node", "_refresh_line"]), found
-
-
-def test_no_class_of_the_tui_has_over_30_methods():
-    big = {}
-    for path, tree in _modules():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                n = sum(isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) for m in node.body)
-                if n > KNOWN_BIG_CLASSES.get(node.name, MAX_CLASS_METHODS):
-                    big[f"{path.relative_to(TUI)}:{node.name}"] = n
-    assert big == {}, f"classes over {MAX_CLASS_METHODS} methods (split them): {big}"

@@ -27,10 +27,10 @@ def _lines_differing(tree: ProcessTree) -> list[int]:
     style, width = tree.rich_style, tree.size.width
     bad = []
     for y in range(tree.last_line + 1):
-        tree._line_cache.clear()
+        tree._line_cache.clear()  # Tree's own (its rendering is the reference here)
         theirs = _segments(Tree._render_line(tree, y, 0, width, style))
-        tree._line_cache.clear()
-        ours = _segments(tree._render_line(y, 0, width, style))
+        tree.lines.clear()
+        ours = _segments(tree.lines.line(y, width, style).crop(0, width))
         if theirs != ours:  # text, colours, attributes and the click metadata of every segment
             bad.append(y)
     return bad
@@ -51,6 +51,15 @@ async def test_every_line_matches_what_tree_would_draw(size):
                 await pilot.press(k)
             await pilot.pause()
             assert _lines_differing(tree) == [], keys
+        # The mouse over a row (Tree marks the node under it; ProcessTree reads hover_line), then focus.
+        for offset in ((12, 4), (12, 2), (12, 0)):  # a holder, its parent, a GPU group (all its guides)
+            await pilot.hover(ProcessTree, offset=offset)
+            await pilot.pause()
+            assert tree.hover_line >= 0
+            assert _lines_differing(tree) == [], offset
+        tree.focus()
+        await pilot.pause()
+        assert _lines_differing(tree) == [], "focused, hovered"
 
 
 def _screen(app) -> list[str]:

@@ -1,5 +1,5 @@
 """A row whose only change is its TIME is not rendered again: the TIME characters are rewritten in the
-strip drawn last time (ProcessTree._respliced). These tests check that what is on screen after such
+strip drawn last time (TreeLines.respliced). These tests check that what is on screen after such
 refreshes is exactly what a full render draws (text and styles), that a row that changed more than its
 TIME (a tag, the cursor) is drawn in full, and that the top bar's clock advances."""
 
@@ -11,7 +11,8 @@ import time
 from gputop.backends.base import BackendStatus, DeviceSample
 from gputop.core.orphans import NOT_ORPHAN, Verdict
 from gputop.core.model import GpuUse, Holder, Snapshot
-from gputop.tui.process_tree import ProcessTree
+from gputop.tui.process_tree import ProcessTree, node_depth
+from gputop.tui.tree_lines import TreeLines
 from gputop.util.units import fmt_duration
 
 from .helpers import (AT, GiB, _p, frozen_app, row_line, run_async, screen_text, switch_snapshot,
@@ -44,9 +45,8 @@ def drawn_strips(tree: ProcessTree) -> list:
 
 def full_render(tree: ProcessTree) -> list:
     """The tree's lines rendered and styled from scratch (no cached or spliced strip)."""
-    tree._line_cache.clear()
-    tree._drawn.clear()
-    tree._styles_cache.clear()
+    tree.lines.clear()  # the line cache, the rows' last strips and the styled lines
+    tree.refresh()  # and Textual's styled lines
     return drawn_strips(tree)
 
 
@@ -56,7 +56,7 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
         tree = app.query_one(ProcessTree)
         assert await wait_until(pilot, lambda: row_line(app, 20000) is not None)
         spliced = 0
-        real = ProcessTree._respliced
+        real = TreeLines.respliced
 
         def counting(self, *a):
             nonlocal spliced
@@ -64,18 +64,18 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
             spliced += out is not None
             return out
 
-        from gputop.tui import process_tree
+        from gputop.tui import tree_lines
 
         splices = 0
-        real_splice = process_tree._splice
+        real_splice = tree_lines.splice
 
         def counting_splice(*a):
             nonlocal splices
             splices += 1
             return real_splice(*a)
 
-        ProcessTree._respliced = counting
-        process_tree._splice = counting_splice
+        TreeLines.respliced = counting
+        tree_lines.splice = counting_splice
         try:
             for shift in (1, 2, 61, 3600):  # seconds, a minute, an hour: TIME's text changes each time
                 await switch_snapshot(pilot, app, sampler, snapshot(shift))
@@ -86,10 +86,10 @@ async def test_rows_whose_time_advances_show_what_a_full_render_shows():
                 shown = drawn_strips(tree)
                 assert shown == full_render(tree), shift
         finally:
-            ProcessTree._respliced = real
-            process_tree._splice = real_splice
+            TreeLines.respliced = real
+            tree_lines.splice = real_splice
         assert spliced >= N  # the rows were spliced, not rendered again (else this test checks nothing)
-        assert splices >= spliced + N  # ... and in the styled lines too (ProcessTree._splice_styled)
+        assert splices >= spliced + N  # ... and in the styled lines too (TreeLines._splice_styled)
         # The top bar's clock follows the snapshot's time.
         clock = time.strftime("%H:%M:%S", time.localtime(AT + 3600))
         assert clock in screen_text(app).splitlines()[0]
@@ -148,7 +148,7 @@ async def test_cells_worked_out_from_the_last_ones_equal_a_fresh_row_cells():
             for key, tnode in tree.nodes_by_key.items():
                 if id(tnode) in tree._stale:
                     continue
-                want = row_cells(tnode.data, tree._depth(tnode), tree.max_depth, False, tree.compact)
+                want = row_cells(tnode.data, node_depth(tnode), tree.max_depth, False, tree.compact)
                 assert tree._labels[key] == want, key
         assert fast >= N  # the fast path ran (rows whose TIME alone advanced)
         assert "python other.py" in row_line(app, 20003) and " 99%" in row_line(app, 20005)

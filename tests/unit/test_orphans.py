@@ -299,3 +299,19 @@ def test_name_and_argv0_agreeing_is_not_enough_when_the_executable_disagrees():
     assert classify(81, ExeTable({81: "/home/u/.cache/xmrig"}, INIT, proc), protect=PROTECT).kind == ORPHAN
     assert classify(81, ExeTable({81: "/usr/bin/tmux"}, INIT, proc), protect=PROTECT).kind == PROTECTED
     assert classify(81, ExeTable({}, INIT, proc), protect=PROTECT).kind == PROTECTED  # exe unreadable
+
+
+def test_a_refusal_quotes_the_protect_cmdline_pattern_not_the_text_it_matched():
+    kernel = "/usr/bin/python3 -m ipykernel_launcher -f /run/user/1000/jupyter/kernel-1.json"
+    t = Table(INIT, P(81, 1, "python3", 50, 80, kernel))
+    v = classify(81, t, protect=compile_protect(DEFAULT_PROTECT),
+                 protect_cmdline=compile_protect(DEFAULT_PROTECT_CMDLINE))
+    assert v.kind == PROTECTED
+    assert f"protect_cmdline pattern '{DEFAULT_PROTECT_CMDLINE[0]}'" in v.reason, v.reason
+    assert "'-m ipykernel_launcher '" not in v.reason
+
+
+def test_a_refusal_quotes_the_users_protect_pattern():
+    t = Table(INIT, P(81, 1, "jupyter-lab", 50, 80, "/opt/jupyter-lab"), P(82, 81, "python", 60, 80))
+    v = classify(82, t, protect=compile_protect(["tmux", "jup.*-lab"]))
+    assert v.kind == PROTECTED and "protect pattern 'jup.*-lab'" in v.reason, v.reason

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import stat
+import sys
 
 import pytest
 
 from gputop.commands import remote
 from gputop.util.errors import UsageError
+from tests.conftest import run_gputop
 
 
 def test_split_finds_remote_among_global_options():
@@ -126,3 +130,18 @@ def test_status_hosts_shows_each_nodes_ledger_and_mig_devices():
     assert "- MIG 3g.71gb" in lines[row] and "\x1b" not in text and "N/A" in lines[row]
     assert lines[row - 1].split()[:2] == ["n1", "1"]  # under its GPU
     assert "entr(ies)" in text  # the junk instance was dropped and said so
+
+
+# ---- --remote after the subcommand ----------------------------------------------------------------
+
+def test_remote_after_the_subcommand_runs_it_there(tmp_path):
+    seen = tmp_path / "argv.json"
+    fake = tmp_path / "ssh"  # stands in for ssh: records what it was asked to run
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(seen)!r}, 'w'))\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    for argv in (["status", "--remote", "node07", "--json"], ["status", "--json", "--remote=node07"]):
+        r = run_gputop(*argv, env={"GPUTOP_SSH": str(fake)})
+        assert r.returncode == 0, r.stderr
+        got = json.loads(seen.read_text())
+        assert "node07" in got and got[-2:] == ["status", "--json"] or " ".join(got).endswith("status --json"), got
+        assert "--remote" not in " ".join(got), got

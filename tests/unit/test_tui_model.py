@@ -1,7 +1,12 @@
-"""The TUI's plain-data parts (no Textual app): the tree model, sorting, filtering, history strips."""
+"""The TUI's plain-data parts (no Textual app): the tree model, sorting, filtering, history strips, the plot's
+text, the top bar, the device pane's columns."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
+from gputop.backends.base import DeviceSample
 from gputop.tui.history import DeviceHistory, strip
 from gputop.tui.rows import GROUP_ROOT, build, shown_chain, walk
 from tests.tui.helpers import frozen_snapshot
@@ -210,3 +215,69 @@ def test_two_holders_cut_at_different_heights_share_one_row_per_ancestor():
         assert k == ["gpu0", "gpu0/526", "gpu0/527", "gpu0/848", "gpu0/851", "gpu0/915", "gpu0/916"] or \
             k == ["gpu0", "gpu0/526", "gpu0/527", "gpu0/848", "gpu0/915", "gpu0/916", "gpu0/851"], k
         assert sorted(k) == sorted(set(k))
+
+
+def test_the_plot_fills_its_widget_and_draws_nothing_past_its_frame():
+    from gputop.tui.history import DeviceHistory
+    from gputop.tui.plot_screen import plot_text
+
+    now = time.time()
+    h = DeviceHistory()
+    base = frozen_snapshot()
+    for i in range(30):  # the newest sample a moment after "now", as the sampler's clock may give it
+        h.add(dataclasses.replace(base, at=now - 29 + i + 0.4))
+    lines = plot_text(h, 0, 60, 98, 20, now, color=False, title="GPU 0").plain.splitlines()
+    assert {len(line) for line in lines} == {98}  # not plotext's 80 columns of a terminal it cannot see
+    right = max(line.rfind("┐") for line in lines)
+    assert right > 0
+    for line in lines:
+        assert line[right + 1:].strip() == "", line  # no stray mark right of the frame
+
+
+def test_the_plot_title_keeps_its_legend_at_80_columns():
+    from gputop.tui.plot_screen import plot_title
+
+    t = plot_title(0, "Simulated H100 80GB", 60, 80).plain
+    assert len(t) <= 80 and t.rstrip().endswith("memory %"), t
+    assert "esc closes" in plot_title(0, "Simulated H100 80GB", 60, 140).plain
+
+
+def test_the_top_bar_keeps_its_clock_when_tags_and_a_filter_fill_it():
+    from gputop.tui.view import TopBarFacts, ViewState, topbar_text
+
+    snap = frozen_snapshot()
+    clock = time.strftime("%H:%M:%S", time.localtime(snap.at))
+    view = ViewState()
+    for flt in ("", "xmrig", "a-filter-long-enough-to-fill-the-line-by-itself"):
+        view.filter_text = flt
+        for width in (60, 80, 100):
+            t = topbar_text(snap, view, TopBarFacts(demo=True, tagged=2), width).plain
+            assert t.endswith(clock) and len(t) <= width, (width, t)
+    view.filter_text = ""
+    assert "2 tagged" in topbar_text(snap, view, TopBarFacts(demo=True, tagged=2), 80).plain
+    assert "by GPU" in topbar_text(snap, view, TopBarFacts(demo=True, tagged=2), None).plain  # unbounded: all
+
+
+def test_filtered_groups_say_how_many_are_shown():
+    from gputop.tui.rows import build
+
+    snap = frozen_snapshot()
+    groups = build(snap, filter_text="no-such-process-anywhere")
+    titles = [g.title for g in groups if g.gpu is not None]
+    assert titles and all(" of " in t and "shown" in t for t in titles if "0 of 0" not in t), titles
+    assert not any("· 0 holders" in t for t in titles), titles
+    assert all("shown" not in g.title for g in build(snap))  # no filter: the plain count
+
+
+def test_sensors_keep_their_columns_when_fields_are_missing():
+    from gputop.tui.device_pane import pane_pieces
+    from gputop.tui.history import DeviceHistory
+
+    full = DeviceSample(0, "Simulated H100 80GB", memory_total=80 << 30, memory_used=1 << 30, util_gpu=100,
+                        temperature=67, power_w=610, power_limit_w=700, fan_pct=40, clock_sm_mhz=1980,
+                        clock_mem_mhz=2619)
+    bare = DeviceSample(1, "Simulated H100 80GB", memory_total=80 << 30, errors=("temperature: not supported",))
+    for width in (80, 120):
+        a, b = ("".join(t for t, _ in pane_pieces(d, DeviceHistory(), width)[0]) for d in (full, bare))
+        assert a.index("610/700W") + 8 == b.index("power N/A") + 9, (a, b)
+        assert len(a) <= width and len(b) <= width, (a, b)

@@ -1,7 +1,7 @@
-"""Issue 32, the TUI's rough edges, on the installed gputop in tmux at 80x24: the DEMO line and the clock
-fit, the cursor starts on the first holder, a filter says "N of M shown", notifications go when a dialog
-opens, the plot title keeps its legend, --readonly refuses tags, numbers never run into bars, a GPU that
-lacks fields keeps its columns, and `gputop 2>err.log` says why it exits on the terminal too."""
+"""The installed gputop in tmux at 80x24: the DEMO line and the clock fit, the cursor starts on the first
+holder, a filter says "N of M shown", notifications go when a dialog opens, the plot title keeps its legend,
+--readonly refuses tags, numbers never run into bars, a GPU that lacks fields keeps its columns, and
+`gputop 2>err.log` says why it exits on the terminal too (these came with issue 32)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def _scenario_session(tmp_path, holder_pid: int) -> Tmux:
 
 
 def test_full_numbers_and_missing_fields_keep_their_columns(procs, tmp_path):
-    holder = procs.sleeper("gt-rough-full")
+    holder = procs.sleeper("gt-cols-full")
     tmux = _scenario_session(tmp_path, holder.pid)
     try:
         screen = tmux.wait_for_row(str(holder.pid))
