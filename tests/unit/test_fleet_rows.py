@@ -98,3 +98,33 @@ def test_credentials_over_plain_http_to_another_host_are_warned_about():
     assert cleartext_warning("https://prom.example:9090", Auth(token="t")) is None
     assert cleartext_warning("http://127.0.0.1:9090", Auth(token="t")) is None
     assert cleartext_warning("http://prom.example:9090", Auth()) is None
+
+
+def _rec(name, host=None, field=None, **labels):
+    metric = {"__name__": name, **labels}
+    if host:
+        metric.update(Hostname=host, field=field)
+    return {"metric": metric, "value": [0, "1"]}
+
+
+def test_the_recorded_series_count_only_with_the_mark_of_these_queries():
+    digest = queries.rules_digest()
+    g, d, seen = (_rec(queries.RECORDED[0], "n1", "gpus"), _rec(queries.RECORDED[1], "n2", "gpus"),
+                  _rec(queries.RECORDED[2], "n1", "gputop"))
+    mark = _rec(queries.MARK, queries=digest)
+    assert queries.split_recorded([g, d, seen, mark], digest) == ([g], [d], [seen])
+    assert queries.split_recorded([mark], digest) == ([], [], [])  # loaded, nothing to say (no node)
+    assert queries.split_recorded([g, d, seen], digest) is None  # no mark: the rules are not loaded
+    other = queries.rules_digest(queries.Settings(hot=0.8))
+    assert other != digest
+    assert queries.split_recorded([g, d, seen, _rec(queries.MARK, queries=other)], digest) is None
+    assert queries.split_recorded(["junk", {"metric": None}, mark], digest) == ([], [], [])
+
+
+def test_the_rules_record_the_queries_and_end_with_their_mark():
+    rules = queries.recording_rules()["groups"][0]["rules"]
+    assert [r["record"] for r in rules] == [*queries.RECORDED, queries.MARK]
+    assert [r["expr"] for r in rules[:3]] == list(queries.raw_queries(queries.Settings()))
+    assert rules[-1]["labels"] == {"queries": queries.rules_digest()}
+    for name in (*queries.RECORDED, queries.MARK):
+        assert name in queries.recorded_query()
