@@ -49,7 +49,7 @@ class Prometheus:
     machine's name; a cluster's would each say their own)."""
 
     def __init__(self, dir: Path, jobs: dict[str, tuple[str, str]] | None = None, tsdb: Path | None = None,
-                 web_config: Path | None = None, rules: Path | None = None):
+                 web_config: Path | None = None, rules: Path | None = None, lookback: str | None = None):
         self.dir = Path(dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -68,6 +68,8 @@ class Prometheus:
                 "--storage.tsdb.retention.time=30d"]
         if web_config:
             argv.append(f"--web.config.file={web_config}")
+        if lookback:  # how old an instant query's newest sample may be (5m by default)
+            argv.append(f"--query.lookback-delta={lookback}")
         self.log = open(self.dir / "prometheus.log", "wb")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         try:
