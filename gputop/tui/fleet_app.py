@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from operator import attrgetter
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -50,6 +51,17 @@ def cells(r: NodeRow) -> tuple:
             "-" if r.guard_hits is None else f"{r.guard_hits:.0f}", age, Text(visible(problems), style=style))
 
 
+# What cells() reads, but the age (coarse there): a refresh moves every row's age and last scrape time, and
+# making 1,000 rows' cells again to find them unchanged was most of a refresh's drawing.
+_DRAWN = attrgetter("host", "source", "gpus", "util", "mem_used", "mem_total", "orphans", "orphan_mem",
+                    "guard_hits", "problems", "lost", "stale")
+
+
+def drawn_same(a: NodeRow, b: NodeRow) -> bool:
+    """Whether two rows draw the same cells."""
+    return _DRAWN(a) == _DRAWN(b) and _age(a.age) == _age(b.age)
+
+
 class FleetApp(App):
     AUTO_FOCUS = "#nodes"
     TITLE = "gputop fleet"
@@ -63,7 +75,7 @@ class FleetApp(App):
         Binding("escape", "clear_filter", "Clear", show=False),
     ]
     CSS = """
-    #status { height: 1; background: $boost; }
+    #status { height: 1; width: 1fr; background: $boost; }
     #status.stale { background: $error; color: $text; }
     #find { display: none; height: 3; }
     #find.shown { display: block; }
@@ -149,7 +161,7 @@ class FleetApp(App):
             status.remove_class("stale")
         if self.filter_text:
             text += f" · filter: {visible(self.filter_text)}"
-        status.update(Text(text))
+        status.update(Text(text), layout=False)  # one line, its size fixed: no layout of the screen
 
     def redraw(self) -> None:
         if self.frame is None:
@@ -160,7 +172,7 @@ class FleetApp(App):
         if keys == [r.host for r in self.shown]:  # same rows, same order: update the cells that changed
             drawn = self._cells
             for i, (old, new) in enumerate(zip(self.shown, rows)):
-                if old != new:
+                if not drawn_same(old, new):
                     fresh = cells(new)
                     if i < table.row_count:  # else not added yet: _add_rest adds the fresh cells
                         for col, (a, b) in enumerate(zip(drawn[i], fresh)):

@@ -128,3 +128,25 @@ def test_the_rules_record_the_queries_and_end_with_their_mark():
     assert rules[-1]["labels"] == {"queries": queries.rules_digest()}
     for name in (*queries.RECORDED, queries.MARK):
         assert name in queries.recorded_query()
+
+
+def test_a_row_is_drawn_again_exactly_when_its_cells_change():
+    """The TUI skips making the cells of a row whose drawn fields did not change (every refresh moves every
+    row's age and last scrape time): any field that changes a cell must make drawn_same say no."""
+    import dataclasses
+
+    from gputop.fleet.rows import NodeRow
+    from gputop.tui.fleet_app import cells, drawn_same
+
+    base = NodeRow(host="n1", source="gputop", gpus=8, lost=0, util=0.5, mem_used=1e9, mem_total=8e10, temp_max=60.0,
+                   holders=3, orphans=0, orphan_mem=0.0, hot_idle=0, idle_gpus=5, guard_hits=0.0, findings=0,
+                   unexplained=None, squatters=None, idle_alloc=None, up=True, last_seen=1000.0, age=5.0)
+    other = {int: 3, float: 0.25, str: "n2", bool: False, tuple: ("1 orphan(s)",)}
+    for f in dataclasses.fields(NodeRow):
+        value = getattr(base, f.name)
+        new = other.get(type(value), 1.0) if f.name != "age" else 7200.0
+        changed = dataclasses.replace(base, **{f.name: new})
+        if cells(changed) != cells(base):
+            assert not drawn_same(base, changed), f.name
+    assert drawn_same(base, dataclasses.replace(base, age=30.0, last_seen=1030.0))  # still "<1m"
+    assert not drawn_same(base, dataclasses.replace(base, age=90.0))  # "1m"
