@@ -18,10 +18,10 @@ from gputop.util.textsafe import visible
 from gputop.util.units import fmt_bytes
 
 COLUMNS = ("NODE", "SRC", "GPUS", "UTIL", "MEM", "ORPH", "ORPH-MEM", "HITS", "AGE", "PROBLEMS")
-# Rows added to an empty table before the frame is painted; the rest follow in batches once it is on the
-# screen. The table measures every cell it is given before it paints (~0.3 ms a row): a screenful first
-# keeps 1,000 nodes' measuring off the first frame.
-FIRST_ROWS = 80
+# Rows added to an empty table before the frame is painted (a screenful: the terminal's height, at least
+# this); the rest follow in batches once it is on the screen. The table measures every cell it is given
+# before it paints (~0.3 ms a row): a screenful first keeps 1,000 nodes' measuring off the first frame.
+FIRST_ROWS = 24
 BATCH_ROWS = 250
 
 
@@ -185,7 +185,7 @@ class FleetApp(App):
             table.clear()
             self._fill += 1
             target = keys.index(cursor) if cursor in keys else 0
-            start = min(len(rows), max(FIRST_ROWS, target + table.size.height + 1))
+            start = min(len(rows), max(FIRST_ROWS, self.size.height, target + table.size.height + 1))
             table.add_rows(self._cells[:start])
             if target:
                 table.move_cursor(row=target)
