@@ -13,6 +13,8 @@ from gputop.fleet.rows import STALE_AFTER, NodeRow, build_rows
 from gputop.util.errors import GputopError, UnavailableError
 
 MAX_QUERIES = 5  # per refresh (issue 31): 1 with the recording rules, 3 without, 4 when it finds out
+ASK_AGAIN = 30  # refreshes between asks for the recorded series while evaluating (--rules auto): rules loaded
+# later, or evaluated again after a server restart, are read again within a minute at a 2 s refresh
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class FleetSource:
     recorded: bool | None = None  # whether the last refresh read the recording rules' series (None: not asked)
 
     def __post_init__(self):
+        self._evaluated = 0  # refreshes that evaluated the queries since the recorded series were last asked for
         self._raw = queries.raw_queries(self.settings)
         self._digest = queries.rules_digest(self.settings)
         self._pool = ThreadPoolExecutor(max_workers=len(self._raw), thread_name_prefix="fleet-query")
@@ -55,7 +58,9 @@ class FleetSource:
     def _answers(self, at: float) -> tuple[list[dict], list[dict], list[dict]]:
         """The three answers: from the recorded series (one query, whose mark says they are these queries')
         while the server has them, else the three queries evaluated in parallel; at most 4 queries."""
-        if self.rules != "off" and self.recorded is not False:
+        if self.rules == "on" or (self.rules == "auto" and (self.recorded is not False
+                                                            or self._evaluated >= ASK_AGAIN)):
+            self._evaluated = 0
             split = queries.split_recorded(self.prom.query(queries.recorded_query(), at), self._digest)
             self.recorded = split is not None
             if split is not None:
@@ -65,6 +70,7 @@ class FleetSource:
                     f"Prometheus at {self.prom.url} does not record gputop's fleet rules for these settings "
                     f"({queries.MARK}{{queries=\"{self._digest}\"}} is missing): load the output of 'gputop "
                     "fleet --print-rules' with the same --hot and --window into its rule_files, or use --rules auto")
+        self._evaluated += 1
         futures = [self._pool.submit(self.prom.query, q, at) for q in self._raw]
         return tuple(f.result() for f in futures)
 

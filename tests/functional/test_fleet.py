@@ -516,7 +516,7 @@ def test_rules_on_without_the_rules_is_one_line_and_exit_6(live):
     assert "does not record gputop's fleet rules" in r.stderr
 
 
-def test_rules_made_for_other_settings_are_not_read_and_their_own_settings_read_them(live, tmp_path):
+def test_rules_made_for_other_settings_are_not_read_and_their_own_settings_read_them(live, tmp_path, monkeypatch):
     """--print-rules --hot 80 makes rules whose mark names those queries: a view with the defaults does not
     trust them (it evaluates), one with --hot 80 reads them, in one query, and gets the evaluated rows."""
     r = run_gputop("fleet", "--print-rules", "--hot", "80")
@@ -542,5 +542,37 @@ def test_rules_made_for_other_settings_are_not_read_and_their_own_settings_read_
         assert [strip(n) for n in hot["nodes"]] == [strip(n) for n in off["nodes"]]
         _, plain = fleet_json(prom.url)
         assert plain["recorded"] is False and plain["queries"] == 4
+        _the_view_reads_rules_loaded_later(prom, tmp_path, monkeypatch)
     finally:
         prom.stop()
+
+
+def _the_view_reads_rules_loaded_later(prom, tmp_path, monkeypatch):
+    """A view that evaluates (--rules auto, the server's rules are for other settings) asks again every
+    ASK_AGAIN refreshes: rules for its settings, loaded later (prometheus reloads on SIGHUP), are read."""
+    import signal
+
+    from gputop.fleet import source as fsource
+    from gputop.fleet.client import Prometheus
+    from gputop.fleet.source import FleetSource
+
+    monkeypatch.setattr(fsource, "ASK_AGAIN", 2)
+    src = FleetSource(Prometheus(prom.url, timeout=10))
+    try:
+        counts = [src.refresh().queries for _ in range(3)]
+        assert counts == [4, 3, 4] and src.recorded is False  # asked at the first, then after 2 evaluations
+        rules = yaml.safe_load(run_gputop("fleet", "--print-rules").stdout)
+        rules["groups"][0]["interval"] = "1s"
+        (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+        prom.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 60
+        while True:
+            frame = src.refresh()
+            assert frame.error is None and frame.queries in (1, 3, 4), frame
+            if src.recorded:
+                break
+            assert time.time() < deadline, "the rules loaded later were never read"
+            time.sleep(0.2)
+        assert frame.queries == 1 and {"fleet-a", "fleet-c"} <= {r.host for r in frame.rows}
+    finally:
+        src.close()
