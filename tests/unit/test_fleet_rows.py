@@ -119,6 +119,12 @@ def test_the_recorded_series_count_only_with_the_mark_of_these_queries():
     assert other != digest
     assert queries.split_recorded([g, d, seen, _rec(queries.MARK, queries=other)], digest) is None
     assert queries.split_recorded(["junk", {"metric": None}, mark], digest) == ([], [], [])
+    # an exporter that writes the rules' names is scraped: its series carry job and instance, and count for
+    # nothing (a forged mark does not make a server without the rules look like one with them)
+    forged = _rec(queries.MARK, queries=digest, job="node", instance="evil:9400")
+    assert queries.split_recorded([g, forged], digest) is None
+    fake_row = _rec(queries.RECORDED[0], "n9", "orphans", job="node", instance="evil:9400")
+    assert queries.split_recorded([g, fake_row, mark], digest) == ([g], [], [])
 
 
 def test_the_rules_record_the_queries_and_end_with_their_mark():
