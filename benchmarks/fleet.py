@@ -28,6 +28,19 @@ sys.path.insert(0, str(ROOT))
 from tests.functional import fleet_helpers as fh  # noqa: E402
 
 GPUTOP = str(Path(sys.executable).parent / "gputop")
+# what the measured processes get: no PYTHONDONTWRITEBYTECODE (this environment sets it), so that each build,
+# byte-compiled first (_compile), starts from its .pyc files as an installed gputop does
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def _compile(gputop: str) -> None:
+    """Byte-compile the gputop package that the ``gputop`` script at this path runs (its interpreter is
+    on the script's first line)."""
+    with open(gputop, encoding="utf-8", errors="replace") as f:
+        first = f.readline()
+    py = first[2:].split()[0] if first.startswith("#!") else sys.executable
+    subprocess.run([py, "-c", "import compileall, os, gputop; "
+                    "compileall.compile_dir(os.path.dirname(gputop.__file__), quiet=1)"], env=ENV, check=True)
 
 
 def _spread(xs: list[float], fmt: str = "{:.3f}") -> str:
@@ -47,7 +60,7 @@ def first_frame(url: str, d: Path, gputop: str = GPUTOP, rules: list[str] = ()) 
     tag = time.monotonic_ns()
     sock, out = d / f"t{tag}.sock", d / f"t{tag}.out"
     out.write_bytes(b"")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
+    env = {k: v for k, v in ENV.items() if not k.startswith("TMUX")}
     env["TERM"] = "xterm-256color"
     cmd = f"read go; exec {gputop} fleet --prometheus {url} --stale-after 1h --timeout 60 {' '.join(rules)}"
     subprocess.run(["tmux", "-S", str(sock), "-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", "160",
@@ -71,7 +84,7 @@ def first_frame(url: str, d: Path, gputop: str = GPUTOP, rules: list[str] = ()) 
 
 def tui_cpu(url: str, d: Path, window: float, gputop: str = GPUTOP, rules: list[str] = ()) -> float:
     sock = d / f"cpu{time.monotonic_ns()}.sock"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
+    env = {k: v for k, v in ENV.items() if not k.startswith("TMUX")}
     env["TERM"] = "xterm-256color"
     subprocess.run(["tmux", "-S", str(sock), "-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", "160",
                     "-y", "45", f"exec {gputop} fleet --prometheus {url} --refresh 2 --stale-after 1h --timeout 60 "
@@ -115,7 +128,7 @@ def client_cpu(url: str, rounds: int) -> list[float]:
 def _json_round(gputop: str, prom, rules: list[str]) -> dict:
     s0 = proc_cpu_seconds(prom.proc.pid)
     r = run_measured([gputop, "fleet", "--prometheus", prom.url, "--json", "--stale-after", "1h", "--timeout", "60"]
-                     + rules)
+                     + rules, env=ENV)
     data = json.loads(r.stdout)
     assert data["error"] is None and len(data["nodes"]) > 0, data["error"]
     return {"wall": r.wall, "cpu": r.cpu, "server": proc_cpu_seconds(prom.proc.pid) - s0,
@@ -138,6 +151,8 @@ def main(argv=None) -> int:
         print("needs prometheus, promtool and tmux")
         return 6
     builds = args.gputop or [GPUTOP]
+    for b in builds:
+        _compile(b)
     d = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     t = time.perf_counter()
     info = fh.scale_openmetrics(d / "om.txt", nodes=args.nodes, gpus=8)
