@@ -5,19 +5,26 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from gputop.core.config import Config, load_config
 from gputop.util.errors import GputopError
-from gputop.core.sampler import Sampler
 from gputop.util.textsafe import visible
+
+if TYPE_CHECKING:  # imported where used: print_json and table do not need the sampler (~70 ms of CPU)
+    from gputop.core.config import Config
+    from gputop.core.sampler import Sampler
 
 
 def config_from(args) -> Config:
+    from gputop.core.config import load_config
+
     return load_config(getattr(args, "config", None))
 
 
 def open_sampler(args, config: Config | None = None, **kw) -> Sampler:
     """``kw``: Sampler options (``memo=False`` for a command that samples once)."""
+    from gputop.core.sampler import Sampler
+
     return Sampler.open(getattr(args, "backend", None), getattr(args, "scenario", None),
                         config or config_from(args), **kw)
 

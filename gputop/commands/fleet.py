@@ -5,16 +5,18 @@ from __future__ import annotations
 import re
 import sys
 
-from gputop.commands._common import print_json, table
 from gputop.util.errors import UsageError
 from gputop.util.units import fmt_bytes, parse_duration
+
+# commands/_common is imported where --json and --table print, not here: the TUI's first frame does not
+# wait for the sampler's imports (~70 ms of CPU) that it never uses.
 
 NAME = "fleet"
 HELP = "the cluster view: one row per node, worst first, from Prometheus (--prometheus URL)"
 DESCRIPTION = """The fleet view: every node a Prometheus scrapes (gputop serve --metrics-only, or NVIDIA's
 dcgm-exporter), one row per node, worst first: orphans and the memory they hold, guard hits, unexplained
 memory, squatters and idle allocations, hot GPUs with no process, lost GPUs, nodes not scraped recently.
-Three PromQL queries per refresh, aggregated on the server. Enter opens a node (its GPUs and holders);
+Three PromQL queries per refresh, aggregated on the server (one with the recording rules). Enter opens a node (its GPUs and holders);
 from there, k kills and r reaps through 'gputop --remote NODE' (ssh), t opens the node's own TUI.
 
 Credentials never go on the command line: a bearer token from --token-file or $GPUTOP_PROMETHEUS_TOKEN,
@@ -49,7 +51,8 @@ def add_arguments(p) -> None:
                    help="read the fleet's recording rules' series (packaging/prometheus/gputop-fleet-rules.yml): "
                         "auto (default: when the server has them), on, off")
     p.add_argument("--print-rules", action="store_true",
-                   help="print the fleet's recording rules (Prometheus rule_files YAML) and exit")
+                   help="print the fleet's recording rules (Prometheus rule_files YAML) for --hot and --window, "
+                        "and exit")
     p.add_argument("--node", metavar="HOST", help="--json/--table: one node's GPUs and holders instead")
 
 
@@ -63,38 +66,46 @@ def _seconds(text: str, opt: str) -> float:
     return v
 
 
-def open_source(args):
+def settings_from(args):
+    """The queries' settings (--hot, --window): the recording rules are made for them too."""
     from gputop.fleet import queries
-    from gputop.fleet.client import Prometheus, auth_from, cleartext_warning
-    from gputop.fleet.source import FleetSource
 
     if not 0 < args.hot <= 100:
         raise UsageError("--hot: a percentage above 0, at most 100")
     window = _seconds(args.window, "--window")
+    # as given when PromQL reads it the same ("15m"), so the default settings match the recording rules
+    span = args.window if re.fullmatch(r"[1-9][0-9]*[smhd]", args.window) else f"{int(window)}s"
+    return queries.Settings(hot=args.hot / 100.0, window=span)
+
+
+def open_source(args):
+    from gputop.fleet.client import Prometheus, auth_from, cleartext_warning
+    from gputop.fleet.source import FleetSource
+
+    settings = settings_from(args)
     auth = auth_from(args)
     warning = cleartext_warning(args.prometheus, auth)
     if warning:
         print(f"gputop: {warning}", file=sys.stderr)
     prom = Prometheus(args.prometheus, auth, timeout=_seconds(args.timeout, "--timeout"))
-    # as given when PromQL reads it the same ("15m"), so the default settings match the recording rules
-    span = args.window if re.fullmatch(r"[1-9][0-9]*[smhd]", args.window) else f"{int(window)}s"
-    settings = queries.Settings(hot=args.hot / 100.0, window=span)
     return FleetSource(prom, settings, stale_after=_seconds(args.stale_after, "--stale-after"), rules=args.rules)
 
 
 RULES_HEADER = """\
 # gputop fleet's recording rules (issue 31): the three queries of a refresh, evaluated once per interval on
-# the server, so that each refresh of every 'gputop fleet' only reads their series. Made by
-# 'gputop fleet --print-rules'; add this file to rule_files in prometheus.yml (docs/fleet.md).
+# the server, and a mark (rules_info) naming them, so that each refresh of every 'gputop fleet' reads their
+# series in one query. Made by 'gputop fleet --print-rules' (for its --hot and --window); add this file to
+# rule_files in prometheus.yml (docs/fleet.md).
 """
 
 
-def print_rules() -> int:
+def print_rules(args) -> int:
+    """The rules for the settings given (--hot, --window): the shipped file is the defaults'."""
     import yaml
 
     from gputop.fleet.queries import recording_rules
 
-    print(RULES_HEADER + yaml.safe_dump(recording_rules(), sort_keys=False, width=10000), end="")
+    print(RULES_HEADER + yaml.safe_dump(recording_rules(settings_from(args)), sort_keys=False, width=10000), end="")
     return 0
 
 
@@ -102,7 +113,7 @@ def run(args) -> int:
     from gputop.fleet.rows import SORTS, filter_rows, sort_rows
 
     if args.print_rules:
-        return print_rules()
+        return print_rules(args)
     if not args.prometheus:
         raise UsageError("give the server: --prometheus URL (e.g. http://prometheus:9090)")
 
@@ -119,36 +130,37 @@ def run(args) -> int:
             rows = sort_rows(filter_rows(list(frame.rows), args.filter), args.sort)
             frame = frame.__class__(**{**frame.__dict__, "rows": tuple(rows)})
             if args.json:
+                from gputop.commands._common import print_json
+
                 print_json(frame.to_dict(source.prom.url, source.recorded), compact=None)
             else:
                 print(_table(rows))
             return 0
-        refresh = _seconds(args.refresh, "--refresh")
-        first = _first_refresh(source)  # while Textual loads and starts (the first frame's time)
-        from gputop.tui.fleet_app import run_fleet_tui  # imports Textual
-
-        return run_fleet_tui(source, refresh=refresh, filter_text=args.filter, sort=args.sort, first=first)
+        return _tui(source, args)
     finally:
         source.close()
 
 
-def _first_refresh(source):
-    from concurrent.futures import Future
-    import threading
+def _tui(source, args) -> int:
+    import importlib.util
 
-    fut: Future = Future()
+    from gputop.fleet.first import FirstRefresh
 
-    def go():
-        try:
-            fut.set_result(source.refresh())
-        except BaseException as e:  # noqa: BLE001 - handed to the app's refresh thread
-            fut.set_exception(e)
+    refresh = _seconds(args.refresh, "--refresh")
+    for name in ("requests", "prometheus_api_client"):  # missing: the extra's message, here, not in the child
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    first = FirstRefresh(source)  # a child refreshes while Textual loads and starts (the first frame's time)
+    try:
+        from gputop.tui.fleet_app import run_fleet_tui  # imports Textual
 
-    threading.Thread(target=go, name="fleet-first", daemon=True).start()
-    return fut
+        return run_fleet_tui(source, refresh=refresh, filter_text=args.filter, sort=args.sort, first=first)
+    finally:
+        first.close()
 
 
 def _node(source, args) -> int:
+    from gputop.commands._common import print_json, table
     from gputop.fleet.node import node_detail
 
     detail = node_detail(source.prom, args.node)
@@ -161,6 +173,8 @@ def _node(source, args) -> int:
 
 
 def _table(rows) -> str:
+    from gputop.commands._common import table
+
     def n(v):
         return "-" if v is None else str(v)
     body = [[r.host, r.source, n(r.gpus), "-" if r.util is None else f"{r.util * 100:.0f}%",

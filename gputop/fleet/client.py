@@ -61,23 +61,18 @@ class Prometheus:
     can check the per-refresh budget. Thread-safe: the TUI queries from a worker thread."""
 
     def __init__(self, url: str, auth: Auth = Auth(), timeout: float = 5.0):
-        import requests
-        from prometheus_api_client import PrometheusConnect
-        from urllib3.util.retry import Retry
-
         self.url = check_url(url)
         self.timeout = timeout
         self.queries = 0
         self._lock = threading.Lock()
-        session = requests.Session()
-        session.verify = False if auth.insecure else (auth.ca_file or True)
-        if auth.client_cert:
-            session.cert = (auth.client_cert, auth.client_key) if auth.client_key else auth.client_cert
-        headers = {"Authorization": f"Bearer {auth.token}"} if auth.token else None
-        basic = (auth.user, auth.password or "") if auth.user else None
-        # No retries: a down server is said at once, and the view keeps its last data.
-        self._pc = PrometheusConnect(url=self.url, headers=headers, auth=basic, session=session,
-                                     retry=Retry(total=0, raise_on_status=False), timeout=timeout)
+        self._auth = auth
+        self._pc = None  # made at the first query: requests is imported then (fleet/first.py)
+
+    def _client(self):
+        with self._lock:
+            if self._pc is None:
+                self._pc = _connect(self.url, self._auth, self.timeout)
+            return self._pc
 
     def query(self, promql: str, at: float | None = None) -> list[dict]:
         """An instant query's result (a list of {metric, value}); raises a GputopError."""
@@ -85,10 +80,11 @@ class Prometheus:
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
         params = {"time": f"{at:.3f}"} if at is not None else None
+        client = self._client()
         with self._lock:
             self.queries += 1
         try:
-            return self._pc.custom_query(promql, params=params)
+            return client.custom_query(promql, params=params)
         except PrometheusApiClientException as e:
             raise _http_error(self.url, str(e)) from None
         except requests.exceptions.SSLError as e:
@@ -107,7 +103,25 @@ class Prometheus:
                                         "Prometheus HTTP API?") from None
 
     def close(self) -> None:
-        self._pc.close()
+        if self._pc is not None:
+            self._pc.close()
+
+
+def _connect(url: str, auth: Auth, timeout: float):
+    """prometheus-api-client's connection, on a requests session with our TLS settings."""
+    import requests
+    from prometheus_api_client import PrometheusConnect
+    from urllib3.util.retry import Retry
+
+    session = requests.Session()
+    session.verify = False if auth.insecure else (auth.ca_file or True)
+    if auth.client_cert:
+        session.cert = (auth.client_cert, auth.client_key) if auth.client_key else auth.client_cert
+    headers = {"Authorization": f"Bearer {auth.token}"} if auth.token else None
+    basic = (auth.user, auth.password or "") if auth.user else None
+    # No retries: a down server is said at once, and the view keeps its last data.
+    return PrometheusConnect(url=url, headers=headers, auth=basic, session=session,
+                             retry=Retry(total=0, raise_on_status=False), timeout=timeout)
 
 
 def _short(e: Exception) -> str:

@@ -117,6 +117,11 @@ def node_processes_query(host: str) -> str:
 # ---- recording rules (packaging/prometheus/gputop-fleet-rules.yml is made from these) ----------------------
 
 RECORDED = ("gputop_fleet:gputop_fields", "gputop_fleet:dcgm_fields", "gputop_fleet:seen_fields")
+# The group's last rule: a constant series whose ``queries`` label names the three expressions (a digest).
+# Present with this gputop's digest: the rules are loaded, evaluated at least once (rules run in order),
+# and record exactly these queries; a rule file from another gputop version, or other --hot/--window
+# settings, does not match, and the raw queries are sent instead.
+MARK = "gputop_fleet:rules_info"
 RULES_INTERVAL = "15s"
 
 
@@ -124,13 +129,39 @@ def raw_queries(s: Settings) -> tuple[str, str, str]:
     return gputop_query(s), dcgm_query(s), seen_query(s)
 
 
+def rules_digest(s: Settings = Settings()) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(raw_queries(s)).encode()).hexdigest()[:16]
+
+
 def recording_rules(s: Settings = Settings()) -> dict:
-    """The three queries as recording rules: with them loaded, a refresh reads ~20 series a node instead of
-    evaluating the aggregates (the server does that once per interval, for every viewer)."""
+    """The three queries as recording rules, and the mark: with them loaded, a refresh reads ~10 series a
+    node in one query instead of evaluating the aggregates (the server does that once per interval, for
+    every viewer)."""
     rules = [{"record": name, "expr": expr} for name, expr in zip(RECORDED, raw_queries(s))]
+    rules.append({"record": MARK, "expr": "vector(1)", "labels": {"queries": rules_digest(s)}})
     return {"groups": [{"name": "gputop-fleet", "interval": RULES_INTERVAL, "rules": rules}]}
 
 
-def probe_query() -> str:
-    """Whether the server records the fleet rules: one query, sent once at start."""
-    return " or ".join(f'label_replace(group({name}), "rule", "{name}", "", "")' for name in RECORDED)
+def recorded_query() -> str:
+    """One query for every recorded series and the mark (a refresh with the rules: one round trip, and the
+    mark in the same answer says whether the other series can be trusted)."""
+    return '{__name__=~"' + "|".join(RECORDED + (MARK,)) + '"}'
+
+
+def split_recorded(result: list[dict], digest: str) -> tuple[list[dict], list[dict], list[dict]] | None:
+    """The recorded query's answer as the three raw queries' answers, or None when the mark with
+    ``digest`` is not in it (the rules are not loaded, not evaluated yet, or record other queries)."""
+    parts: dict[str, list[dict]] = {name: [] for name in RECORDED}
+    marked = False
+    for series in result or ():
+        labels = series.get("metric") if isinstance(series, dict) else None
+        if not isinstance(labels, dict) or "instance" in labels or "job" in labels:
+            continue  # the rules' series have neither; a scraped exporter's always do (a forged mark, too)
+        name = labels.get("__name__")
+        if name == MARK:
+            marked = marked or labels.get("queries") == digest
+        elif name in parts:
+            parts[name].append(series)
+    return tuple(parts[name] for name in RECORDED) if marked else None

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from gputop.fleet import queries
 from gputop.fleet.client import Prometheus
 from gputop.fleet.rows import STALE_AFTER, NodeRow, build_rows
-from gputop.util.errors import GputopError
+from gputop.util.errors import GputopError, UnavailableError
 
-MAX_QUERIES = 5  # per refresh (issue 31); the fleet sends 3
+MAX_QUERIES = 5  # per refresh (issue 31): 1 with the recording rules, 3 without, 4 when it finds out
+ASK_AGAIN = 30  # refreshes between asks for the recorded series while evaluating (--rules auto): rules loaded
+# later, or evaluated again after a server restart, are read again within a minute at a 2 s refresh
 
 
 @dataclass(frozen=True)
@@ -30,45 +32,62 @@ class Frame:
                 "nodes": [r.to_dict() for r in self.rows]}
 
 
+class RulesMissing(UnavailableError):
+    """--rules on, and the server does not record the fleet's rules for these settings (exit 6)."""
+
+
 @dataclass
 class FleetSource:
     prom: Prometheus
     settings: queries.Settings = field(default_factory=queries.Settings)
     stale_after: float = STALE_AFTER
     last: Frame | None = None
-    rules: str = "auto"  # "auto": read the recorded series when the server has them (asked once); "on", "off"
-    recorded: bool | None = None  # whether this source reads the recording rules' series (None: not asked)
+    # "auto": read the recorded series while the server has them for these settings, else evaluate; "on":
+    # only the recorded series (an error without them); "off": always evaluate the three queries
+    rules: str = "auto"
+    recorded: bool | None = None  # whether the last refresh read the recording rules' series (None: not asked)
 
     def __post_init__(self):
-        self._texts = queries.raw_queries(self.settings)
-        self._pool = ThreadPoolExecutor(max_workers=len(self._texts), thread_name_prefix="fleet-query")
-        if self.rules == "on" or (self.rules == "auto" and self.settings != queries.Settings()):
-            self.recorded = self.rules == "on"  # the rules are made with the default settings
+        self._evaluated = 0  # refreshes that evaluated the queries since the recorded series were last asked for
+        self._raw = queries.raw_queries(self.settings)
+        self._digest = queries.rules_digest(self.settings)
+        self._pool = ThreadPoolExecutor(max_workers=len(self._raw), thread_name_prefix="fleet-query")
+        if self.rules == "off":
+            self.recorded = False
 
-    def _use_rules(self) -> None:
-        """Once: does the server record the fleet rules? Their series are cheap to read."""
-        if self.recorded is None and self.rules == "auto":
-            found = {s.get("metric", {}).get("rule") for s in self.prom.query(queries.probe_query())}
-            self.recorded = set(queries.RECORDED) <= found
-        if self.recorded:
-            self._texts = queries.RECORDED
+    def _answers(self, at: float) -> tuple[list[dict], list[dict], list[dict]]:
+        """The three answers: from the recorded series (one query, whose mark says they are these queries')
+        while the server has them, else the three queries evaluated in parallel; at most 4 queries."""
+        if self.rules == "on" or (self.rules == "auto" and (self.recorded is not False
+                                                            or self._evaluated >= ASK_AGAIN)):
+            self._evaluated = 0
+            split = queries.split_recorded(self.prom.query(queries.recorded_query(), at), self._digest)
+            self.recorded = split is not None
+            if split is not None:
+                return split
+            if self.rules == "on":
+                raise RulesMissing(
+                    f"Prometheus at {self.prom.url} does not record gputop's fleet rules for these settings "
+                    f"({queries.MARK}{{queries=\"{self._digest}\"}} is missing): load the output of 'gputop "
+                    "fleet --print-rules' with the same --hot and --window into its rule_files, or use --rules auto")
+        self._evaluated += 1
+        futures = [self._pool.submit(self.prom.query, q, at) for q in self._raw]
+        return tuple(f.result() for f in futures)
 
     def refresh(self) -> Frame:
-        """Query once (the three queries in parallel, at one evaluation time). Never raises a GputopError:
-        a failed refresh returns the last rows, marked stale, with the error."""
+        """Query once, at one evaluation time. Never raises a GputopError: a failed refresh returns the
+        last rows, marked stale, with the error."""
         t0 = time.monotonic()
         before = self.prom.queries
         at = time.time()
         try:
-            self._use_rules()
-            futures = [self._pool.submit(self.prom.query, q, at) for q in self._texts]
-            results = [f.result() for f in futures]
+            answers = self._answers(at)
         except GputopError as e:
             old = self.last
             frame = Frame(rows=old.rows if old else (), at=old.at if old else None,
                           queries=self.prom.queries - before, took=time.monotonic() - t0, error=e, stale=True)
             return frame
-        rows = tuple(build_rows(*results, at=at, stale_after=self.stale_after))
+        rows = tuple(build_rows(*answers, at=at, stale_after=self.stale_after))
         frame = Frame(rows=rows, at=at, queries=self.prom.queries - before, took=time.monotonic() - t0)
         self.last = frame
         return frame

@@ -49,7 +49,7 @@ class Prometheus:
     machine's name; a cluster's would each say their own)."""
 
     def __init__(self, dir: Path, jobs: dict[str, tuple[str, str]] | None = None, tsdb: Path | None = None,
-                 web_config: Path | None = None, rules: Path | None = None):
+                 web_config: Path | None = None, rules: Path | None = None, lookback: str | None = None):
         self.dir = Path(dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -68,6 +68,8 @@ class Prometheus:
                 "--storage.tsdb.retention.time=30d"]
         if web_config:
             argv.append(f"--web.config.file={web_config}")
+        if lookback:  # how old an instant query's newest sample may be (5m by default)
+            argv.append(f"--query.lookback-delta={lookback}")
         self.log = open(self.dir / "prometheus.log", "wb")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         try:
@@ -237,3 +239,48 @@ def backfill(openmetrics: Path, tsdb: Path) -> None:
 def env_without_proxy() -> dict:
     """requests honours $http_proxy: the tests talk to 127.0.0.1 only."""
     return {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+
+
+# ---- the TUI's first refresh in a forked child (gputop/fleet/first.py), driven in a fresh process -------------
+# (a process without threads: this test process has the exporters' and proxies' threads, and FirstRefresh
+# does not fork in a process with threads)
+
+FIRST_SCRIPT = r"""
+import json, os, sys
+from gputop.fleet.client import Prometheus
+from gputop.fleet.first import FirstRefresh
+from gputop.fleet.source import FleetSource
+
+url, timeout, action = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+source = FleetSource(Prometheus(url, timeout=timeout))
+first = FirstRefresh(source)
+out = {"forked": first.pid is not None, "child": first.pid}
+if action == "kill":  # the child dies before it answers: the parent refreshes itself
+    os.kill(first.pid, 9)
+    print("killed", flush=True)
+    sys.stdin.readline()  # the test lets the server answer again
+elif action == "close":
+    print(json.dumps(out), flush=True)
+    sys.stdin.readline()
+    first.close()
+    out["child_left"] = os.path.exists(f"/proc/{out['child']}")
+    print(json.dumps(out), flush=True)
+    sys.exit(0)
+frame = first.result()
+out.update(hosts=[r.host for r in frame.rows], error=str(frame.error) if frame.error else None,
+           stale=frame.stale, queries=frame.queries, counted=source.prom.queries, recorded=source.recorded,
+           last=source.last is frame, again=first.result() is frame,
+           child_left=os.path.exists(f"/proc/{out['child']}") if out["child"] else None)
+nxt = source.refresh()  # the parent goes on refreshing, with the child's state (recorded or not)
+out.update(next_hosts=[r.host for r in nxt.rows], next_queries=nxt.queries)
+first.close()
+source.close()
+print(json.dumps(out), flush=True)
+"""
+
+
+def first_refresh_process(url: str, timeout: float, action: str) -> subprocess.Popen:
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", FIRST_SCRIPT, url, str(timeout), action], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_without_proxy())

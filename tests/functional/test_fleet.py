@@ -102,7 +102,7 @@ def test_a_node_with_orphans_comes_first_in_three_queries(live):
     assert first["host"] == "fleet-a", [n["host"] for n in data["nodes"]]
     assert first["orphans"] == 1 and first["orphan_mem"] == 8 * GIB
     assert "1 orphan(s)" in first["problems"]
-    # three queries, and once per run the probe for the recording rules (this server has none)
+    # the recorded series asked first (this server has no rules: the mark is missing), then the three queries
     assert data["queries"] <= 5 and data["queries"] == 4 and data["recorded"] is False
     _, off = fleet_json(live["prom"].url, "--rules", "off")
     assert off["queries"] == 3
@@ -443,3 +443,136 @@ def test_tui_in_tmux_orders_filters_drills_down_and_kills_through_remote(live, s
         assert "FLEET-EXIT=0" in tmux.wait_for("FLEET-EXIT=")
     finally:
         tmux("kill-server", check=False)
+
+
+# ---- the first refresh in a forked child (the TUI's first frame), and the recording rules' mark ------------
+
+def _first(url: str, action: str, timeout: float = 10.0, stdin: str = "") -> dict:
+    p = fh.first_refresh_process(url, timeout, action)
+    out, err = p.communicate(stdin, timeout=60)
+    assert p.returncode == 0, err
+    return json.loads(out.splitlines()[-1])
+
+
+def test_the_first_refresh_in_a_child_gives_the_same_rows_and_hands_its_state_back(live):
+    out = _first(live["prom"].url, "result")
+    assert out["forked"] and out["error"] is None and not out["stale"]
+    assert {"fleet-a", "fleet-b", "dcgm-d"} <= set(out["hosts"])
+    # the child asked for the recorded series (none here) and evaluated the three queries: 4, counted here
+    assert out["queries"] == 4 and out["counted"] >= 4 and out["recorded"] is False and out["last"]
+    assert out["again"] and out["child_left"] is False  # answered once, and reaped
+    assert out["next_hosts"] == out["hosts"] and out["next_queries"] == 3  # the parent knows: no rules
+
+
+def test_a_child_that_dies_before_it_answers_leaves_the_parent_to_refresh(live):
+    proxy = fh.Proxy(live["prom"].url)
+    proxy.mode = "hang"
+    try:
+        p = fh.first_refresh_process(proxy.url, 10.0, "kill")
+        assert p.stdout.readline().strip() == "killed"
+        proxy.mode = "forward"
+        out, err = p.communicate("go\n", timeout=60)
+        assert p.returncode == 0, err
+        out = json.loads(out.splitlines()[-1])
+    finally:
+        proxy.stop()
+    assert out["forked"] and out["error"] is None  # late, never wrong
+    assert {"fleet-a", "fleet-b", "dcgm-d"} <= set(out["hosts"])
+
+
+def test_a_slow_server_gives_the_first_frame_a_clear_error(live):
+    proxy = fh.Proxy(live["prom"].url)
+    proxy.mode = "hang"
+    try:
+        out = _first(proxy.url, "result", timeout=1.0)
+    finally:
+        proxy.stop()
+    assert out["forked"] and out["stale"] and out["hosts"] == []
+    assert "did not answer within 1s (--timeout)" in out["error"] and "\n" not in out["error"]
+
+
+def test_quitting_before_the_first_frame_ends_the_child_only(live):
+    """close() kills the child it forked (its own, not yet reaped) and reaps it; a bystander lives on."""
+    proxy = fh.Proxy(live["prom"].url)
+    proxy.mode = "hang"
+    bystander = live["procs"].sleeper("fleetfirstby")
+    try:
+        p = fh.first_refresh_process(proxy.url, 20.0, "close")
+        started = json.loads(p.stdout.readline())
+        assert started["forked"] and os.path.exists(f"/proc/{started['child']}")
+        out, err = p.communicate("close\n", timeout=60)
+        assert p.returncode == 0, err
+        out = json.loads(out.splitlines()[-1])
+    finally:
+        proxy.stop()
+    assert out["child_left"] is False
+    assert bystander.poll() is None and os.path.exists(f"/proc/{bystander.pid}")
+
+
+def test_rules_on_without_the_rules_is_one_line_and_exit_6(live):
+    r = run_gputop("fleet", "--prometheus", live["prom"].url, "--json", "--rules", "on", timeout=60)
+    assert r.returncode == 6 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "--print-rules" in r.stderr
+    assert "does not record gputop's fleet rules" in r.stderr
+
+
+def test_rules_made_for_other_settings_are_not_read_and_their_own_settings_read_them(live, tmp_path, monkeypatch):
+    """--print-rules --hot 80 makes rules whose mark names those queries: a view with the defaults does not
+    trust them (it evaluates), one with --hot 80 reads them, in one query, and gets the evaluated rows."""
+    r = run_gputop("fleet", "--print-rules", "--hot", "80")
+    assert r.returncode == 0
+    rules = yaml.safe_load(r.stdout)
+    default = yaml.safe_load(run_gputop("fleet", "--print-rules").stdout)
+    assert rules["groups"][0]["rules"][-1]["labels"] != default["groups"][0]["rules"][-1]["labels"]
+    rules["groups"][0]["interval"] = "1s"
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    jobs = {host: (s.url.split("//", 1)[1], host) for host, s in live["serves"].items() if s.proc.poll() is None}
+    prom = fh.Prometheus(tmp_path / "prom", jobs, rules=tmp_path / "rules.yml")
+    try:
+        deadline = time.time() + 60
+        while True:
+            _, hot = fleet_json(prom.url, "--hot", "80")
+            if hot and hot["recorded"] and {"fleet-a", "fleet-c"} <= {n["host"] for n in hot["nodes"]}:
+                break
+            assert time.time() < deadline, hot
+            time.sleep(0.5)
+        assert hot["queries"] == 1
+        _, off = fleet_json(prom.url, "--hot", "80", "--rules", "off")
+        strip = lambda n: {k: v for k, v in n.items() if k not in ("age", "last_seen")}  # noqa: E731
+        assert [strip(n) for n in hot["nodes"]] == [strip(n) for n in off["nodes"]]
+        _, plain = fleet_json(prom.url)
+        assert plain["recorded"] is False and plain["queries"] == 4
+        _the_view_reads_rules_loaded_later(prom, tmp_path, monkeypatch)
+    finally:
+        prom.stop()
+
+
+def _the_view_reads_rules_loaded_later(prom, tmp_path, monkeypatch):
+    """A view that evaluates (--rules auto, the server's rules are for other settings) asks again every
+    ASK_AGAIN refreshes: rules for its settings, loaded later (prometheus reloads on SIGHUP), are read."""
+    import signal
+
+    from gputop.fleet import source as fsource
+    from gputop.fleet.client import Prometheus
+    from gputop.fleet.source import FleetSource
+
+    monkeypatch.setattr(fsource, "ASK_AGAIN", 2)
+    src = FleetSource(Prometheus(prom.url, timeout=10))
+    try:
+        counts = [src.refresh().queries for _ in range(3)]
+        assert counts == [4, 3, 4] and src.recorded is False  # asked at the first, then after 2 evaluations
+        rules = yaml.safe_load(run_gputop("fleet", "--print-rules").stdout)
+        rules["groups"][0]["interval"] = "1s"
+        (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+        prom.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 60
+        while True:
+            frame = src.refresh()
+            assert frame.error is None and frame.queries in (1, 3, 4), frame
+            if src.recorded:
+                break
+            assert time.time() < deadline, "the rules loaded later were never read"
+            time.sleep(0.2)
+        assert frame.queries == 1 and {"fleet-a", "fleet-c"} <= {r.host for r in frame.rows}
+    finally:
+        src.close()

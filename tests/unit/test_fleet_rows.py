@@ -98,3 +98,61 @@ def test_credentials_over_plain_http_to_another_host_are_warned_about():
     assert cleartext_warning("https://prom.example:9090", Auth(token="t")) is None
     assert cleartext_warning("http://127.0.0.1:9090", Auth(token="t")) is None
     assert cleartext_warning("http://prom.example:9090", Auth()) is None
+
+
+def _rec(name, host=None, field=None, **labels):
+    metric = {"__name__": name, **labels}
+    if host:
+        metric.update(Hostname=host, field=field)
+    return {"metric": metric, "value": [0, "1"]}
+
+
+def test_the_recorded_series_count_only_with_the_mark_of_these_queries():
+    digest = queries.rules_digest()
+    g, d, seen = (_rec(queries.RECORDED[0], "n1", "gpus"), _rec(queries.RECORDED[1], "n2", "gpus"),
+                  _rec(queries.RECORDED[2], "n1", "gputop"))
+    mark = _rec(queries.MARK, queries=digest)
+    assert queries.split_recorded([g, d, seen, mark], digest) == ([g], [d], [seen])
+    assert queries.split_recorded([mark], digest) == ([], [], [])  # loaded, nothing to say (no node)
+    assert queries.split_recorded([g, d, seen], digest) is None  # no mark: the rules are not loaded
+    other = queries.rules_digest(queries.Settings(hot=0.8))
+    assert other != digest
+    assert queries.split_recorded([g, d, seen, _rec(queries.MARK, queries=other)], digest) is None
+    assert queries.split_recorded(["junk", {"metric": None}, mark], digest) == ([], [], [])
+    # an exporter that writes the rules' names is scraped: its series carry job and instance, and count for
+    # nothing (a forged mark does not make a server without the rules look like one with them)
+    forged = _rec(queries.MARK, queries=digest, job="node", instance="evil:9400")
+    assert queries.split_recorded([g, forged], digest) is None
+    fake_row = _rec(queries.RECORDED[0], "n9", "orphans", job="node", instance="evil:9400")
+    assert queries.split_recorded([g, fake_row, mark], digest) == ([g], [], [])
+
+
+def test_the_rules_record_the_queries_and_end_with_their_mark():
+    rules = queries.recording_rules()["groups"][0]["rules"]
+    assert [r["record"] for r in rules] == [*queries.RECORDED, queries.MARK]
+    assert [r["expr"] for r in rules[:3]] == list(queries.raw_queries(queries.Settings()))
+    assert rules[-1]["labels"] == {"queries": queries.rules_digest()}
+    for name in (*queries.RECORDED, queries.MARK):
+        assert name in queries.recorded_query()
+
+
+def test_a_row_is_drawn_again_exactly_when_its_cells_change():
+    """The TUI skips making the cells of a row whose drawn fields did not change (every refresh moves every
+    row's age and last scrape time): any field that changes a cell must make drawn_same say no."""
+    import dataclasses
+
+    from gputop.fleet.rows import NodeRow
+    from gputop.tui.fleet_app import cells, drawn_same
+
+    base = NodeRow(host="n1", source="gputop", gpus=8, lost=0, util=0.5, mem_used=1e9, mem_total=8e10, temp_max=60.0,
+                   holders=3, orphans=0, orphan_mem=0.0, hot_idle=0, idle_gpus=5, guard_hits=0.0, findings=0,
+                   unexplained=None, squatters=None, idle_alloc=None, up=True, last_seen=1000.0, age=5.0)
+    other = {int: 3, float: 0.25, str: "n2", bool: False, tuple: ("1 orphan(s)",)}
+    for f in dataclasses.fields(NodeRow):
+        value = getattr(base, f.name)
+        new = other.get(type(value), 1.0) if f.name != "age" else 7200.0
+        changed = dataclasses.replace(base, **{f.name: new})
+        if cells(changed) != cells(base):
+            assert not drawn_same(base, changed), f.name
+    assert drawn_same(base, dataclasses.replace(base, age=30.0, last_seen=1030.0))  # still "<1m"
+    assert not drawn_same(base, dataclasses.replace(base, age=90.0))  # "1m"
