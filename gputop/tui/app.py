@@ -9,7 +9,6 @@ only reads the latest snapshot, updates widgets, or starts a worker.
 
 from __future__ import annotations
 
-import gc
 from functools import partial
 from typing import Iterable
 
@@ -41,12 +40,7 @@ FILTER_PLACEHOLDER = "filter: pid, user, name or command (enter keeps, esc clear
 SEARCH_PLACEHOLDER = "search: pid, user, name or command (F3 next match, enter or esc closes)"
 SIDE_PANEL_MIN_WIDTH = 120  # below this the side panel starts hidden (b shows it)
 
-# The cyclic GC's first threshold while the app runs (Python's default is 700). A refresh allocates and
-# frees a few thousand objects, so at 700 a young-generation collection ran almost every second (28 a
-# minute at 16 holders, ~2% of the TUI's instructions) and found nothing to free: steady refreshes make no
-# reference cycles (tests/tui/test_gc.py). Cycles made elsewhere are still collected, every 10,000 net
-# allocations instead of 700. Restored when the app unmounts.
-GC_GEN0 = 10_000
+from gputop.tui.gc_tuning import GC_GEN0, raise_gen0, restore as restore_gc  # noqa: E402,F401 - tests read app.GC_GEN0
 
 
 from gputop.tui.css import css_path  # noqa: E402 - in its own module: the fleet view loads it without the app
@@ -186,16 +180,13 @@ class GputopApp(App):
         self.update_topbar()
 
     def on_ready(self) -> None:
-        self._gc_saved = gc.get_threshold()
-        gc.set_threshold(max(GC_GEN0, self._gc_saved[0]), *self._gc_saved[1:])
+        self._gc_saved = raise_gen0()  # gputop.tui.gc_tuning
         self.run_worker(partial(self.sampling.run, devices_first=not self._first_devices), name="sampler",
                         group="sampler", description="sampling", exclusive=True, thread=True)
 
     def on_unmount(self) -> None:
         self.sampling.stop()
-        saved = self.__dict__.pop("_gc_saved", None)
-        if saved is not None:
-            gc.set_threshold(*saved)
+        restore_gc(self.__dict__.pop("_gc_saved", None))
 
     def _gone(self) -> bool:
         """The app is shutting down (its widgets already gone): a late sample is dropped."""

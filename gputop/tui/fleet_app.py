@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from operator import attrgetter
@@ -24,10 +23,7 @@ COLUMNS = ("NODE", "SRC", "GPUS", "UTIL", "MEM", "ORPH", "ORPH-MEM", "HITS", "AG
 # before it paints (~0.3 ms a row): a screenful first keeps 1,000 nodes' measuring off the first frame.
 FIRST_ROWS = 24
 BATCH_ROWS = 250
-# A refresh decodes ~10,000 series (~100,000 objects) and makes no reference cycles: at Python's default
-# (a collection every 700 net allocations) the collector ran ~150 times a refresh for nothing, ~20% of the
-# view's CPU at 1,000 nodes. As the node view does (tui/app.py GC_GEN0), raised while the view runs.
-GC_GEN0 = 10_000
+from gputop.tui.gc_tuning import raise_gen0, restore as restore_gc  # noqa: E402
 
 
 def _num(v) -> str:
@@ -126,8 +122,7 @@ class FleetApp(App):
             self._next_wait = max(0.1, self.refresh_s - frame.took)
 
     def on_ready(self) -> None:
-        self._gc_saved = gc.get_threshold()
-        gc.set_threshold(max(GC_GEN0, self._gc_saved[0]), *self._gc_saved[1:])
+        self._gc_saved = raise_gen0()  # gputop.tui.gc_tuning
         threading.Thread(target=self._refresh_loop, name="fleet-refresh", daemon=True).start()
 
     def _refresh_loop(self) -> None:
@@ -145,9 +140,7 @@ class FleetApp(App):
     def on_unmount(self) -> None:
         self._halt.set()
         self._wake_up.set()
-        saved = self.__dict__.pop("_gc_saved", None)
-        if saved is not None:
-            gc.set_threshold(*saved)
+        restore_gc(self.__dict__.pop("_gc_saved", None))
 
     # ---- drawing ---------------------------------------------------------------------------------
 
