@@ -20,6 +20,7 @@ from textual.widgets.tree import TreeNode
 
 from gputop.core.orphans import ORPHAN, PROTECTED, UNKNOWN
 from gputop.tui.rows import SORTS, Node
+from gputop.tui.tree_release import ReleasingTree
 from gputop.tui.tree_lines import LINE_CACHE_ROWS, TreeLines  # noqa: F401 -- LINE_CACHE_ROWS: the tests' bound
 from gputop.util.units import fmt_bytes, fmt_duration
 from gputop.util.textsafe import visible
@@ -247,7 +248,7 @@ def node_depth(node: TreeNode) -> int:
     return d
 
 
-class ProcessTree(Tree[Node]):
+class ProcessTree(ReleasingTree[Node]):
     """A Tree of groups, ancestor chains and holders, reconciled by key."""
 
     # Tree binds space to toggle_node, and a focused widget's keys run before the screen's: space tags here

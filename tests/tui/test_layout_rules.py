@@ -50,6 +50,10 @@ KNOWN_TEXTUAL_PRIVATES = {
     ("driver.py", "_debug"), ("driver.py", "_timeout_time"), ("driver.py", "import from textual._loop"),
     ("driver.py", "import from textual._parser"), ("driver.py", "import from textual._time"),
     ("driver.py", "import from textual._xterm_parser"),
+    # issue 33: ReleasingTree lets go of what Tree's _build and line cache leave in reference cycles (no
+    # public hook for either; see the module doc)
+    ("tree_release.py", "_build"), ("tree_release.py", "_clear_line_cache"), ("tree_release.py", "_line_cache"),
+    ("tree_release.py", "_tree_lines_cached"),
 }
 
 
