@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from gputop.util.errors import GputopError
 from gputop.util.textsafe import visible
 
+TYPE_CHECKING = False  # typing is not imported at run time (start-up of a one-shot command)
 if TYPE_CHECKING:  # imported where used: print_json and table do not need the sampler (~70 ms of CPU)
     from gputop.core.config import Config
     from gputop.core.sampler import Sampler
