@@ -90,6 +90,23 @@ class Prometheus:
         self.log.close()
 
 
+def _reply(h: http.server.BaseHTTPRequestHandler, status: int, body: bytes, ctype: str | None = None) -> None:
+    h.send_response(status)
+    if ctype is not None:
+        h.send_header("Content-Type", ctype)
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
+def _serve(handler) -> http.server.ThreadingHTTPServer:
+    """A threaded HTTP server on a free local port, serving ``handler`` from a daemon thread."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 class StaticExporter:
     """An HTTP server whose /metrics is ``text`` (a stand-in dcgm-exporter: the series, as it writes them)."""
 
@@ -98,18 +115,13 @@ class StaticExporter:
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                _reply(self, 200, body, "text/plain; version=0.0.4")
 
             def log_message(self, *a):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server = _serve(H)
         self.target = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self):
         self.server.shutdown()
@@ -144,28 +156,18 @@ class Proxy:
                     time.sleep(30)
                     return
                 if proxy.token and self.headers.get("Authorization") != f"Bearer {proxy.token}":
-                    self.send_response(401)
-                    self.send_header("Content-Length", "12")
-                    self.end_headers()
-                    self.wfile.write(b"unauthorized")
+                    _reply(self, 401, b"unauthorized")
                     return
                 c = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
                 c.request("GET", self.path)
                 r = c.getresponse()
-                body = r.read()
-                self.send_response(r.status)
-                self.send_header("Content-Type", r.getheader("Content-Type", "application/json"))
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                _reply(self, r.status, r.read(), r.getheader("Content-Type", "application/json"))
 
             def log_message(self, *a):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.server.daemon_threads = True
+        self.server = _serve(H)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self):
         self.server.shutdown()
